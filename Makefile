@@ -1,0 +1,44 @@
+# The two commands: `make demo` and `make test`. Both set up .venv on first use (idempotent).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test lint bench proto clean services
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# Runtime + converters: what the demo needs.
+$(VENV)/.demo-installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[convert,offline]'
+	@touch $@
+
+# Everything the test suite needs, torch included (CPU build, pinned).
+$(VENV)/.dev-installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[dev,torch]'
+	@touch $@ $(VENV)/.demo-installed
+
+# redis-server is started by the test fixtures themselves (free port, killable); make sure it exists.
+services:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (tests start their own on free ports)"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+
+demo: $(VENV)/.demo-installed
+	$(PY) -m redline.demo
+
+test: $(VENV)/.dev-installed services
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+
+proto: $(VENV)/.dev-installed
+	$(PY) -m grpc_tools.protoc -I src/redline/serving/proto --python_out=src/redline/serving/proto \
+	  --grpc_python_out=src/redline/serving/proto src/redline/serving/proto/grpc_service.proto
+
+clean:
+	rm -rf $(VENV) .redline build dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,88 @@
+"""The ``redline`` command. Thin: it parses arguments and calls the packages.
+
+Each concern's commands live in ``redline/commands/<concern>.py`` and are imported only when
+invoked, so ``redline --help`` stays instant (ONNX Runtime and scikit-learn are slow to import).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from redline import __version__
+from redline.errors import RedlineError
+
+# command name -> (module, attribute, one-line help shown in `redline --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "models": ("redline.commands.models", "models", "Manage the model repository (add, list, promote...)."),
+    "predict": ("redline.commands.models", "predict", "Run one local prediction through ONNX Runtime."),
+    "serve": ("redline.commands.serve", "serve", "Serve the repository over HTTP and gRPC (Open Inference Protocol v2)."),
+    "bench": ("redline.commands.bench", "bench", "Open-loop load generator with HDR latency reports."),
+    "features": ("redline.commands.features", "features", "Feature definitions: plan, apply, training sets, skew verification."),
+    "ingest": ("redline.commands.features", "ingest", "Ingest events into the online store (Redis Streams, HTTP push, file replay)."),
+    "optimize": ("redline.commands.optimize", "optimize", "Produce faster candidates of a model and register the best one."),
+    "gate": ("redline.commands.optimize", "gate", "CI gate: fail when a candidate misses its latency or accuracy bound."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attr, _ = entry
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("redline"):
+                return None  # command not built yet in this checkout
+            raise
+        command: click.Command = getattr(module, attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # List commands from the table, without importing them: `redline --help` stays instant.
+        rows = [(name, help_text) for name, (_, _, help_text) in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="redline")
+def cli() -> None:
+    """redline: low-latency ML inference — serving, real-time features, optimization.
+
+    \b
+    Typical flow:
+      redline models add fraud model.onnx        # register a model (or convert one)
+      redline predict --model fraud --input '[[...]]'
+      redline serve                              # HTTP :8000, gRPC :8001
+      redline bench --url http://127.0.0.1:8000 --model fraud --rate 500
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point: user errors print one clear line and exit 2, never a traceback."""
+    try:
+        return cli.main(args=argv, prog_name="redline", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RedlineError as exc:
+        click.echo(f"error [{exc.code}]: {exc.message}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
