@@ -1,0 +1,23 @@
+"""Model repository, converters to ONNX and the ONNX Runtime engine.
+
+Public face: what serving, optimize and the CLI may import. ``convert`` is imported lazily by
+``ModelRepository.add_estimator`` because the converters pull in scikit-learn and friends.
+"""
+
+from redline.models.metadata import ModelMetadata, TensorSpec, profile_inputs
+from redline.models.policy import VersionPolicy
+from redline.models.repository import ModelRepository, inspect_onnx, sha256_file
+from redline.models.runtime import InferenceSession, choose_providers, session_options
+
+__all__ = [
+    "InferenceSession",
+    "ModelMetadata",
+    "ModelRepository",
+    "TensorSpec",
+    "VersionPolicy",
+    "choose_providers",
+    "inspect_onnx",
+    "profile_inputs",
+    "session_options",
+    "sha256_file",
+]

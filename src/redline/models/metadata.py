@@ -1,0 +1,92 @@
+"""What the repository records about each model version (``metadata.json``).
+
+Plain dataclasses: metadata is read once per load, never on the request path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: V2 datatype name and shape (-1 is dynamic; dim 0 is the batch)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(name=d["name"], datatype=d["datatype"], shape=[int(x) for x in d["shape"]])
+
+
+@dataclass
+class ModelMetadata:
+    """Everything needed to serve, validate, monitor and audit one model version."""
+
+    name: str
+    version: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    sha256: str
+    task: str = "regression"  # classification | regression
+    class_labels: list[Any] | None = None
+    feature_names: list[str] | None = None
+    framework: str = "onnx"
+    framework_version: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    input_profile: dict[str, Any] = field(default_factory=dict)
+    missing_values: str = "reject"  # reject | allow (the model handles NaN itself)
+    created_at: str = ""
+    feature_views: dict[str, str] = field(default_factory=dict)  # view name -> view version
+    fallback: str | None = None
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["inputs"] = [t.to_dict() for t in self.inputs]
+        d["outputs"] = [t.to_dict() for t in self.outputs]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelMetadata:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values["inputs"] = [TensorSpec.from_dict(t) for t in d["inputs"]]
+        values["outputs"] = [TensorSpec.from_dict(t) for t in d["outputs"]]
+        return cls(**values)
+
+
+def profile_inputs(sample: Any, feature_names: list[str] | None, bins: int = 10) -> dict[str, Any]:
+    """Per-feature quantiles and a histogram of the training inputs, kept for drift detection."""
+    import numpy as np
+
+    x = np.asarray(sample, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] == 0:
+        return {}
+    names = feature_names or [f"f{i}" for i in range(x.shape[1])]
+    qs = [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+    profile: dict[str, Any] = {"rows": int(x.shape[0]), "quantile_levels": qs, "features": {}}
+    for i, name in enumerate(names):
+        col = x[:, i]
+        finite = col[np.isfinite(col)]
+        if finite.size == 0:
+            profile["features"][name] = {"missing_share": 1.0}
+            continue
+        edges = np.unique(np.quantile(finite, np.linspace(0, 1, bins + 1)))
+        counts, _ = np.histogram(finite, bins=edges) if edges.size > 1 else (np.array([finite.size]), edges)
+        profile["features"][name] = {
+            "mean": float(finite.mean()),
+            "std": float(finite.std()),
+            "quantiles": [float(v) for v in np.quantile(finite, qs)],
+            "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
+            "missing_share": float(1 - finite.size / col.size),
+        }
+    return profile

@@ -1,0 +1,448 @@
+"""The model repository on disk: ``<repository>/<model>/<version>/{model.onnx,metadata.json}``.
+
+Legible without docs, like Triton's: list a folder and you see the models and their versions.
+Per model, ``aliases.json`` maps names such as ``production`` to a version (with the history that
+``rollback`` walks back) and ``policy.json`` holds the version policy. Every write is atomic: a
+version is assembled in a hidden temporary folder and renamed into place in one step, so a crash
+or a full disk never leaves a half-written version visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from redline.errors import (
+    CorruptModel,
+    InvalidInput,
+    ModelNotFound,
+    RepositoryError,
+    VersionNotFound,
+)
+from redline.models.metadata import ModelMetadata, TensorSpec, profile_inputs
+from redline.models.policy import VersionPolicy
+
+MODEL_FILE = "model.onnx"
+METADATA_FILE = "metadata.json"
+ALIASES_FILE = "aliases.json"
+POLICY_FILE = "policy.json"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_TMP_PREFIX = ".tmp-"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_name(name: str, what: str = "model name") -> str:
+    if not _NAME_RE.match(name) or name.isdigit():
+        raise InvalidInput(
+            f"invalid {what} {name!r}: use letters, digits, '_', '-', '.' (not only digits, "
+            "at most 128 characters, starting with a letter or digit)"
+        )
+    return name
+
+
+class ModelRepository:
+    """Versioned ONNX models in a folder. Safe for several processes reading while one writes."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    # ----------------------------------------------------------------- reading
+    def list_models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
+            and self.versions(p.name)
+        )
+
+    def versions(self, name: str) -> list[int]:
+        """Visible versions of ``name``, ascending. Temporary folders are never visible."""
+        folder = self.root / name
+        if not folder.is_dir():
+            return []
+        return sorted(
+            int(p.name) for p in folder.iterdir()
+            if p.name.isdigit() and (p / METADATA_FILE).is_file()
+        )
+
+    def _require_model(self, name: str) -> list[int]:
+        versions = self.versions(name)
+        if not versions:
+            known = ", ".join(self.list_models()) or "none"
+            raise ModelNotFound(
+                f"model '{name}' not found in repository {self.root} (known models: {known}); "
+                "add it with `redline models add`"
+            )
+        return versions
+
+    def aliases(self, name: str) -> dict[str, int]:
+        return {k: v["version"] for k, v in self._read_aliases(name).items()}
+
+    def resolve(self, name: str, version: int | str | None = None) -> int:
+        """A concrete version number: ``None`` means the ``production`` alias, else the latest."""
+        versions = self._require_model(name)
+        if version is None or version == "":
+            return self.aliases(name).get("production", versions[-1])
+        if isinstance(version, str) and not version.isdigit():
+            if version == "latest":
+                return versions[-1]
+            aliases = self.aliases(name)
+            if version not in aliases:
+                raise VersionNotFound(
+                    f"model '{name}' has no version or alias '{version}' "
+                    f"(versions: {versions}, aliases: {sorted(aliases) or 'none'})"
+                )
+            return aliases[version]
+        number = int(version)
+        if number not in versions:
+            raise VersionNotFound(
+                f"model '{name}' has no version {number} (versions: {versions})"
+            )
+        return number
+
+    def version_dir(self, name: str, version: int) -> Path:
+        return self.root / name / str(version)
+
+    def model_path(self, name: str, version: int) -> Path:
+        return self.version_dir(name, self.resolve(name, version)) / MODEL_FILE
+
+    def metadata(self, name: str, version: int | str | None = None) -> ModelMetadata:
+        number = self.resolve(name, version)
+        path = self.version_dir(name, number) / METADATA_FILE
+        try:
+            return ModelMetadata.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptModel(
+                f"metadata file {path} is unreadable ({exc}); remove the version with "
+                f"`redline models remove {name} {number}` and add it again"
+            ) from exc
+
+    def verify(self, name: str, version: int | str | None = None) -> ModelMetadata:
+        """Check the model file against the sha256 recorded at ``add``."""
+        meta = self.metadata(name, version)
+        path = self.version_dir(name, meta.version) / MODEL_FILE
+        if not path.is_file():
+            raise CorruptModel(f"model file {path} is missing")
+        actual = sha256_file(path)
+        if actual != meta.sha256:
+            raise CorruptModel(
+                f"model file {path} does not match its recorded sha256 "
+                f"(expected {meta.sha256[:12]}…, found {actual[:12]}…): it was modified or "
+                "damaged after it was added; add the model again"
+            )
+        return meta
+
+    def policy(self, name: str) -> VersionPolicy:
+        path = self.root / name / POLICY_FILE
+        if not path.is_file():
+            return VersionPolicy.latest(1)
+        return VersionPolicy.from_dict(json.loads(path.read_text()))
+
+    def live_versions(self, name: str, policy: VersionPolicy | None = None) -> list[int]:
+        """Versions a server should keep loaded: the policy's, plus every alias target."""
+        versions = self._require_model(name)
+        chosen = set((policy or self.policy(name)).select(versions))
+        chosen.update(v for v in self.aliases(name).values() if v in versions)
+        return sorted(chosen)
+
+    # ----------------------------------------------------------------- writing
+    def add_onnx(
+        self,
+        name: str,
+        source: bytes | str | os.PathLike[str],
+        *,
+        version: int | None = None,
+        task: str | None = None,
+        class_labels: list[Any] | None = None,
+        feature_names: list[str] | None = None,
+        framework: str = "onnx",
+        framework_version: str = "",
+        metrics: dict[str, float] | None = None,
+        sample: Any = None,
+        input_profile: dict[str, Any] | None = None,
+        missing_values: str = "reject",
+        feature_views: dict[str, str] | None = None,
+        fallback: str | None = None,
+        description: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> ModelMetadata:
+        """Validate an ONNX model and store it as a new version, atomically."""
+        check_name(name)
+        if missing_values not in ("reject", "allow"):
+            raise InvalidInput("missing_values must be 'reject' or 'allow'")
+        data, origin = _read_source(source)
+        inputs, outputs = inspect_onnx(data, origin)
+        if task is None:
+            task = "classification" if class_labels else "regression"
+        if feature_names is not None and inputs and len(inputs[0].shape) == 2:
+            width = inputs[0].shape[1]
+            if width not in (-1, len(feature_names)):
+                raise InvalidInput(
+                    f"{len(feature_names)} feature names given but input '{inputs[0].name}' "
+                    f"has {width} columns"
+                )
+        profile = input_profile if input_profile is not None else (
+            profile_inputs(sample, feature_names) if sample is not None else {}
+        )
+        meta = ModelMetadata(
+            name=name,
+            version=0,
+            inputs=inputs,
+            outputs=outputs,
+            sha256=hashlib.sha256(data).hexdigest(),
+            task=task,
+            class_labels=class_labels,
+            feature_names=feature_names,
+            framework=framework,
+            framework_version=framework_version,
+            metrics=dict(metrics or {}),
+            input_profile=profile,
+            missing_values=missing_values,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            feature_views=dict(feature_views or {}),
+            fallback=fallback,
+            description=description,
+            extra=dict(extra or {}),
+        )
+        return self._write_version(name, data, meta, version)
+
+    def add_estimator(
+        self,
+        name: str,
+        estimator: Any,
+        sample: Any,
+        *,
+        tolerance: float = 1e-4,
+        feature_names: list[str] | None = None,
+        **kwargs: Any,
+    ) -> ModelMetadata:
+        """Convert a framework model to ONNX (parity-checked on ``sample``) and add it."""
+        import numpy as np
+
+        from redline.models.convert import convert
+
+        x = np.asarray(sample, dtype=np.float32)
+        converted = convert(estimator, x, tolerance=tolerance)
+        if feature_names is None:
+            raw = getattr(estimator, "feature_names_in_", None)
+            feature_names = [str(f) for f in raw] if raw is not None else None
+        kwargs.setdefault("missing_values", "allow" if converted.handles_missing else "reject")
+        extra = dict(kwargs.pop("extra", None) or {})
+        extra["conversion_max_abs_diff"] = converted.max_abs_diff
+        return self.add_onnx(
+            name,
+            converted.onnx_bytes,
+            task=converted.task,
+            class_labels=converted.class_labels,
+            feature_names=feature_names,
+            framework=converted.framework,
+            framework_version=converted.framework_version,
+            sample=x,
+            extra=extra,
+            **kwargs,
+        )
+
+    def _write_version(
+        self, name: str, data: bytes, meta: ModelMetadata, version: int | None
+    ) -> ModelMetadata:
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        self._sweep_temporaries(folder)
+        tmp = folder / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+            _write_durably(tmp / MODEL_FILE, data)
+            for _attempt in range(100):
+                number = version if version is not None else max(self.versions(name), default=0) + 1
+                meta.version = number
+                _write_durably(tmp / METADATA_FILE, _dumps(meta.to_dict()))
+                target = folder / str(number)
+                try:
+                    os.rename(tmp, target)  # atomic: the version appears whole or not at all
+                except OSError as exc:
+                    if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        if version is not None:
+                            raise RepositoryError(
+                                f"model '{name}' already has version {version}; choose another "
+                                "number or omit --version to take the next one"
+                            ) from exc
+                        continue  # another writer took this number: take the next one
+                    raise
+                _fsync_dir(folder)
+                return meta
+            raise RepositoryError(f"could not allocate a version number for model '{name}'")
+        except OSError as exc:
+            reason = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+            raise RepositoryError(
+                f"could not write model '{name}' to {folder}: {reason}; nothing was added"
+            ) from exc
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    @staticmethod
+    def _sweep_temporaries(folder: Path) -> None:
+        """Remove temporary folders left by writers that died (their pid no longer runs)."""
+        for p in folder.glob(f"{_TMP_PREFIX}*"):
+            pid_text = p.name[len(_TMP_PREFIX):].split("-", 1)[0]
+            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def remove(self, name: str, version: int | str, *, force: bool = False) -> int:
+        number = self.resolve(name, version)
+        pinned = [a for a, v in self.aliases(name).items() if v == number]
+        if pinned and not force:
+            raise RepositoryError(
+                f"version {number} of '{name}' is the target of alias(es) {pinned}; promote "
+                "another version first or pass --force"
+            )
+        target = self.version_dir(name, number)
+        trash = target.with_name(f"{_TMP_PREFIX}{os.getpid()}-rm-{number}")
+        os.rename(target, trash)  # disappears atomically, then is deleted
+        shutil.rmtree(trash, ignore_errors=True)
+        if pinned:
+            with self._edit_aliases(name) as aliases:
+                for alias in pinned:
+                    aliases.pop(alias, None)
+        return number
+
+    def promote(self, name: str, version: int | str, alias: str = "production") -> int:
+        check_name(alias, "alias")
+        if alias == "latest":
+            raise InvalidInput("'latest' is reserved: it always means the newest version")
+        number = self.resolve(name, version)
+        with self._edit_aliases(name) as aliases:
+            entry = aliases.setdefault(alias, {"version": number, "history": []})
+            if entry["version"] != number:
+                entry["history"].append(entry["version"])
+                entry["version"] = number
+        return number
+
+    def rollback(self, name: str, alias: str = "production") -> int:
+        self._require_model(name)
+        with self._edit_aliases(name) as aliases:
+            entry = aliases.get(alias)
+            if not entry or not entry["history"]:
+                raise RepositoryError(
+                    f"alias '{alias}' of model '{name}' has no earlier version to roll back to"
+                )
+            entry["version"] = entry["history"].pop()
+            return int(entry["version"])
+
+    def set_policy(self, name: str, policy: VersionPolicy) -> None:
+        self._require_model(name)
+        _write_durably(self.root / name / POLICY_FILE, _dumps(policy.to_dict()), atomic=True)
+
+    # ----------------------------------------------------------------- internals
+    def _read_aliases(self, name: str) -> dict[str, dict[str, Any]]:
+        path = self.root / name / ALIASES_FILE
+        if not path.is_file():
+            return {}
+        try:
+            data: dict[str, dict[str, Any]] = json.loads(path.read_text())
+        except ValueError as exc:
+            raise CorruptModel(f"aliases file {path} is not valid JSON; fix or delete it") from exc
+        return data
+
+    @contextlib.contextmanager
+    def _edit_aliases(self, name: str) -> Iterator[dict[str, dict[str, Any]]]:
+        aliases = self._read_aliases(name)
+        yield aliases
+        _write_durably(self.root / name / ALIASES_FILE, _dumps(aliases), atomic=True)
+
+
+def inspect_onnx(data: bytes, origin: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Parse and check an ONNX model; return its input and output signature."""
+    import onnx
+
+    from redline.models.datatypes import ONNX_TO_V2
+
+    try:
+        model = onnx.load_from_string(data)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # onnx raises several unrelated types for bad bytes
+        raise CorruptModel(
+            f"{origin} is not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]}); "
+            "export it to ONNX first, or use `redline models add --from-pickle` to convert"
+        ) from exc
+    initializers = {i.name for i in model.graph.initializer}
+
+    def spec(value: Any) -> TensorSpec:
+        tensor = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise InvalidInput(
+                f"{origin}: '{value.name}' is not a tensor (a ZipMap or sequence output?); "
+                "convert classifiers with zipmap disabled"
+            )
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        return TensorSpec(value.name, ONNX_TO_V2.get(tensor.elem_type, "BYTES"), dims)
+
+    inputs = [spec(v) for v in model.graph.input if v.name not in initializers]
+    outputs = [spec(v) for v in model.graph.output]
+    return inputs, outputs
+
+
+def _read_source(source: bytes | str | os.PathLike[str]) -> tuple[bytes, str]:
+    if isinstance(source, bytes | bytearray):
+        return bytes(source), "the given model bytes"
+    path = Path(source)
+    try:
+        return path.read_bytes(), str(path)
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"model file {path} does not exist") from exc
+    except OSError as exc:
+        raise InvalidInput(f"cannot read model file {path}: {exc.strerror}") from exc
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _write_durably(path: Path, data: bytes, *, atomic: bool = False) -> None:
+    target = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.part") if atomic else path
+    try:
+        with target.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if atomic:
+            os.replace(target, path)
+    finally:
+        if atomic and target.exists():
+            target.unlink()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,291 @@
+"""The ONNX Runtime engine: one ``InferenceSession`` per loaded model version.
+
+``run`` is the hot path and does nothing but call ONNX Runtime; ``validate`` is the checked path
+that every untrusted input goes through first (names, dtypes, shapes, NaN policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from redline.config import RuntimeSettings
+from redline.errors import ConfigError, CorruptModel, InvalidInput, ProviderUnavailable
+from redline.models.datatypes import FLOAT_TYPES, INT_TYPES, V2_TO_NUMPY
+from redline.models.metadata import ModelMetadata, TensorSpec
+from redline.models.repository import MODEL_FILE, ModelRepository
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_EXEC_MODES = {
+    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+    "parallel": ort.ExecutionMode.ORT_PARALLEL,
+}
+# Largest integer magnitude a float type holds exactly: beyond it an int -> float cast loses data.
+_EXACT_INT = {"FP16": 2**11, "FP32": 2**24, "FP64": 2**53}
+
+
+def session_options(settings: RuntimeSettings, optimized_path: Path | None = None) -> ort.SessionOptions:
+    """ONNX Runtime options tuned for latency: few threads, no spinning across requests."""
+    if settings.graph_optimization not in _OPT_LEVELS:
+        raise ConfigError(
+            f"runtime.graph_optimization must be one of {sorted(_OPT_LEVELS)}, "
+            f"got {settings.graph_optimization!r}"
+        )
+    if settings.execution_mode not in _EXEC_MODES:
+        raise ConfigError(
+            f"runtime.execution_mode must be one of {sorted(_EXEC_MODES)}, "
+            f"got {settings.execution_mode!r}"
+        )
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = settings.intra_op_threads
+    opts.inter_op_num_threads = settings.inter_op_threads
+    opts.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization]
+    opts.execution_mode = _EXEC_MODES[settings.execution_mode]
+    opts.log_severity_level = 3
+    if optimized_path is not None:
+        opts.optimized_model_filepath = str(optimized_path)
+    return opts
+
+
+def choose_providers(requested: list[str]) -> list[str]:
+    """The requested execution providers, refusing clearly any that this build lacks."""
+    available = ort.get_available_providers()
+    missing = [p for p in requested if p not in available]
+    if missing:
+        raise ProviderUnavailable(
+            f"execution provider(s) {missing} requested in runtime.providers but not available "
+            f"in this onnxruntime build (available: {available}); install onnxruntime-gpu for "
+            "CUDA/TensorRT, or set runtime.providers to [CPUExecutionProvider]"
+        )
+    return list(requested) or ["CPUExecutionProvider"]
+
+
+class InferenceSession:
+    """A loaded, checked model version and its ONNX Runtime session."""
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        metadata: ModelMetadata,
+        settings: RuntimeSettings | None = None,
+        origin: str = "model",
+    ) -> None:
+        self.settings = settings or RuntimeSettings()
+        self.metadata = metadata
+        self.inputs: list[TensorSpec] = metadata.inputs
+        self.outputs: list[TensorSpec] = metadata.outputs
+        self.output_names = [o.name for o in self.outputs]
+        self.allow_missing = metadata.missing_values == "allow"
+        optimized = None
+        if self.settings.optimized_model_dir:
+            folder = Path(self.settings.optimized_model_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            optimized = folder / f"{metadata.name}-{metadata.version}.optimized.onnx"
+        providers = choose_providers(self.settings.providers)
+        try:
+            self._session = ort.InferenceSession(
+                model_bytes, sess_options=session_options(self.settings, optimized),
+                providers=providers,
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise CorruptModel(f"ONNX Runtime cannot load {origin}: {str(exc)[:300]}") from exc
+        self._run = self._session.run
+        self._dtypes = {t.name: V2_TO_NUMPY[t.datatype] for t in self.inputs}
+
+    @classmethod
+    def load(
+        cls,
+        repo: ModelRepository,
+        name: str,
+        version: int | str | None = None,
+        settings: RuntimeSettings | None = None,
+    ) -> InferenceSession:
+        """Load a version, checking its bytes against the recorded sha256 first."""
+        meta = repo.metadata(name, version)
+        path = repo.version_dir(name, meta.version) / MODEL_FILE
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CorruptModel(f"cannot read model file {path}: {exc.strerror}") from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != meta.sha256:
+            raise CorruptModel(
+                f"model file {path} does not match its recorded sha256 (expected "
+                f"{meta.sha256[:12]}…, found {actual[:12]}…): it was modified or damaged after "
+                "it was added; add the model again"
+            )
+        return cls(data, meta, settings, origin=str(path))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], settings: RuntimeSettings | None = None) -> InferenceSession:
+        """Load a bare ONNX file outside any repository (tools, benchmarks)."""
+        from redline.models.repository import inspect_onnx
+
+        data = Path(path).read_bytes()
+        inputs, outputs = inspect_onnx(data, str(path))
+        meta = ModelMetadata(name=Path(path).stem, version=1, inputs=inputs, outputs=outputs,
+                             sha256=hashlib.sha256(data).hexdigest())
+        return cls(data, meta, settings, origin=str(path))
+
+    # ------------------------------------------------------------------ hot path
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run already-validated inputs. Releases the GIL inside ONNX Runtime."""
+        names = output_names or self.output_names
+        return dict(zip(names, self._run(names, inputs), strict=True))
+
+    # ------------------------------------------------------------------ checked path
+    def validate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Check names, dtypes (safe casts only), shapes and the NaN policy; return arrays to run."""
+        expected = {t.name for t in self.inputs}
+        unknown = sorted(set(inputs) - expected)
+        if unknown:
+            raise InvalidInput(
+                f"unknown input(s) {unknown} for model '{self.metadata.name}'; "
+                f"expected {sorted(expected)}"
+            )
+        result: dict[str, np.ndarray] = {}
+        batch: int | None = None
+        for spec in self.inputs:
+            if spec.name not in inputs:
+                raise InvalidInput(
+                    f"missing input '{spec.name}' for model '{self.metadata.name}' "
+                    f"(expected {spec.datatype} with shape {spec.shape})"
+                )
+            array = self._coerce(spec, inputs[spec.name])
+            self._check_shape(spec, array)
+            if array.ndim and spec.shape and spec.shape[0] == -1:
+                if batch is not None and array.shape[0] != batch:
+                    raise InvalidInput(
+                        f"input '{spec.name}' has {array.shape[0]} rows but other inputs have "
+                        f"{batch}; every input needs the same batch size"
+                    )
+                batch = array.shape[0]
+            result[spec.name] = array
+        return result
+
+    def _coerce(self, spec: TensorSpec, value: Any) -> np.ndarray:
+        target = self._dtypes[spec.name]
+        if spec.datatype == "BYTES":
+            array = np.asarray(value, dtype=object)
+            return array
+        try:
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(
+                f"input '{spec.name}' is not a rectangular array of numbers ({exc}); "
+                f"expected {spec.datatype} with shape {spec.shape}"
+            ) from exc
+        if array.dtype == target:
+            return self._check_finite(spec, array)
+        kind = array.dtype.kind
+        if kind in "USO":
+            raise InvalidInput(
+                f"input '{spec.name}' holds strings/objects but the model expects "
+                f"{spec.datatype}; send numbers"
+            )
+        if kind == "b" and spec.datatype != "BOOL":
+            raise InvalidInput(f"input '{spec.name}' holds booleans; the model expects {spec.datatype}")
+        if spec.datatype in FLOAT_TYPES:
+            if kind in "iu":
+                limit = _EXACT_INT[spec.datatype]
+                if array.size and np.abs(array).max() > limit:
+                    raise InvalidInput(
+                        f"input '{spec.name}' has integers above {limit}, which "
+                        f"{spec.datatype} cannot hold exactly; send floats or scale them"
+                    )
+            elif kind == "f" and array.dtype.itemsize > target.itemsize:
+                finite = array[np.isfinite(array)]
+                if finite.size and np.abs(finite).max() > np.finfo(target).max:
+                    raise InvalidInput(
+                        f"input '{spec.name}' has values beyond the range of {spec.datatype}"
+                    )
+            return self._check_finite(spec, array.astype(target))
+        if spec.datatype in INT_TYPES and kind in "iu":
+            info = np.iinfo(target)
+            if array.size and (array.min() < info.min or array.max() > info.max):
+                raise InvalidInput(
+                    f"input '{spec.name}' has values outside the range of {spec.datatype} "
+                    f"[{info.min}, {info.max}]"
+                )
+            return array.astype(target)
+        if np.can_cast(array.dtype, target, casting="safe"):
+            return array.astype(target)
+        raise InvalidInput(
+            f"input '{spec.name}' has dtype {array.dtype} which cannot be safely cast to "
+            f"{spec.datatype}; send {spec.datatype} data"
+        )
+
+    def _check_finite(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+        if self.allow_missing or array.dtype.kind != "f":
+            return array
+        bad = ~np.isfinite(array)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InvalidInput(
+                f"input '{spec.name}' contains NaN or infinity (first at index {list(where)}); "
+                f"model '{self.metadata.name}' does not handle missing values — impute them, or "
+                "register a model that does (missing_values='allow')"
+            )
+        return array
+
+    def _check_shape(self, spec: TensorSpec, array: np.ndarray) -> None:
+        if array.ndim != len(spec.shape):
+            raise InvalidInput(
+                f"input '{spec.name}' has shape {list(array.shape)} but the model expects "
+                f"{spec.shape} (-1 = any size)"
+            )
+        for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if want != -1 and got != want:
+                raise InvalidInput(
+                    f"input '{spec.name}' has {got} along axis {axis} but the model expects "
+                    f"{want} (shape {spec.shape}, -1 = any size)"
+                )
+
+    # ------------------------------------------------------------------ lifecycle
+    def example_inputs(self, batch_size: int) -> dict[str, np.ndarray]:
+        """Zero-valued inputs of a given batch size (for warm-up and profiling)."""
+        example = {}
+        for spec in self.inputs:
+            shape = [batch_size if i == 0 and d == -1 else (d if d > 0 else 1)
+                     for i, d in enumerate(spec.shape)]
+            dtype = self._dtypes[spec.name]
+            if spec.datatype == "BYTES":
+                example[spec.name] = np.full(shape, "", dtype=object)
+            else:
+                example[spec.name] = np.zeros(shape, dtype=dtype)
+        return example
+
+    def warmup(self, batch_sizes: list[int] | None = None, runs: int | None = None) -> None:
+        """Run each batch size a few times so the first real request pays no allocation cost."""
+        sizes = batch_sizes or self.settings.warmup_batch_sizes
+        dynamic = bool(self.inputs) and all(s.shape and s.shape[0] == -1 for s in self.inputs)
+        for size in sizes if dynamic else [1]:
+            example = self.example_inputs(size)
+            for _ in range(runs or self.settings.warmup_runs):
+                self.run(example)
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self._session.get_providers())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.metadata.name,
+            "version": self.metadata.version,
+            "providers": self.providers,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
