@@ -93,10 +93,10 @@ class InferenceSession:
             folder.mkdir(parents=True, exist_ok=True)
             optimized = folder / f"{metadata.name}-{metadata.version}.optimized.onnx"
         providers = choose_providers(self.settings.providers)
+        options = session_options(self.settings, optimized)
         try:
             self._session = ort.InferenceSession(
-                model_bytes, sess_options=session_options(self.settings, optimized),
-                providers=providers,
+                model_bytes, sess_options=options, providers=providers
             )
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise CorruptModel(f"ONNX Runtime cannot load {origin}: {str(exc)[:300]}") from exc

@@ -1,0 +1,122 @@
+"""`redline models ...` and `redline predict` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import joblib
+import numpy as np
+import pytest
+
+from redline.cli import main
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture()
+def model_file(tmp_path, classifier_onnx):
+    path = tmp_path / "bc.onnx"
+    path.write_bytes(classifier_onnx)
+    return path
+
+
+def test_add_list_show_promote_rollback_remove(capsys, tmp_path, model_file, breast_cancer):
+    r = str(tmp_path / "repo")
+    np.savez(tmp_path / "sample.npz", X=breast_cancer[0][:50])
+    code, out, _ = run(capsys, "models", "add", "bc", str(model_file), "-r", r, "--labels", "0,1",
+                       "--sample", str(tmp_path / "sample.npz"))
+    assert code == 0 and "added bc version 1" in out
+    assert run(capsys, "models", "add", "bc", str(model_file), "-r", r)[0] == 0
+    code, out, _ = run(capsys, "models", "list", "-r", r, "--json")
+    listed = json.loads(out)
+    assert listed == [{"name": "bc", "versions": [1, 2], "aliases": {}, "policy": "latest:1",
+                       "live": [2]}]
+    code, out, _ = run(capsys, "models", "show", "bc", "1", "-r", r, "--verify")
+    shown = json.loads(out.split("sha256 verified")[0])
+    assert shown["class_labels"] == [0, 1] and shown["task"] == "classification"
+    assert "30 features profiled" in shown["input_profile"]
+    assert "production -> version 1" in run(capsys, "models", "promote", "bc", "1", "-r", r)[1]
+    assert "production -> version 2" in run(capsys, "models", "promote", "bc", "2", "-r", r)[1]
+    assert "rolled back to version 1" in run(capsys, "models", "rollback", "bc", "-r", r)[1]
+    assert "live versions [1, 2]" in run(capsys, "models", "policy", "bc", "latest:2", "-r", r)[1]
+    assert "removed bc version 2" in run(capsys, "models", "remove", "bc", "2", "-r", r)[1]
+    code, _, err = run(capsys, "models", "remove", "bc", "1", "-r", r)
+    assert code == 2 and "error [repository_conflict]" in err and "target of alias" in err
+
+
+def test_predict_accepts_rows_named_inputs_and_feature_objects(capsys, tmp_path, model_file,
+                                                               breast_cancer):
+    r = str(tmp_path / "repo")
+    names = ",".join(f"f{i}" for i in range(30))
+    run(capsys, "models", "add", "bc", str(model_file), "-r", r, "--labels", "0,1",
+        "--feature-names", names)
+    row = breast_cancer[0][0].tolist()
+    code, out, _ = run(capsys, "predict", "-m", "bc", "-r", r, "-i", json.dumps([row]))
+    assert code == 0
+    result = json.loads(out)
+    assert result["model_version"] == 1 and result["class_labels"] == [0, 1]
+    assert len(result["outputs"]["probabilities"][0]) == 2
+    by_name = json.dumps({f"f{i}": v for i, v in enumerate(row)})
+    assert json.loads(run(capsys, "predict", "-m", "bc", "-r", r, "-i", by_name)[1]) == result
+    (tmp_path / "in.json").write_text(json.dumps({"X": [row]}))
+    assert json.loads(run(capsys, "predict", "-m", "bc", "-r", r, "-i",
+                          f"@{tmp_path / 'in.json'}")[1]) == result
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["predict", "-m", "nope", "-i", "[[1]]"], "error [model_not_found]: model 'nope' not found"),
+        (["predict", "-m", "bc", "-i", "[[1, 2"], "error [invalid_input]: --input is not valid JSON"),
+        (["predict", "-m", "bc", "-i", "[[1, 2]]"], "has 2 along axis 1 but the model expects 30"),
+        (["predict", "-m", "bc", "-i", "[[NaN" + ", 1" * 29 + "]]"], "contains NaN or infinity"),
+        (["predict", "-m", "bc", "-i", '{"zzz": 1}'], "neither input names"),
+        (["predict", "-m", "bc", "--version", "7", "-i", "[[1]]"], "has no version 7"),
+    ],
+)
+def test_predict_errors_are_one_clear_line(capsys, tmp_path, model_file, args, message):
+    r = str(tmp_path / "repo")
+    run(capsys, "models", "add", "bc", str(model_file), "-r", r)
+    code, _, err = run(capsys, *args, "-r", r)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_pickle_needs_explicit_trust_and_converts(capsys, tmp_path, breast_cancer):
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = breast_cancer
+    est = LogisticRegression(max_iter=2000).fit(x, y)
+    joblib.dump(est, tmp_path / "clf.joblib")
+    np.savez(tmp_path / "sample.npz", X=x[:100])
+    r = str(tmp_path / "repo")
+    code, _, err = run(capsys, "models", "add", "bc", str(tmp_path / "clf.joblib"), "-r", r)
+    assert code == 2 and "--trust-pickle" in err and "runs whatever code" in err
+    code, out, err = run(capsys, "models", "add", "bc", str(tmp_path / "clf.joblib"), "-r", r,
+                         "--trust-pickle", "--sample", str(tmp_path / "sample.npz"))
+    assert code == 0, err
+    assert "scikit-learn" in out
+
+
+def test_corrupt_model_file_is_named(capsys, tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x00garbage")
+    code, _, err = run(capsys, "models", "add", "bc", str(bad), "-r", str(tmp_path / "r"))
+    assert code == 2 and "broken.onnx is not a valid ONNX model" in err
+
+
+def test_console_script_help_is_instant_and_teaches():
+    proc = subprocess.run([sys.executable, "-m", "redline.cli", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    for command in ("models", "predict", "serve", "bench", "features", "optimize", "gate"):
+        assert command in proc.stdout
