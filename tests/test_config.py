@@ -37,7 +37,10 @@ def test_values_are_typed_and_nested(tmp_path):
     ("text", "message"),
     [
         ("server:\n  http_prot: 9000\n", r"redline\.yaml:2: unknown key 'server\.http_prot'"),
-        ("server:\n  http_port: fast\n", r"redline\.yaml:2: 'server\.http_port' must be int, got str"),
+        (
+            "server:\n  http_port: fast\n",
+            r"redline\.yaml:2: 'server\.http_port' must be int, got str",
+        ),
         ("runtime:\n  providers: CPU\n", r"redline\.yaml:2: 'runtime\.providers' must be a list"),
         ("server: 3\n", r"redline\.yaml:1: 'server' must be a mapping"),
         ("server:\n  admin_enabled: 1\n", r"'server\.admin_enabled' must be bool, got int"),

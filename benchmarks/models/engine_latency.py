@@ -49,7 +49,8 @@ def main() -> None:
         "scikit-learn predict_proba": measure(lambda: forest.predict_proba(row), args.calls // 5),
         "redline run (validated feed)": measure(lambda: session.run(feed), args.calls),
         "redline validate + run": measure(
-            lambda: session.run(session.validate({session.inputs[0].name: row})), args.calls),
+            lambda: session.run(session.validate({session.inputs[0].name: row})), args.calls
+        ),
     }
     result = {"cpus": sorted(os.sched_getaffinity(0)), "rows": {}}
     print(f"{'what':<32} {'calls':>6} {'p50 us':>9} {'p99 us':>9}")

@@ -17,14 +17,46 @@ from redline.errors import RedlineError
 
 # command name -> (module, attribute, one-line help shown in `redline --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "models": ("redline.commands.models", "models", "Manage the model repository (add, list, promote...)."),
-    "predict": ("redline.commands.models", "predict", "Run one local prediction through ONNX Runtime."),
-    "serve": ("redline.commands.serve", "serve", "Serve the repository over HTTP and gRPC (Open Inference Protocol v2)."),
-    "bench": ("redline.commands.bench", "bench", "Open-loop load generator with HDR latency reports."),
-    "features": ("redline.commands.features", "features", "Feature definitions: plan, apply, training sets, skew verification."),
-    "ingest": ("redline.commands.features", "ingest", "Ingest events into the online store (Redis Streams, HTTP push, file replay)."),
-    "optimize": ("redline.commands.optimize", "optimize", "Produce faster candidates of a model and register the best one."),
-    "gate": ("redline.commands.optimize", "gate", "CI gate: fail when a candidate misses its latency or accuracy bound."),
+    "models": (
+        "redline.commands.models",
+        "models",
+        "Manage the model repository (add, list, promote...).",
+    ),
+    "predict": (
+        "redline.commands.models",
+        "predict",
+        "Run one local prediction through ONNX Runtime.",
+    ),
+    "serve": (
+        "redline.commands.serve",
+        "serve",
+        "Serve the repository over HTTP and gRPC (Open Inference Protocol v2).",
+    ),
+    "bench": (
+        "redline.commands.bench",
+        "bench",
+        "Open-loop load generator with HDR latency reports.",
+    ),
+    "features": (
+        "redline.commands.features",
+        "features",
+        "Feature definitions: plan, apply, training sets, skew verification.",
+    ),
+    "ingest": (
+        "redline.commands.features",
+        "ingest",
+        "Ingest events into the online store (Redis Streams, HTTP push, file replay).",
+    ),
+    "optimize": (
+        "redline.commands.optimize",
+        "optimize",
+        "Produce faster candidates of a model and register the best one.",
+    ),
+    "gate": (
+        "redline.commands.optimize",
+        "gate",
+        "CI gate: fail when a candidate misses its latency or accuracy bound.",
+    ),
 }
 
 

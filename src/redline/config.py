@@ -42,9 +42,13 @@ class BatchingSettings:
 
     enabled: bool = True
     max_batch_size: int = 32
-    max_queue_delay_us: int = 200
+    # Hold a partial batch this long for more rows, once concurrency has been seen. 0 = never:
+    # requests that arrive while a batch runs ride the next one anyway ("natural" batching).
+    max_queue_delay_us: int = 0
     max_queue_size: int = 1024
-    adaptive: bool = False
+    adaptive: bool = False  # AIMD on the batch size against the model's slo_ms
+    adaptive_target: float = 0.5  # fraction of slo_ms the slowest request of a batch may use
+    inline_max_us: int = 300  # batches predicted shorter than this run on the event loop
 
 
 @dataclass

@@ -53,8 +53,12 @@ def engine_step(root: Path, calls: int) -> dict[str, float]:
     repo = ModelRepository(root)
     with console.status("converting to ONNX (parity-checked) and registering…"):
         meta = repo.add_estimator(
-            "breast_cancer", forest, x_train, feature_names=list(data.feature_names),
-            metrics={"roc_auc": auc}, description="make demo: 100-tree forest",
+            "breast_cancer",
+            forest,
+            x_train,
+            feature_names=list(data.feature_names),
+            metrics={"roc_auc": auc},
+            description="make demo: 100-tree forest",
         )
         repo.promote("breast_cancer", meta.version)
     console.print(
@@ -66,20 +70,28 @@ def engine_step(root: Path, calls: int) -> dict[str, float]:
     row = x_test[:1]
     feed = session.validate({session.inputs[0].name: row})
     with Progress(console=console, transient=True) as progress:
-        sk = time_calls(lambda: forest.predict_proba(row), max(calls // 5, 200),
-                        "scikit-learn predict_proba", progress)
+        sk = time_calls(
+            lambda: forest.predict_proba(row),
+            max(calls // 5, 200),
+            "scikit-learn predict_proba",
+            progress,
+        )
         rl = time_calls(lambda: session.run(feed), calls, "redline engine (ONNX Runtime)", progress)
     table = Table(title="one-row latency, same model (µs)")
     for col in ("engine", "calls", "p50", "p99"):
         table.add_column(col, justify="right" if col != "engine" else "left")
     for name, s in (("scikit-learn predict_proba", sk), ("redline (ONNX Runtime)", rl)):
-        table.add_row(name, str(s.size), f"{np.percentile(s, 50):.1f}",
-                      f"{np.percentile(s, 99):.1f}")
+        table.add_row(
+            name, str(s.size), f"{np.percentile(s, 50):.1f}", f"{np.percentile(s, 99):.1f}"
+        )
     console.print(table)
     speedup = float(np.percentile(sk, 50) / np.percentile(rl, 50))
     console.print(f"redline's engine is [bold green]{speedup:.0f}x[/] faster at the median.")
-    return {"sklearn_p50_us": float(np.percentile(sk, 50)), "redline_p50_us":
-            float(np.percentile(rl, 50)), "speedup": speedup}
+    return {
+        "sklearn_p50_us": float(np.percentile(sk, 50)),
+        "redline_p50_us": float(np.percentile(rl, 50)),
+        "speedup": speedup,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,8 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     engine_step(Path(args.repository), args.calls)
     console.rule()
-    console.print("next: [bold]redline models list[/], [bold]redline predict -m breast_cancer "
-                  "-i '[[...30 numbers...]]'[/], [bold]redline serve[/]")
+    console.print(
+        "next: [bold]redline models list[/], [bold]redline predict -m breast_cancer "
+        "-i '[[...30 numbers...]]'[/], [bold]redline serve[/]"
+    )
 
 
 if __name__ == "__main__":

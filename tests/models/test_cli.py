@@ -33,14 +33,26 @@ def model_file(tmp_path, classifier_onnx):
 def test_add_list_show_promote_rollback_remove(capsys, tmp_path, model_file, breast_cancer):
     r = str(tmp_path / "repo")
     np.savez(tmp_path / "sample.npz", X=breast_cancer[0][:50])
-    code, out, _ = run(capsys, "models", "add", "bc", str(model_file), "-r", r, "--labels", "0,1",
-                       "--sample", str(tmp_path / "sample.npz"))
+    code, out, _ = run(
+        capsys,
+        "models",
+        "add",
+        "bc",
+        str(model_file),
+        "-r",
+        r,
+        "--labels",
+        "0,1",
+        "--sample",
+        str(tmp_path / "sample.npz"),
+    )
     assert code == 0 and "added bc version 1" in out
     assert run(capsys, "models", "add", "bc", str(model_file), "-r", r)[0] == 0
     code, out, _ = run(capsys, "models", "list", "-r", r, "--json")
     listed = json.loads(out)
-    assert listed == [{"name": "bc", "versions": [1, 2], "aliases": {}, "policy": "latest:1",
-                       "live": [2]}]
+    assert listed == [
+        {"name": "bc", "versions": [1, 2], "aliases": {}, "policy": "latest:1", "live": [2]}
+    ]
     code, out, _ = run(capsys, "models", "show", "bc", "1", "-r", r, "--verify")
     shown = json.loads(out.split("sha256 verified")[0])
     assert shown["class_labels"] == [0, 1] and shown["task"] == "classification"
@@ -54,12 +66,24 @@ def test_add_list_show_promote_rollback_remove(capsys, tmp_path, model_file, bre
     assert code == 2 and "error [repository_conflict]" in err and "target of alias" in err
 
 
-def test_predict_accepts_rows_named_inputs_and_feature_objects(capsys, tmp_path, model_file,
-                                                               breast_cancer):
+def test_predict_accepts_rows_named_inputs_and_feature_objects(
+    capsys, tmp_path, model_file, breast_cancer
+):
     r = str(tmp_path / "repo")
     names = ",".join(f"f{i}" for i in range(30))
-    run(capsys, "models", "add", "bc", str(model_file), "-r", r, "--labels", "0,1",
-        "--feature-names", names)
+    run(
+        capsys,
+        "models",
+        "add",
+        "bc",
+        str(model_file),
+        "-r",
+        r,
+        "--labels",
+        "0,1",
+        "--feature-names",
+        names,
+    )
     row = breast_cancer[0][0].tolist()
     code, out, _ = run(capsys, "predict", "-m", "bc", "-r", r, "-i", json.dumps([row]))
     assert code == 0
@@ -69,15 +93,23 @@ def test_predict_accepts_rows_named_inputs_and_feature_objects(capsys, tmp_path,
     by_name = json.dumps({f"f{i}": v for i, v in enumerate(row)})
     assert json.loads(run(capsys, "predict", "-m", "bc", "-r", r, "-i", by_name)[1]) == result
     (tmp_path / "in.json").write_text(json.dumps({"X": [row]}))
-    assert json.loads(run(capsys, "predict", "-m", "bc", "-r", r, "-i",
-                          f"@{tmp_path / 'in.json'}")[1]) == result
+    assert (
+        json.loads(run(capsys, "predict", "-m", "bc", "-r", r, "-i", f"@{tmp_path / 'in.json'}")[1])
+        == result
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["predict", "-m", "nope", "-i", "[[1]]"], "error [model_not_found]: model 'nope' not found"),
-        (["predict", "-m", "bc", "-i", "[[1, 2"], "error [invalid_input]: --input is not valid JSON"),
+        (
+            ["predict", "-m", "nope", "-i", "[[1]]"],
+            "error [model_not_found]: model 'nope' not found",
+        ),
+        (
+            ["predict", "-m", "bc", "-i", "[[1, 2"],
+            "error [invalid_input]: --input is not valid JSON",
+        ),
         (["predict", "-m", "bc", "-i", "[[1, 2]]"], "has 2 along axis 1 but the model expects 30"),
         (["predict", "-m", "bc", "-i", "[[NaN" + ", 1" * 29 + "]]"], "contains NaN or infinity"),
         (["predict", "-m", "bc", "-i", '{"zzz": 1}'], "neither input names"),
@@ -101,8 +133,18 @@ def test_pickle_needs_explicit_trust_and_converts(capsys, tmp_path, breast_cance
     r = str(tmp_path / "repo")
     code, _, err = run(capsys, "models", "add", "bc", str(tmp_path / "clf.joblib"), "-r", r)
     assert code == 2 and "--trust-pickle" in err and "runs whatever code" in err
-    code, out, err = run(capsys, "models", "add", "bc", str(tmp_path / "clf.joblib"), "-r", r,
-                         "--trust-pickle", "--sample", str(tmp_path / "sample.npz"))
+    code, out, err = run(
+        capsys,
+        "models",
+        "add",
+        "bc",
+        str(tmp_path / "clf.joblib"),
+        "-r",
+        r,
+        "--trust-pickle",
+        "--sample",
+        str(tmp_path / "sample.npz"),
+    )
     assert code == 0, err
     assert "scikit-learn" in out
 
@@ -115,8 +157,9 @@ def test_corrupt_model_file_is_named(capsys, tmp_path):
 
 
 def test_console_script_help_is_instant_and_teaches():
-    proc = subprocess.run([sys.executable, "-m", "redline.cli", "--help"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "redline.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0
     for command in ("models", "predict", "serve", "bench", "features", "optimize", "gate"):
         assert command in proc.stdout

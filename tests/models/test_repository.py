@@ -21,8 +21,15 @@ from redline.models import InferenceSession, ModelRepository, VersionPolicy
 def test_add_writes_legible_layout_and_metadata(repo, classifier_onnx, breast_cancer):
     x, _ = breast_cancer
     names = [f"f{i}" for i in range(30)]
-    meta = repo.add_onnx("bc", classifier_onnx, class_labels=[0, 1], feature_names=names,
-                         sample=x, metrics={"roc_auc": 0.99}, framework="scikit-learn")
+    meta = repo.add_onnx(
+        "bc",
+        classifier_onnx,
+        class_labels=[0, 1],
+        feature_names=names,
+        sample=x,
+        metrics={"roc_auc": 0.99},
+        framework="scikit-learn",
+    )
     folder = repo.root / "bc" / "1"
     assert sorted(p.name for p in folder.iterdir()) == ["metadata.json", "model.onnx"]
     stored = json.loads((folder / "metadata.json").read_text())

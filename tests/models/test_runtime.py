@@ -98,9 +98,13 @@ def test_batch_sizes_must_agree_across_inputs(repo):
 
 def test_settings_threads_optimized_graph_and_warmup(repo, classifier_onnx, tmp_path):
     repo.add_onnx("bc", classifier_onnx)
-    settings = RuntimeSettings(intra_op_threads=2, graph_optimization="extended",
-                               optimized_model_dir=str(tmp_path / "opt"),
-                               warmup_batch_sizes=[1, 4], warmup_runs=1)
+    settings = RuntimeSettings(
+        intra_op_threads=2,
+        graph_optimization="extended",
+        optimized_model_dir=str(tmp_path / "opt"),
+        warmup_batch_sizes=[1, 4],
+        warmup_runs=1,
+    )
     session = InferenceSession.load(repo, "bc", settings=settings)
     session.warmup()
     saved = tmp_path / "opt" / "bc-1.optimized.onnx"

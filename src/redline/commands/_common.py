@@ -15,14 +15,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def config_option(func: F) -> F:
     return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        default=None,
         help="Settings file (default: ./redline.yaml if present, else built-in defaults).",
     )(func)
 
 
 def repository_option(func: F) -> F:
     return click.option(
-        "--repository", "-r", type=click.Path(file_okay=False), default=None,
+        "--repository",
+        "-r",
+        type=click.Path(file_okay=False),
+        default=None,
         help="Model repository folder (default: `repository` in redline.yaml, .redline/models).",
     )(func)
 

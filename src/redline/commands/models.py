@@ -34,27 +34,53 @@ def models() -> None:
 @models.command("add")
 @click.argument("name")
 @click.argument("source", type=click.Path(exists=True, dir_okay=False))
-@click.option("--from-pickle", is_flag=True,
-              help="SOURCE is a pickled/joblib estimator to convert to ONNX (needs --trust-pickle).")
+@click.option(
+    "--from-pickle",
+    is_flag=True,
+    help="SOURCE is a pickled/joblib estimator to convert to ONNX (needs --trust-pickle).",
+)
 @click.option("--trust-pickle", is_flag=True, help=PICKLE_WARNING)
-@click.option("--sample", type=click.Path(dir_okay=False),
-              help="Inputs (.npz with X, .npy, .csv, .parquet) for the conversion parity check and "
-                   "the input profile kept for drift detection.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
-              help="Largest allowed difference between the original and the ONNX model.")
+@click.option(
+    "--sample",
+    type=click.Path(dir_okay=False),
+    help="Inputs (.npz with X, .npy, .csv, .parquet) for the conversion parity check and "
+    "the input profile kept for drift detection.",
+)
+@click.option(
+    "--tolerance",
+    type=float,
+    default=1e-4,
+    show_default=True,
+    help="Largest allowed difference between the original and the ONNX model.",
+)
 @click.option("--task", type=click.Choice(["classification", "regression"]))
 @click.option("--labels", help="Comma-separated class labels, in probability-column order.")
 @click.option("--feature-names", help="Comma-separated feature names in input order.")
-@click.option("--missing-values", type=click.Choice(["reject", "allow"]),
-              help="Whether the model handles NaN inputs itself (default: reject NaN).")
+@click.option(
+    "--missing-values",
+    type=click.Choice(["reject", "allow"]),
+    help="Whether the model handles NaN inputs itself (default: reject NaN).",
+)
 @click.option("--version", "version", type=int, help="Version number (default: next).")
 @click.option("--description", default="", help="Free text stored in metadata.json.")
 @repository_option
 @config_option
-def add(name: str, source: str, from_pickle: bool, trust_pickle: bool, sample: str | None,
-        tolerance: float, task: str | None, labels: str | None, feature_names: str | None,
-        missing_values: str | None, version: int | None, description: str,
-        repository: str | None, config_path: str | None) -> None:
+def add(
+    name: str,
+    source: str,
+    from_pickle: bool,
+    trust_pickle: bool,
+    sample: str | None,
+    tolerance: float,
+    task: str | None,
+    labels: str | None,
+    feature_names: str | None,
+    missing_values: str | None,
+    version: int | None,
+    description: str,
+    repository: str | None,
+    config_path: str | None,
+) -> None:
     """Add SOURCE (an .onnx file, or a pickled estimator) as a new version of model NAME."""
     from redline.models import ModelRepository
 
@@ -73,19 +99,37 @@ def add(name: str, source: str, from_pickle: bool, trust_pickle: bool, sample: s
         import joblib
 
         estimator = joblib.load(source)
-        meta = repo.add_estimator(name, estimator, x, tolerance=tolerance, feature_names=names,
-                                  version=version, description=description,
-                                  **({"missing_values": missing_values} if missing_values else {}))
+        meta = repo.add_estimator(
+            name,
+            estimator,
+            x,
+            tolerance=tolerance,
+            feature_names=names,
+            version=version,
+            description=description,
+            **({"missing_values": missing_values} if missing_values else {}),
+        )
     else:
         label_list: list[Any] | None = None
         if labels:
-            label_list = [int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-                          for v in labels.split(",")]
-        meta = repo.add_onnx(name, source, version=version, task=task, class_labels=label_list,
-                             feature_names=names, sample=x, description=description,
-                             missing_values=missing_values or "reject")
-    click.echo(f"added {meta.name} version {meta.version} ({meta.framework}, sha256 "
-               f"{meta.sha256[:12]}…) to {root}")
+            label_list = [
+                int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in labels.split(",")
+            ]
+        meta = repo.add_onnx(
+            name,
+            source,
+            version=version,
+            task=task,
+            class_labels=label_list,
+            feature_names=names,
+            sample=x,
+            description=description,
+            missing_values=missing_values or "reject",
+        )
+    click.echo(
+        f"added {meta.name} version {meta.version} ({meta.framework}, sha256 "
+        f"{meta.sha256[:12]}…) to {root}"
+    )
 
 
 @models.command("list")
@@ -98,9 +142,16 @@ def list_models(as_json: bool, repository: str | None, config_path: str | None) 
 
     _, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
-    rows = [{"name": n, "versions": repo.versions(n), "aliases": repo.aliases(n),
-             "policy": str(repo.policy(n)), "live": repo.live_versions(n)}
-            for n in repo.list_models()]
+    rows: list[dict[str, Any]] = [
+        {
+            "name": n,
+            "versions": repo.versions(n),
+            "aliases": repo.aliases(n),
+            "policy": str(repo.policy(n)),
+            "live": repo.live_versions(n),
+        }
+        for n in repo.list_models()
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -111,8 +162,10 @@ def list_models(as_json: bool, repository: str | None, config_path: str | None) 
     for r in rows:
         aliases = ",".join(f"{k}={v}" for k, v in r["aliases"].items()) or "-"
         versions = ",".join(map(str, r["versions"]))
-        click.echo(f"{r['name']:<24} {versions:<16} {aliases:<24} {r['policy']:<12} "
-                   f"{','.join(map(str, r['live']))}")
+        click.echo(
+            f"{r['name']:<24} {versions:<16} {aliases:<24} {r['policy']:<12} "
+            f"{','.join(map(str, r['live']))}"
+        )
 
 
 @models.command("show")
@@ -121,8 +174,9 @@ def list_models(as_json: bool, repository: str | None, config_path: str | None) 
 @click.option("--verify", is_flag=True, help="Also check the model file against its sha256.")
 @repository_option
 @config_option
-def show(name: str, version: str | None, verify: bool, repository: str | None,
-         config_path: str | None) -> None:
+def show(
+    name: str, version: str | None, verify: bool, repository: str | None, config_path: str | None
+) -> None:
     """Show the metadata of a version (default: production alias, else latest)."""
     from redline.models import ModelRepository
 
@@ -143,8 +197,9 @@ def show(name: str, version: str | None, verify: bool, repository: str | None,
 @click.option("--force", is_flag=True, help="Remove even if an alias points at it.")
 @repository_option
 @config_option
-def remove(name: str, version: str, force: bool, repository: str | None,
-           config_path: str | None) -> None:
+def remove(
+    name: str, version: str, force: bool, repository: str | None, config_path: str | None
+) -> None:
     """Remove one version of a model."""
     from redline.models import ModelRepository
 
@@ -159,8 +214,9 @@ def remove(name: str, version: str, force: bool, repository: str | None,
 @click.option("--alias", default="production", show_default=True)
 @repository_option
 @config_option
-def promote(name: str, version: str, alias: str, repository: str | None,
-            config_path: str | None) -> None:
+def promote(
+    name: str, version: str, alias: str, repository: str | None, config_path: str | None
+) -> None:
     """Point ALIAS (default production) at VERSION; the previous target is remembered."""
     from redline.models import ModelRepository
 
@@ -208,7 +264,7 @@ def parse_predict_input(text: str, session: Any) -> dict[str, Any]:
     first = session.inputs[0]
     if isinstance(data, list):
         if len(session.inputs) != 1:
-            raise InvalidInput("this model has several inputs: pass {\"name\": [...], ...}")
+            raise InvalidInput('this model has several inputs: pass {"name": [...], ...}')
         rows = data if data and isinstance(data[0], list) else [data]
         return {first.name: rows}
     if isinstance(data, dict):
@@ -229,14 +285,22 @@ def parse_predict_input(text: str, session: Any) -> dict[str, Any]:
 
 @click.command("predict")
 @click.option("--model", "-m", "name", required=True, help="Model name in the repository.")
-@click.option("--version", "version", default=None, help="Version or alias (default: production/latest).")
-@click.option("--input", "-i", "input_text", required=True,
-              help='JSON: rows [[...]], {"input": [[...]]}, or {"feature": value, ...}. '
-                   "Use @file.json to read a file.")
+@click.option(
+    "--version", "version", default=None, help="Version or alias (default: production/latest)."
+)
+@click.option(
+    "--input",
+    "-i",
+    "input_text",
+    required=True,
+    help='JSON: rows [[...]], {"input": [[...]]}, or {"feature": value, ...}. '
+    "Use @file.json to read a file.",
+)
 @repository_option
 @config_option
-def predict(name: str, version: str | None, input_text: str, repository: str | None,
-            config_path: str | None) -> None:
+def predict(
+    name: str, version: str | None, input_text: str, repository: str | None, config_path: str | None
+) -> None:
     """Run one local prediction through ONNX Runtime and print the outputs as JSON.
 
     \b
@@ -252,8 +316,11 @@ def predict(name: str, version: str | None, input_text: str, repository: str | N
         input_text = Path(input_text[1:]).read_text()
     session = InferenceSession.load(ModelRepository(root), name, version, settings.runtime)
     outputs = session.run(session.validate(parse_predict_input(input_text, session)))
-    result: dict[str, Any] = {"model_name": name, "model_version": session.metadata.version,
-                              "outputs": {k: np.asarray(v).tolist() for k, v in outputs.items()}}
+    result: dict[str, Any] = {
+        "model_name": name,
+        "model_version": session.metadata.version,
+        "outputs": {k: np.asarray(v).tolist() for k, v in outputs.items()},
+    }
     if session.metadata.class_labels:
         result["class_labels"] = session.metadata.class_labels
     click.echo(json.dumps(result))

@@ -81,7 +81,9 @@ def profile_inputs(sample: Any, feature_names: list[str] | None, bins: int = 10)
             profile["features"][name] = {"missing_share": 1.0}
             continue
         edges = np.unique(np.quantile(finite, np.linspace(0, 1, bins + 1)))
-        counts, _ = np.histogram(finite, bins=edges) if edges.size > 1 else (np.array([finite.size]), edges)
+        counts, _ = (
+            np.histogram(finite, bins=edges) if edges.size > 1 else (np.array([finite.size]), edges)
+        )
         profile["features"][name] = {
             "mean": float(finite.mean()),
             "std": float(finite.std()),

@@ -55,7 +55,7 @@ class VersionPolicy:
             return ordered
         if self.kind == "specific":
             return [v for v in ordered if v in self.versions]
-        return ordered[-self.num_versions:]
+        return ordered[-self.num_versions :]
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "latest":

@@ -68,8 +68,9 @@ class ModelRepository:
         if not self.root.is_dir():
             return []
         return sorted(
-            p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-            and self.versions(p.name)
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and self.versions(p.name)
         )
 
     def versions(self, name: str) -> list[int]:
@@ -78,7 +79,8 @@ class ModelRepository:
         if not folder.is_dir():
             return []
         return sorted(
-            int(p.name) for p in folder.iterdir()
+            int(p.name)
+            for p in folder.iterdir()
             if p.name.isdigit() and (p / METADATA_FILE).is_file()
         )
 
@@ -112,9 +114,7 @@ class ModelRepository:
             return aliases[version]
         number = int(version)
         if number not in versions:
-            raise VersionNotFound(
-                f"model '{name}' has no version {number} (versions: {versions})"
-            )
+            raise VersionNotFound(f"model '{name}' has no version {number} (versions: {versions})")
         return number
 
     def version_dir(self, name: str, version: int) -> Path:
@@ -198,8 +198,10 @@ class ModelRepository:
                     f"{len(feature_names)} feature names given but input '{inputs[0].name}' "
                     f"has {width} columns"
                 )
-        profile = input_profile if input_profile is not None else (
-            profile_inputs(sample, feature_names) if sample is not None else {}
+        profile = (
+            input_profile
+            if input_profile is not None
+            else (profile_inputs(sample, feature_names) if sample is not None else {})
         )
         meta = ModelMetadata(
             name=name,
@@ -301,7 +303,7 @@ class ModelRepository:
     def _sweep_temporaries(folder: Path) -> None:
         """Remove temporary folders left by writers that died (their pid no longer runs)."""
         for p in folder.glob(f"{_TMP_PREFIX}*"):
-            pid_text = p.name[len(_TMP_PREFIX):].split("-", 1)[0]
+            pid_text = p.name[len(_TMP_PREFIX) :].split("-", 1)[0]
             if pid_text.isdigit() and not _pid_alive(int(pid_text)):
                 shutil.rmtree(p, ignore_errors=True)
 

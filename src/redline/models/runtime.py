@@ -35,7 +35,9 @@ _EXEC_MODES = {
 _EXACT_INT = {"FP16": 2**11, "FP32": 2**24, "FP64": 2**53}
 
 
-def session_options(settings: RuntimeSettings, optimized_path: Path | None = None) -> ort.SessionOptions:
+def session_options(
+    settings: RuntimeSettings, optimized_path: Path | None = None
+) -> ort.SessionOptions:
     """ONNX Runtime options tuned for latency: few threads, no spinning across requests."""
     if settings.graph_optimization not in _OPT_LEVELS:
         raise ConfigError(
@@ -128,14 +130,21 @@ class InferenceSession:
         return cls(data, meta, settings, origin=str(path))
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], settings: RuntimeSettings | None = None) -> InferenceSession:
+    def from_file(
+        cls, path: str | os.PathLike[str], settings: RuntimeSettings | None = None
+    ) -> InferenceSession:
         """Load a bare ONNX file outside any repository (tools, benchmarks)."""
         from redline.models.repository import inspect_onnx
 
         data = Path(path).read_bytes()
         inputs, outputs = inspect_onnx(data, str(path))
-        meta = ModelMetadata(name=Path(path).stem, version=1, inputs=inputs, outputs=outputs,
-                             sha256=hashlib.sha256(data).hexdigest())
+        meta = ModelMetadata(
+            name=Path(path).stem,
+            version=1,
+            inputs=inputs,
+            outputs=outputs,
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
         return cls(data, meta, settings, origin=str(path))
 
     # ------------------------------------------------------------------ hot path
@@ -148,7 +157,7 @@ class InferenceSession:
 
     # ------------------------------------------------------------------ checked path
     def validate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Check names, dtypes (safe casts only), shapes and the NaN policy; return arrays to run."""
+        """Check names, dtypes (safe casts), shapes and the NaN policy; return arrays to run."""
         expected = {t.name for t in self.inputs}
         unknown = sorted(set(inputs) - expected)
         if unknown:
@@ -197,7 +206,9 @@ class InferenceSession:
                 f"{spec.datatype}; send numbers"
             )
         if kind == "b" and spec.datatype != "BOOL":
-            raise InvalidInput(f"input '{spec.name}' holds booleans; the model expects {spec.datatype}")
+            raise InvalidInput(
+                f"input '{spec.name}' holds booleans; the model expects {spec.datatype}"
+            )
         if spec.datatype in FLOAT_TYPES:
             if kind in "iu":
                 limit = _EXACT_INT[spec.datatype]
@@ -259,8 +270,10 @@ class InferenceSession:
         """Zero-valued inputs of a given batch size (for warm-up and profiling)."""
         example = {}
         for spec in self.inputs:
-            shape = [batch_size if i == 0 and d == -1 else (d if d > 0 else 1)
-                     for i, d in enumerate(spec.shape)]
+            shape = [
+                batch_size if i == 0 and d == -1 else (d if d > 0 else 1)
+                for i, d in enumerate(spec.shape)
+            ]
             dtype = self._dtypes[spec.name]
             if spec.datatype == "BYTES":
                 example[spec.name] = np.full(shape, "", dtype=object)
