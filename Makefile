@@ -39,6 +39,11 @@ lint: $(VENV)/.dev-installed
 proto: $(VENV)/.dev-installed
 	$(PY) -m grpc_tools.protoc -I src/redline/serving/proto --python_out=src/redline/serving/proto \
 	  --grpc_python_out=src/redline/serving/proto src/redline/serving/proto/grpc_service.proto
+	sed -i 's/^import grpc_service_pb2 as/from . import grpc_service_pb2 as/' \
+	  src/redline/serving/proto/grpc_service_pb2_grpc.py
+	# A private descriptor pool, so tritonclient's own `inference.*` protos can share the process.
+	sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/_POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
+	  src/redline/serving/proto/grpc_service_pb2.py
 
 clean:
 	rm -rf $(VENV) .redline build dist .pytest_cache .mypy_cache .ruff_cache

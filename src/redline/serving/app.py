@@ -1,0 +1,384 @@
+"""The REST app: Open Inference Protocol v2 as a bare ASGI callable.
+
+No framework on the hot path, on purpose: measured against a bare ASGI callable on uvicorn,
+FastAPI's routing, request objects and response classes cost about 25% of a one-row request.
+``POST /v2/models/{name}[/versions/{v}]/infer`` is matched first with two string tests; every
+other path goes through a small table. Other packages add their own routes (``/v1/...``) with
+:meth:`RestApp.add_route`; a route handler receives an :class:`HttpRequest` and returns an
+:class:`HttpResponse`, and may run models through ``app.registry.get(name).infer(...)``.
+
+Every :class:`~redline.errors.RedlineError` becomes its V2 body ``{"error": ..., "code": ...}``
+with its HTTP status (``Overloaded`` adds ``Retry-After``); anything else is logged and answered
+500 without a traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from redline import __version__
+from redline.config import Settings
+from redline.errors import (
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RedlineError,
+    Unauthorized,
+)
+from redline.serving.deadline import (
+    BUDGET_HEADER,
+    PRIORITY_HEADER,
+    now,
+    parse_budget,
+    parse_priority,
+)
+from redline.serving.protocol import decode_rest, encode_rest, error_body
+from redline.serving.registry import ModelRegistry
+
+log = logging.getLogger("redline.serving")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_OCTET = (b"content-type", b"application/octet-stream")
+_HLEN = b"inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "x-redline-budget"]
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    """What a route handler sees: the parsed path parameters, lower-case headers and body."""
+
+    method: str
+    path: str
+    params: dict[str, str]
+    headers: dict[bytes, bytes]
+    body: bytes
+    start: float  # perf_counter at arrival, for budgets
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"request body is not valid JSON ({exc})") from None
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int = 200
+    body: bytes = b"{}"
+    headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: [_JSON])
+
+    @classmethod
+    def json(cls, doc: Any, status: int = 200) -> HttpResponse:
+        return cls(status, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+class _Route:
+    __slots__ = ("method", "parts", "handler", "admin")
+
+    def __init__(self, method: str, template: str, handler: Handler, admin: bool) -> None:
+        self.method = method
+        self.parts = template.strip("/").split("/")
+        self.handler = handler
+        self.admin = admin
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        if len(parts) != len(self.parts):
+            return None
+        params: dict[str, str] = {}
+        for want, got in zip(self.parts, parts, strict=True):
+            if want[:1] == "{":
+                if not got:
+                    return None
+                params[want[1:-1]] = got
+            elif want != got:
+                return None
+        return params
+
+
+class RestApp:
+    """The ASGI callable. ``draining`` turns readiness off during shutdown."""
+
+    def __init__(self, registry: ModelRegistry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.max_body = settings.server.max_body_bytes
+        self.draining = False
+        self._routes: list[_Route] = []
+        self._install_v2_routes()
+
+    def add_route(
+        self, method: str, template: str, handler: Handler, *, admin: bool = False
+    ) -> None:
+        """Serve ``method template`` (``/v1/models/{name}/predict``) with ``handler``.
+
+        ``admin=True`` routes exist only when the admin surface is enabled, behind its token.
+        """
+        self._routes.append(_Route(method.upper(), template, handler, admin))
+
+    # ------------------------------------------------------------------ ASGI entry
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if method == "POST" and path[-6:] == "/infer" and path[:11] == "/v2/models/":
+                # Case: the hot path.
+                status, body, headers = await self._infer(scope, receive, path)
+            else:
+                response = await self._dispatch(scope, receive, method, path)
+                status, body, headers = response.status, response.body, response.headers
+        except RedlineError as exc:
+            status, body, headers = _error(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not take the connection down
+            log.exception("unhandled error on %s %s", method, path)
+            status, body = 500, error_body(f"internal error: {type(exc).__name__}", "internal")
+            headers = [_JSON]
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", b"%d" % len(body))],
+        })
+        await send({"type": "http.response.body", "body": body})
+
+    async def _read_body(self, receive: Receive, declared: int | None) -> bytes:
+        if declared is not None and declared > self.max_body:
+            raise PayloadTooLarge(self._too_large(declared))
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+        chunks = [body]
+        size = len(body)
+        while message.get("more_body"):
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise PayloadTooLarge(self._too_large(size))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes exceeds server.max_body_bytes ({self.max_body}); "
+            "send fewer rows per request or raise the limit"
+        )
+
+    # ------------------------------------------------------------------ inference
+    async def _infer(
+        self, scope: Scope, receive: Receive, path: str
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        start = now()
+        declared = header_length = budget = priority = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = int(value) if value.isdigit() else None
+            elif key == _HLEN:
+                if not value.isdigit():
+                    raise InvalidInput("Inference-Header-Content-Length must be an integer")
+                header_length = int(value)
+            elif key == BUDGET_HEADER:
+                budget = value
+            elif key == PRIORITY_HEADER:
+                priority = value
+        parts = path[11:-6].split("/")
+        if len(parts) == 1:
+            name, version = parts[0], None
+        elif len(parts) == 3 and parts[1] == "versions":
+            name, version = parts[0], parts[2]
+        else:
+            raise NotFound(f"no route for POST {path}")
+        body = await self._read_body(receive, declared)
+        request = decode_rest(body, header_length)
+        handle = self.registry.get(name, version)
+        if request.outputs:
+            handle.select_outputs(dict.fromkeys(handle.output_names), request.outputs)
+        deadline = parse_budget(budget, handle.slo_ms, start)
+        if priority is None and request.parameters:
+            priority = request.parameters.get("priority")
+        outputs = await handle.infer(
+            request.inputs, deadline, priority=parse_priority(priority),
+            datatypes=request.datatypes,
+        )
+        outputs = handle.select_outputs(outputs, request.outputs)
+        payload, json_length = encode_rest(handle.name, handle.version_str, outputs, request)
+        if json_length is None:
+            return 200, payload, [_JSON]
+        return 200, payload, [_OCTET, (_HLEN, b"%d" % json_length)]
+
+    # ------------------------------------------------------------------ table routes
+    async def _dispatch(
+        self, scope: Scope, receive: Receive, method: str, path: str
+    ) -> HttpResponse:
+        parts = path.strip("/").split("/")
+        allowed: list[str] = []
+        for route in self._routes:
+            params = route.match(parts)
+            if params is None:
+                continue
+            if route.method != method:
+                allowed.append(route.method)
+                continue
+            headers = dict(scope["headers"])
+            if route.admin:
+                self._check_admin(headers)
+            declared = headers.get(b"content-length")
+            body = b""
+            if method in ("POST", "PUT"):
+                body = await self._read_body(
+                    receive, int(declared) if declared and declared.isdigit() else None
+                )
+            request = HttpRequest(method, path, params, headers, body, now())
+            return await route.handler(request)
+        if allowed:
+            return HttpResponse(
+                405,
+                error_body(f"{method} is not allowed on {path}; use {', '.join(allowed)}",
+                           "method_not_allowed"),
+                [_JSON, (b"allow", ", ".join(allowed).encode())],
+            )
+        return HttpResponse(404, error_body(f"no route for {method} {path}", "not_found"))
+
+    def _check_admin(self, headers: dict[bytes, bytes]) -> None:
+        server = self.settings.server
+        if not server.admin_enabled:
+            raise NotFound("the admin API is off; set server.admin_enabled and admin_token")
+        token = server.admin_token
+        given = headers.get(b"authorization", b"")
+        if not token or not hmac.compare_digest(given, b"Bearer " + token.encode()):
+            raise Unauthorized("admin API needs 'Authorization: Bearer <server.admin_token>'")
+
+    def _install_v2_routes(self) -> None:
+        add = self.add_route
+        add("GET", "/v2", self._server_metadata)
+        add("GET", "/v2/health/live", self._live)
+        add("GET", "/v2/health/ready", self._ready)
+        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            add("GET", prefix, self._model_metadata)
+            add("GET", prefix + "/ready", self._model_ready)
+            add("GET", prefix + "/config", self._model_config)
+            add("GET", prefix + "/stats", self._model_stats)
+            add("POST", prefix + "/infer", self._infer_elsewhere)
+        add("POST", "/v2/repository/index", self._repo_index, admin=True)
+        add("POST", "/v2/repository/models/{name}/load", self._repo_load, admin=True)
+        add("POST", "/v2/repository/models/{name}/unload", self._repo_unload, admin=True)
+
+    async def _infer_elsewhere(self, request: HttpRequest) -> HttpResponse:
+        raise NotFound(f"no route for POST {request.path}")  # unreachable: the hot path has it
+
+    async def _server_metadata(self, request: HttpRequest) -> HttpResponse:
+        extensions = list(EXTENSIONS)
+        if self.settings.server.admin_enabled:
+            extensions.append("model_repository")
+        return HttpResponse.json({"name": "redline", "version": __version__,
+                                  "extensions": extensions})
+
+    async def _live(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json({"live": True})
+
+    async def _ready(self, request: HttpRequest) -> HttpResponse:
+        ready = not self.draining and self.registry.all_ready()
+        return HttpResponse.json({"ready": ready}, 200 if ready else 503)
+
+    async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json(model_metadata(self.registry, request.params))
+
+    async def _model_ready(self, request: HttpRequest) -> HttpResponse:
+        name, version = request.params["name"], request.params.get("version")
+        if name not in self.registry.models():
+            self.registry.get(name, version)  # raises ModelNotFound: 404, not "not ready"
+        ready = self.registry.ready(name, version) and not self.draining
+        return HttpResponse.json({"name": name, "ready": ready}, 200 if ready else 503)
+
+    async def _model_config(self, request: HttpRequest) -> HttpResponse:
+        handle = self.registry.get(request.params["name"], request.params.get("version"))
+        return HttpResponse.json(triton_config(handle))
+
+    async def _model_stats(self, request: HttpRequest) -> HttpResponse:
+        handle = self.registry.get(request.params["name"], request.params.get("version"))
+        return HttpResponse.json({"name": handle.name, "version": handle.version_str,
+                                  "queued": handle.batcher.queued,
+                                  "batch_cap": handle.batcher.cap, **handle.stats.as_dict()})
+
+    async def _repo_index(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json(self.registry.index())
+
+    async def _repo_load(self, request: HttpRequest) -> HttpResponse:
+        await self.registry.load(request.params["name"])
+        return HttpResponse.json({"name": request.params["name"], "loaded": True})
+
+    async def _repo_unload(self, request: HttpRequest) -> HttpResponse:
+        await self.registry.unload(request.params["name"])
+        return HttpResponse.json({"name": request.params["name"], "unloaded": True})
+
+
+def model_metadata(registry: ModelRegistry, params: dict[str, str]) -> dict[str, Any]:
+    """The V2 model metadata object (shared with the gRPC service)."""
+    handle = registry.get(params["name"], params.get("version"))
+    return {
+        "name": handle.name,
+        "versions": [str(v) for v in registry.versions(handle.name)],
+        "platform": "onnxruntime_onnx",
+        "inputs": [t.to_dict() for t in handle.session.inputs],
+        "outputs": [t.to_dict() for t in handle.session.outputs],
+    }
+
+
+def triton_config(handle: Any) -> dict[str, Any]:
+    """Triton's model configuration extension: what perf_analyzer reads before it starts."""
+    batched = handle.batcher.batchable
+
+    def tensors(specs: list[Any]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else
+                                                          t.datatype),
+                 "dims": t.shape[1:] if batched else t.shape} for t in specs]
+
+    return {
+        "name": handle.name,
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": handle.batcher.max_batch if batched else 0,
+        "input": tensors(handle.session.inputs),
+        "output": tensors(handle.session.outputs),
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": handle.batcher.settings.max_queue_delay_us
+        },
+    }
+
+
+def _error(exc: RedlineError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    headers = [_JSON]
+    if isinstance(exc, Overloaded):
+        seconds = max(1, math.ceil(exc.retry_after_s))
+        headers.append((b"retry-after", b"%d" % seconds))
+        millis = max(1, round(exc.retry_after_s * 1e3))
+        headers.append((b"x-redline-retry-after-ms", b"%d" % millis))
+    return exc.http_status, error_body(exc.message, exc.code), headers
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

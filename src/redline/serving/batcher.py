@@ -1,0 +1,327 @@
+"""Dynamic batching per model version: pack queued requests into one run, split the results.
+
+Shape of the fast path, and why: the batcher is a small state machine driven by event-loop
+callbacks, not a task per request or a background coroutine. A request appends itself to a queue
+and, when nothing is running, schedules one ``_flush`` with ``call_soon``; requests that arrive in
+the same loop iteration (or while a batch runs) ride the next batch — "natural" batching that
+adds no delay at concurrency 1. Measured against a bare ASGI callable, a task per request or an
+``asyncio.Queue`` consumer cost 20-40 µs per request on this class of machine; callbacks cost a
+few.
+
+Where a batch runs: a batch predicted to take less than ``inline_max_us`` runs inline on the loop
+(a thread hop costs more than such a run); longer ones run on the model's own worker thread
+(ONNX Runtime releases the GIL), so the loop keeps answering health checks and metadata and
+keeps accepting requests, which queue for the next batch.
+
+Options (``BatchingSettings``): ``max_batch_size`` rows per run; ``max_queue_size`` requests
+waiting (beyond it: 429); ``max_queue_delay_us`` how long to hold a partial batch for more rows,
+applied only once concurrency has been seen (so a lone client never waits); ``adaptive`` grows
+the batch by one row while the slowest request of each batch finishes within the objective and
+halves it when one does not (additive increase, multiplicative decrease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from concurrent.futures import Future as ThreadFuture
+from typing import Any
+
+import numpy as np
+
+from redline.config import BatchingSettings
+from redline.errors import DeadlineExceeded, ModelNotReady, Overloaded, RedlineError
+from redline.serving.deadline import HIGH, AdmissionStats, CostModel, now
+
+Inputs = dict[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
+
+
+class _Entry:
+    __slots__ = ("inputs", "rows", "future", "deadline", "arrival", "key")
+
+    def __init__(
+        self, inputs: Inputs, rows: int, future: asyncio.Future[Outputs], deadline: float | None,
+        arrival: float, key: tuple[Any, ...],
+    ) -> None:
+        self.inputs = inputs
+        self.rows = rows
+        self.future = future
+        self.deadline = deadline
+        self.arrival = arrival
+        self.key = key
+
+
+class Batcher:
+    """Queues requests for one model version and runs them in batches.
+
+    ``run`` is the model's hot path (``InferenceSession.run``); ``batchable`` says whether every
+    input and output has a dynamic first (batch) dimension, so requests can be concatenated.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Inputs], Outputs],
+        settings: BatchingSettings,
+        *,
+        executor: Executor,
+        batchable: bool = True,
+        slo_s: float = 0.1,
+        cost: CostModel | None = None,
+        stats: AdmissionStats | None = None,
+        name: str = "model",
+    ) -> None:
+        self._run = run
+        self._executor = executor
+        self.settings = settings
+        self.batchable = batchable and settings.enabled
+        self.max_batch = max(1, settings.max_batch_size) if self.batchable else 1
+        # Adaptive mode starts small and earns its batch size; fixed mode uses the maximum.
+        self.cap = 1 if settings.adaptive else self.max_batch
+        self.slo_s = slo_s
+        self.cost = cost or CostModel()
+        self.stats = stats or AdmissionStats()
+        self.name = name
+        self._inline_max_s = settings.inline_max_us / 1e6
+        self._delay_s = settings.max_queue_delay_us / 1e6
+        self._queues: tuple[deque[_Entry], deque[_Entry]] = (deque(), deque())
+        self._queued = 0
+        self._queued_rows = 0
+        self._scheduled = False  # a _flush is pending on the loop
+        self._busy = False  # a batch runs on the worker thread
+        self._busy_until = 0.0  # predicted end of the running batch
+        self._concurrent = False  # the last batch held more than one request
+        self._closed = False
+        self._idle: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ submit
+    def submit(
+        self, inputs: Inputs, rows: int, deadline: float | None = None, priority: int = 1
+    ) -> asyncio.Future[Outputs]:
+        """Queue validated inputs; the future resolves to this request's slice of the outputs."""
+        if self._closed:
+            raise ModelNotReady(f"model '{self.name}' is unloading; retry to reach its successor")
+        if self._queued >= self.settings.max_queue_size:
+            self.stats.shed_queue_full += 1
+            raise Overloaded(
+                f"model '{self.name}' has {self._queued} requests queued (max_queue_size "
+                f"{self.settings.max_queue_size}); retry after the indicated delay or add replicas",
+                retry_after_s=self._drain_estimate(),
+            )
+        t = now()
+        if deadline is not None and (self._queued or self._busy):
+            finish = self._finish_estimate(t, rows)
+            if finish > deadline:
+                self.stats.shed_budget += 1
+                raise Overloaded(
+                    f"model '{self.name}' cannot answer within the request's budget: about "
+                    f"{(finish - t) * 1e3:.1f} ms of work is queued ahead and "
+                    f"{max(0.0, deadline - t) * 1e3:.1f} ms of budget is left",
+                    retry_after_s=self._drain_estimate(),
+                )
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outputs] = loop.create_future()
+        key = tuple(a.shape[1:] for a in inputs.values()) if self.batchable else ()
+        entry = _Entry(inputs, rows, future, deadline, t, key)
+        self._queues[0 if priority == HIGH else 1].append(entry)
+        self._queued += 1
+        self._queued_rows += rows
+        self.stats.admitted += 1
+        if not self._scheduled and not self._busy:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _finish_estimate(self, t: float, rows: int) -> float:
+        ahead = self._queued_rows + rows
+        runs = math.ceil(ahead / self.cap)
+        start = max(t, self._busy_until) if self._busy else t
+        return start + runs * self.cost.predict(min(ahead, self.cap))
+
+    def _drain_estimate(self) -> float:
+        runs = math.ceil(max(1, self._queued_rows) / self.cap)
+        return max(0.001, runs * self.cost.predict(self.cap))
+
+    # ------------------------------------------------------------------ flush
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._busy or not self._queued:
+            return
+        # Hold a partial batch for more rows, only once concurrency has been seen.
+        if self._delay_s and self._concurrent and self._queued_rows < self.cap:
+            oldest = min(q[0].arrival for q in self._queues if q)
+            if now() - oldest < self._delay_s:
+                self._scheduled = True
+                assert self._loop is not None
+                self._loop.call_soon(self._flush)  # yields to I/O: new requests can join
+                return
+        batch, rows = self._take()
+        if not batch:
+            self._notify_idle()
+            return
+        self._concurrent = len(batch) > 1
+        try:
+            merged = self._merge(batch)
+        except Exception as exc:  # noqa: BLE001 - a failed merge fails this batch only
+            self._fail(batch, exc)
+            self._schedule_next()
+            return
+        predicted = self.cost.predict(rows)
+        if predicted <= self._inline_max_s:
+            # Case: a short run — cheaper inline than a thread hop.
+            t0 = now()
+            try:
+                outputs = self._run(merged)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(batch, exc)
+            else:
+                self._deliver(batch, rows, outputs, now() - t0)
+            self._schedule_next()
+            return
+        # Case: a long run — on the worker thread, the loop stays responsive.
+        self._busy = True
+        self._busy_until = now() + predicted
+        loop = self._loop
+        assert loop is not None
+        work = self._executor.submit(self._timed_run, merged)
+
+        def done(f: ThreadFuture[tuple[Outputs, float]]) -> None:
+            loop.call_soon_threadsafe(self._on_thread_done, batch, rows, f)
+
+        work.add_done_callback(done)
+
+    def _timed_run(self, merged: Inputs) -> tuple[Outputs, float]:
+        t0 = now()
+        outputs = self._run(merged)
+        return outputs, now() - t0
+
+    def _on_thread_done(
+        self, batch: list[_Entry], rows: int, work: ThreadFuture[tuple[Outputs, float]]
+    ) -> None:
+        self._busy = False
+        exc = work.exception()
+        if exc is not None:
+            self._fail(batch, exc)
+        else:
+            outputs, seconds = work.result()
+            self._deliver(batch, rows, outputs, seconds)
+        self._schedule_next()
+
+    def _schedule_next(self) -> None:
+        if self._queued and not self._scheduled:
+            self._scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+        elif not self._queued:
+            self._notify_idle()
+
+    def _take(self) -> tuple[list[_Entry], int]:
+        """Up to ``cap`` rows of compatible requests, high priority first; expired ones dropped."""
+        batch: list[_Entry] = []
+        rows = 0
+        t = now()
+        key = None
+        for queue in self._queues:
+            while queue:
+                entry = queue[0]
+                if entry.future.cancelled():
+                    self._pop(queue)
+                    continue
+                if entry.deadline is not None and entry.deadline < t:
+                    self._pop(queue)
+                    self.stats.expired += 1
+                    entry.future.set_exception(DeadlineExceeded(
+                        f"the request's budget ran out after {(t - entry.arrival) * 1e3:.1f} ms "
+                        f"in the queue of model '{self.name}'; raise x-redline-budget-ms or "
+                        "reduce load"
+                    ))
+                    continue
+                if batch and (rows + entry.rows > self.cap or entry.key != key):
+                    return batch, rows
+                self._pop(queue)
+                batch.append(entry)
+                rows += entry.rows
+                key = entry.key
+                if not self.batchable:
+                    return batch, rows
+        return batch, rows
+
+    def _pop(self, queue: deque[_Entry]) -> None:
+        entry = queue.popleft()
+        self._queued -= 1
+        self._queued_rows -= entry.rows
+
+    @staticmethod
+    def _merge(batch: list[_Entry]) -> Inputs:
+        if len(batch) == 1:
+            return batch[0].inputs
+        first = batch[0].inputs
+        return {name: np.concatenate([e.inputs[name] for e in batch]) for name in first}
+
+    def _deliver(self, batch: list[_Entry], rows: int, outputs: Outputs, seconds: float) -> None:
+        self.cost.observe(rows, seconds)
+        stats = self.stats
+        stats.batches += 1
+        stats.rows += rows
+        stats.served += len(batch)
+        if len(batch) == 1:
+            future = batch[0].future
+            if not future.done():
+                future.set_result(outputs)
+        else:
+            offset = 0
+            for entry in batch:
+                end = offset + entry.rows
+                if not entry.future.done():
+                    entry.future.set_result({k: v[offset:end] for k, v in outputs.items()})
+                offset = end
+        if self.settings.adaptive:
+            self._adapt(batch, rows)
+
+    def _adapt(self, batch: list[_Entry], rows: int) -> None:
+        """AIMD on the batch size against the latency objective."""
+        worst = now() - min(e.arrival for e in batch)
+        if worst > self.slo_s * self.settings.adaptive_target:
+            self.cap = max(1, self.cap // 2)
+        elif rows >= self.cap:
+            self.cap = min(self.max_batch, self.cap + 1)
+
+    def _fail(self, batch: list[_Entry], exc: BaseException) -> None:
+        if not isinstance(exc, RedlineError):
+            exc = RuntimeError(f"model '{self.name}' failed to run: {exc}")
+        for entry in batch:
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def idle(self) -> bool:
+        return not self._queued and not self._busy
+
+    def _notify_idle(self) -> None:
+        if self._idle is not None and self.idle:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Stop admitting and wait until queued and running batches are done."""
+        self._closed = True
+        if self.idle:
+            return True
+        self._idle = asyncio.Event()
+        if self.idle:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

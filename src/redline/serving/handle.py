@@ -1,0 +1,141 @@
+"""One loaded, warm model version, and the API other packages use to run it.
+
+``ModelHandle.infer`` is the one entry point to a model from inside the server: the V2 REST and
+gRPC handlers use it, and so can other request handlers mounted on the app (entity predictions
+under ``/v1``)::
+
+    handle = registry.get("fraud")                  # default version; or get("fraud", "3")
+    outputs = await handle.infer({"input": x}, deadline=deadline_from_ms(20))
+    # x: numpy array, first dimension = rows; outputs: output name -> numpy array, same rows
+
+``infer`` validates the inputs (names, dtypes, shapes, NaN policy; raises ``InvalidInput``),
+applies admission (``Overloaded``), queues them in the version's batcher (where they may share a
+run with other requests), and resolves to this request's rows of every output. A request keeps
+the handle it started on, so a hot swap never changes the version under it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from redline.config import Settings
+from redline.errors import InvalidInput
+from redline.models.runtime import InferenceSession
+from redline.serving.batcher import Batcher
+from redline.serving.deadline import LOW, AdmissionStats, CostModel, now
+
+
+class ModelHandle:
+    """A model version ready to serve: its session, batcher, worker thread and counters."""
+
+    def __init__(self, session: InferenceSession, settings: Settings) -> None:
+        self.session = session
+        self.metadata = session.metadata
+        self.name = self.metadata.name
+        self.version = int(self.metadata.version)
+        self.version_str = str(self.version)
+        model_settings = settings.for_model(self.name)
+        self.slo_ms = model_settings.slo_ms or settings.server.default_slo_ms
+        self.input_specs = {t.name: t for t in session.inputs}
+        self.output_names = [t.name for t in session.outputs]
+        batchable = all(t.shape and t.shape[0] == -1 for t in session.inputs) and all(
+            t.shape and t.shape[0] == -1 for t in session.outputs
+        )
+        self.stats = AdmissionStats()
+        self.cost = CostModel()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{self.name}-{self.version}")
+        self.batcher = Batcher(
+            session.run,
+            settings.batching_for(self.name),
+            executor=self._executor,
+            batchable=batchable,
+            slo_s=self.slo_ms / 1000.0,
+            cost=self.cost,
+            stats=self.stats,
+            name=f"{self.name}:{self.version}",
+        )
+        self._runtime = settings.runtime
+
+    def warm(self) -> None:
+        """Run every warm-up batch size, then seed the cost model from timed runs."""
+        sizes = sorted(set(self._runtime.warmup_batch_sizes + [1, self.batcher.max_batch]))
+        self.session.warmup(sizes if self.batcher.batchable else [1])
+        t1 = self._time_run(1)
+        n = self.batcher.max_batch
+        tn = self._time_run(n) if n > 1 else t1
+        self.cost.seed(t1, tn, n)
+
+    def _time_run(self, rows: int, repeats: int = 3) -> float:
+        example = self.session.example_inputs(rows)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = now()
+            self.session.run(example)
+            best = min(best, now() - t0)
+        return best
+
+    # ------------------------------------------------------------------ requests
+    def prepare(
+        self, inputs: dict[str, np.ndarray], datatypes: dict[str, str] | None = None
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """Validated inputs and their row count. Declared datatypes must match the model's."""
+        if datatypes is not None:
+            for name, datatype in datatypes.items():
+                spec = self.input_specs.get(name)
+                if spec is not None and spec.datatype != datatype:
+                    raise InvalidInput(
+                        f"input '{name}' is declared {datatype} but model '{self.name}' expects "
+                        f"{spec.datatype}; send {spec.datatype} data"
+                    )
+        checked = self.session.validate(inputs)
+        first = next(iter(checked.values()))
+        rows = int(first.shape[0]) if first.ndim else 1
+        return checked, rows
+
+    async def infer(
+        self,
+        inputs: dict[str, np.ndarray],
+        deadline: float | None = None,
+        *,
+        priority: int = LOW,
+        datatypes: dict[str, str] | None = None,
+        validate: bool = True,
+    ) -> dict[str, np.ndarray]:
+        """Run ``inputs`` through this version (batched with others); see the module doc."""
+        if validate:
+            inputs, rows = self.prepare(inputs, datatypes)
+        else:
+            first = next(iter(inputs.values()))
+            rows = int(first.shape[0]) if first.ndim else 1
+        return await self.batcher.submit(inputs, rows, deadline, priority)
+
+    def select_outputs(
+        self, outputs: dict[str, np.ndarray], names: list[str] | None
+    ) -> dict[str, np.ndarray]:
+        """The requested outputs only, in the order asked; unknown names are a user error."""
+        if not names:
+            return outputs
+        try:
+            return {n: outputs[n] for n in names}
+        except KeyError as exc:
+            raise InvalidInput(
+                f"model '{self.name}' has no output {exc.args[0]!r}; "
+                f"outputs: {self.output_names}"
+            ) from None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def retire(self, timeout_s: float) -> None:
+        """Finish queued and running requests, then release the worker thread."""
+        await self.batcher.drain(timeout_s)
+        self._executor.shutdown(wait=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version_str,
+            "inputs": [t.to_dict() for t in self.session.inputs],
+            "outputs": [t.to_dict() for t in self.session.outputs],
+        }

@@ -1,0 +1,454 @@
+"""The Open Inference Protocol v2 codec, shared by the REST app and the gRPC service.
+
+One decoded form, :class:`InferRequest`, whichever transport it came from: tensors are numpy
+arrays of the declared V2 datatype. JSON is parsed by orjson straight into Python lists that
+numpy turns into one array per input; Triton's binary tensor extension (a JSON header of
+``Inference-Header-Content-Length`` bytes followed by raw little-endian tensors) and gRPC's
+``raw_input_contents`` skip number parsing entirely via ``np.frombuffer``.
+
+Why the fast path is shaped this way: at one row per request the codec is a large share of the
+server's own time, so decode does one ``np.asarray`` per input and encode hands numpy arrays to
+``orjson.dumps(OPT_SERIALIZE_NUMPY)`` without ``tolist()``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from redline.errors import InvalidInput
+from redline.models.datatypes import V2_TO_NUMPY
+
+_NUMPY_OPT = orjson.OPT_SERIALIZE_NUMPY
+_LE = {name: dt.newbyteorder("<") for name, dt in V2_TO_NUMPY.items() if name != "BYTES"}
+# Which JSON values may hold each datatype: numpy array kinds.
+_ALLOWED_KINDS = {"BOOL": "b"}
+for _name in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"):
+    _ALLOWED_KINDS[_name] = "iu"
+for _name in ("FP16", "FP32", "FP64"):
+    _ALLOWED_KINDS[_name] = "iuf"
+
+# gRPC InferTensorContents field per datatype (FP16 has none: it travels raw only).
+GRPC_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request: the same object whichever transport it arrived on."""
+
+    inputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] | None = None  # requested output names; None = all
+    binary_outputs: set[str] = field(default_factory=set)  # REST: outputs to send as raw bytes
+    binary_default: bool = False  # REST: `binary_data_output` request parameter
+    raw_outputs: bool = True  # gRPC: answer with raw_output_contents
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    """A numpy array of ``datatype`` from JSON ``data`` (flat or nested), checked against shape."""
+    if datatype == "BYTES":
+        return _bytes_from_json(name, shape, data)
+    dtype = V2_TO_NUMPY.get(datatype)
+    if dtype is None:
+        raise InvalidInput(
+            f"input '{name}' has unknown datatype {datatype!r}; use one of {sorted(V2_TO_NUMPY)}"
+        )
+    try:
+        array = np.asarray(data)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(
+            f"input '{name}' data is not a rectangular list of numbers ({exc})"
+        ) from None
+    kind = array.dtype.kind
+    if kind not in _ALLOWED_KINDS[datatype]:
+        if kind in "USO":
+            raise InvalidInput(
+                f"input '{name}' is declared {datatype} but its data holds strings or mixed "
+                f"values; send numbers (or declare BYTES if the model takes strings)"
+            )
+        what = {"b": "booleans", "f": "fractional numbers", "i": "integers", "u": "integers"}
+        raise InvalidInput(
+            f"input '{name}' is declared {datatype} but its data holds "
+            f"{what.get(kind, array.dtype.name)}; send {datatype} values"
+        )
+    if array.dtype != dtype:
+        if kind in "iu" and dtype.kind in "iu" and array.size:
+            info = np.iinfo(dtype)
+            if array.min() < info.min or array.max() > info.max:
+                raise InvalidInput(
+                    f"input '{name}' has values outside the range of {datatype} "
+                    f"[{info.min}, {info.max}]"
+                )
+        array = array.astype(dtype)
+    return _reshape(name, array, shape)
+
+
+def _bytes_from_json(name: str, shape: list[int], data: Any) -> np.ndarray:
+    flat = _flatten(data)
+    for item in flat:
+        if not isinstance(item, str):
+            raise InvalidInput(
+                f"input '{name}' is declared BYTES but holds {type(item).__name__} values; "
+                "send strings"
+            )
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return _reshape(name, array, shape)
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        return data
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item))
+    return out
+
+
+def _reshape(name: str, array: np.ndarray, shape: Any) -> np.ndarray:
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise InvalidInput(f"input '{name}' needs 'shape': a list of non-negative integers")
+    if array.shape == tuple(shape):
+        return array
+    expected = 1
+    for d in shape:
+        expected *= d
+    if array.size != expected:
+        raise InvalidInput(
+            f"input '{name}' has {array.size} values but its shape {shape} needs {expected}"
+        )
+    return array.reshape(shape)
+
+
+def array_from_bytes(
+    name: str, datatype: str, shape: list[int], raw: bytes | memoryview
+) -> np.ndarray:
+    """A numpy array from raw little-endian tensor bytes (binary extension, gRPC raw contents)."""
+    if datatype == "BYTES":
+        return _reshape(name, _decode_bytes_elements(name, raw), shape)
+    dtype = _LE.get(datatype)
+    if dtype is None:
+        raise InvalidInput(
+            f"input '{name}' has unknown datatype {datatype!r}; use one of {sorted(V2_TO_NUMPY)}"
+        )
+    if len(raw) % dtype.itemsize:
+        raise InvalidInput(
+            f"input '{name}' has {len(raw)} raw bytes, not a whole number of {datatype} "
+            f"elements ({dtype.itemsize} bytes each)"
+        )
+    array = np.frombuffer(raw, dtype=dtype)
+    if datatype == "BOOL" and array.size and array.view(np.uint8).max() > 1:
+        raise InvalidInput(f"input '{name}' is BOOL but its raw bytes are not 0 or 1")
+    return _reshape(name, array, shape)
+
+
+def _decode_bytes_elements(name: str, raw: bytes | memoryview) -> np.ndarray:
+    """BYTES wire form: each element is a 4-byte little-endian length and that many bytes."""
+    view = memoryview(raw)
+    items: list[str] = []
+    pos, end = 0, len(view)
+    while pos < end:
+        if pos + 4 > end:
+            raise InvalidInput(f"input '{name}': truncated BYTES element length at byte {pos}")
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidInput(f"input '{name}': BYTES element overruns the data at byte {pos}")
+        try:
+            items.append(bytes(view[pos : pos + length]).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"input '{name}': a BYTES element is not UTF-8 text; ONNX string tensors hold text"
+            ) from None
+        pos += length
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def bytes_elements_to_wire(array: np.ndarray) -> bytes:
+    """The BYTES wire form (length-prefixed elements) of an object/str array."""
+    parts: list[bytes] = []
+    for item in array.ravel():
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def array_to_wire(array: np.ndarray) -> bytes:
+    """Raw little-endian bytes of a tensor (binary extension, gRPC raw contents)."""
+    if array.dtype.kind in "OUS":
+        return bytes_elements_to_wire(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).tobytes()
+
+
+def v2_datatype(array: np.ndarray) -> str:
+    kind = array.dtype.kind
+    if kind in "OUS":
+        return "BYTES"
+    return _NUMPY_TO_V2[array.dtype.str[1:]]
+
+
+_NUMPY_TO_V2 = {dt.str[1:]: name for name, dt in V2_TO_NUMPY.items() if name != "BYTES"}
+
+
+def _require(obj: Any, key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind):
+        raise InvalidInput(f"{where} needs '{key}' ({kind.__name__})")
+    return value
+
+
+# ---------------------------------------------------------------------------- REST
+def decode_rest(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode a REST infer body; ``header_length`` is ``Inference-Header-Content-Length``."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidInput(
+                f"Inference-Header-Content-Length is {header_length} but the body has "
+                f"{len(body)} bytes"
+            )
+        head, binary = body[:header_length], memoryview(body)[header_length:]
+    else:
+        head, binary = body, None
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"request body is not valid JSON ({exc}); send an Open Inference Protocol v2 "
+            "object like {\"inputs\": [{\"name\": ..., \"shape\": ..., \"datatype\": ..., "
+            "\"data\": ...}]}"
+        ) from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("request needs 'inputs': a non-empty list of tensors")
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    offset = 0
+    for item in raw_inputs:
+        if not isinstance(item, dict):
+            raise InvalidInput("each entry of 'inputs' must be an object")
+        name = _require(item, "name", str, "each input")
+        datatype = _require(item, "datatype", str, f"input '{name}'")
+        shape = item.get("shape")
+        params = item.get("parameters")
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if binary is None:
+                raise InvalidInput(
+                    f"input '{name}' has binary_data_size but the request has no "
+                    "Inference-Header-Content-Length header"
+                )
+            if type(size) is not int or size < 0 or offset + size > len(binary):
+                raise InvalidInput(
+                    f"input '{name}' binary_data_size {size} overruns the binary data "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            array = array_from_bytes(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        else:
+            if "data" not in item:
+                raise InvalidInput(f"input '{name}' needs 'data' (or binary_data_size)")
+            array = array_from_json(name, datatype, shape, item["data"])
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' appears twice")
+        inputs[name] = array
+        datatypes[name] = datatype
+    if binary is not None and offset != len(binary):
+        raise InvalidInput(
+            f"{len(binary) - offset} bytes of binary data follow the JSON header but no input "
+            "claims them (binary_data_size)"
+        )
+    request = InferRequest(inputs, datatypes)
+    rid = doc.get("id")
+    if rid is not None:
+        request.id = str(rid)
+    params = doc.get("parameters")
+    if isinstance(params, dict):
+        request.parameters = params
+        request.binary_default = bool(params.get("binary_data_output", False))
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+        names: list[str] = []
+        for out in outputs:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidInput("each entry of 'outputs' needs a 'name'")
+            names.append(out["name"])
+            oparams = out.get("parameters")
+            if isinstance(oparams, dict):
+                flag = oparams.get("binary_data")
+                if flag is True or (flag is None and request.binary_default):
+                    request.binary_outputs.add(out["name"])
+            elif request.binary_default:
+                request.binary_outputs.add(out["name"])
+        request.outputs = names
+    return request
+
+
+def encode_rest(
+    model_name: str,
+    model_version: str,
+    outputs: dict[str, np.ndarray],
+    request: InferRequest,
+) -> tuple[bytes, int | None]:
+    """The REST response body, and the JSON header length when any output is binary."""
+    json_outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    binary_all = request.binary_default and not request.binary_outputs
+    for name, array in outputs.items():
+        datatype = v2_datatype(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
+        if binary_all or name in request.binary_outputs:
+            raw = array_to_wire(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif datatype == "BYTES":
+            entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+                             for x in array.ravel().tolist()]
+        elif datatype == "FP16":
+            entry["data"] = array.astype(np.float32).ravel()
+        else:
+            entry["data"] = np.ascontiguousarray(array).ravel()
+        json_outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request.id is not None:
+        doc["id"] = request.id
+    doc["outputs"] = json_outputs
+    head = orjson.dumps(doc, option=_NUMPY_OPT)
+    if not chunks:
+        return head, None
+    return head + b"".join(chunks), len(head)
+
+
+def error_body(message: str, code: str | None = None) -> bytes:
+    doc = {"error": message}
+    if code:
+        doc["code"] = code
+    return orjson.dumps(doc)
+
+
+# ---------------------------------------------------------------------------- gRPC
+def decode_grpc(req: Any) -> InferRequest:
+    """Decode a ``ModelInferRequest`` (raw_input_contents or typed contents)."""
+    if not req.inputs:
+        raise InvalidInput("request needs at least one input tensor")
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries but the request has {len(req.inputs)} "
+            "inputs; send one entry per input, in order"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    for i, tensor in enumerate(req.inputs):
+        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+        if raw:
+            array = array_from_bytes(name, datatype, shape, raw[i])
+        else:
+            array = _array_from_contents(name, datatype, shape, tensor.contents)
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' appears twice")
+        inputs[name] = array
+        datatypes[name] = datatype
+    request = InferRequest(inputs, datatypes, raw_outputs=bool(raw))
+    if req.id:
+        request.id = req.id
+    if req.parameters:
+        request.parameters = {k: _param_value(v) for k, v in req.parameters.items()}
+    if req.outputs:
+        request.outputs = [o.name for o in req.outputs]
+    return request
+
+
+def _array_from_contents(name: str, datatype: str, shape: list[int], contents: Any) -> np.ndarray:
+    field_name = GRPC_CONTENTS_FIELD.get(datatype)
+    if field_name is None:
+        if datatype in V2_TO_NUMPY:
+            raise InvalidInput(f"input '{name}': {datatype} travels in raw_input_contents only")
+        raise InvalidInput(
+            f"input '{name}' has unknown datatype {datatype!r}; use one of {sorted(V2_TO_NUMPY)}"
+        )
+    values = getattr(contents, field_name)
+    for other in GRPC_CONTENTS_FIELD.values():
+        if other != field_name and len(getattr(contents, other)):
+            raise InvalidInput(
+                f"input '{name}' is declared {datatype} but its data is in '{other}'; "
+                f"put it in '{field_name}'"
+            )
+    if datatype == "BYTES":
+        array = _decode_bytes_list(name, values)
+    else:
+        dtype = V2_TO_NUMPY[datatype]
+        array = np.array(values, dtype=dtype)
+        if dtype.kind in "iu" and dtype.itemsize < 4 and array.size:
+            wide = np.array(values, dtype=np.int64)
+            info = np.iinfo(dtype)
+            if wide.min() < info.min or wide.max() > info.max:
+                raise InvalidInput(f"input '{name}' has values outside the range of {datatype}")
+    return _reshape(name, array, shape)
+
+
+def _decode_bytes_list(name: str, values: Any) -> np.ndarray:
+    items: list[str] = []
+    for value in values:
+        try:
+            items.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input '{name}': a BYTES element is not UTF-8 text") from None
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _param_value(param: Any) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return getattr(param, which) if which else None
+
+
+def fill_grpc_response(resp: Any, outputs: dict[str, np.ndarray], raw: bool) -> None:
+    """Fill a ``ModelInferResponse`` with outputs, raw or as typed contents."""
+    # raw_output_contents holds one entry per output or none; FP16 has no typed field.
+    raw = raw or any(a.dtype == np.float16 for a in outputs.values())
+    for name, array in outputs.items():
+        datatype = v2_datatype(array)
+        tensor = resp.outputs.add()
+        tensor.name = name
+        tensor.datatype = datatype
+        tensor.shape.extend(array.shape)
+        if raw:
+            resp.raw_output_contents.append(array_to_wire(array))
+        elif datatype == "BYTES":
+            tensor.contents.bytes_contents.extend(
+                x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel()
+            )
+        else:
+            getattr(tensor.contents, GRPC_CONTENTS_FIELD[datatype]).extend(array.ravel().tolist())

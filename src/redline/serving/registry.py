@@ -1,0 +1,276 @@
+"""Which model versions are loaded, and hot swaps between them.
+
+The registry mirrors the repository: every ``sync`` lists the models, asks the repository which
+versions are live (its version policy, or ``models.<name>.version_policy`` in the config, plus
+every alias target) and which one is the default (``production`` alias, else the latest). A new
+version is loaded and warmed on a worker thread *beside* the old one; only when it is warm does
+one dict assignment swap it in, so a request sees either the old table or the new one. Requests
+hold the handle they started on, so in-flight work finishes on its version; a retired version
+drains its queue before its thread is released. A version that fails to load or warm is recorded
+with the reason (``failures``, shown by the repository index) and the old version keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from redline.config import Settings
+from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
+from redline.models import ModelRepository, VersionPolicy
+from redline.models.runtime import InferenceSession
+from redline.serving.handle import ModelHandle
+
+log = logging.getLogger("redline.serving")
+
+
+@dataclass
+class _Plan:
+    """What the repository says one model should look like."""
+
+    versions: list[int] = field(default_factory=list)  # every version on disk
+    live: list[int] = field(default_factory=list)
+    default: int | None = None
+    error: str | None = None
+
+
+class ModelRegistry:
+    """Loaded model versions by name; ``get`` is the request path, ``sync`` the control path."""
+
+    def __init__(self, repository: ModelRepository, settings: Settings) -> None:
+        self.repository = repository
+        self.settings = settings
+        self._handles: dict[str, dict[int, ModelHandle]] = {}
+        self._default: dict[str, ModelHandle] = {}
+        self._versions: dict[str, list[int]] = {}
+        self.failures: dict[tuple[str, int], str] = {}
+        self.unloaded: set[str] = set()  # unloaded through the admin surface
+        self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ request path
+    def get(self, name: str, version: str | None = None) -> ModelHandle:
+        """The handle serving ``name`` (at ``version``, a number or alias, when given)."""
+        if not version:
+            handle = self._default.get(name)
+            if handle is not None:
+                return handle
+            self._raise_missing(name, None)
+        versions = self._handles.get(name)
+        if versions is not None and version.isdigit():
+            handle = versions.get(int(version))
+            if handle is not None:
+                return handle
+        elif versions is not None:
+            try:
+                number = self.repository.resolve(name, version)
+            except RedlineError:
+                number = -1
+            handle = versions.get(number)
+            if handle is not None:
+                return handle
+        self._raise_missing(name, version)
+        raise AssertionError  # unreachable
+
+    def _raise_missing(self, name: str, version: str | None) -> None:
+        known = self._versions.get(name)
+        if known is None:
+            served = ", ".join(sorted(self._versions)) or "none"
+            raise ModelNotFound(
+                f"model '{name}' is not served (models: {served}); add it to the repository "
+                "with `redline models add`"
+            )
+        if name in self.unloaded:
+            raise ModelNotReady(f"model '{name}' was unloaded; load it through the admin API")
+        if version is None:
+            reason = self._failure_text(name)
+            raise ModelNotReady(f"model '{name}' has no version loaded yet{reason}")
+        if version.isdigit() and int(version) not in known:
+            raise VersionNotFound(f"model '{name}' has no version {version} (versions: {known})")
+        if not version.isdigit():
+            try:
+                self.repository.resolve(name, version)
+            except RedlineError as exc:
+                raise VersionNotFound(str(exc)) from None
+        loaded = sorted(self._handles.get(name, {}))
+        reason = self._failure_text(name)
+        raise ModelNotReady(
+            f"model '{name}' version {version} is not loaded (loaded: {loaded}; the version "
+            f"policy decides which versions are live){reason}"
+        )
+
+    def _failure_text(self, name: str) -> str:
+        reasons = [f"v{v}: {why}" for (n, v), why in self.failures.items() if n == name]
+        return f"; failed to load: {'; '.join(reasons)}" if reasons else ""
+
+    def ready(self, name: str, version: str | None = None) -> bool:
+        try:
+            self.get(name, version)
+        except RedlineError:
+            return False
+        return True
+
+    def models(self) -> list[str]:
+        return sorted(self._versions)
+
+    def loaded(self, name: str) -> list[ModelHandle]:
+        return [h for _, h in sorted(self._handles.get(name, {}).items())]
+
+    def versions(self, name: str) -> list[int]:
+        return list(self._versions.get(name, []))
+
+    def all_ready(self) -> bool:
+        return all(name in self._default or name in self.unloaded for name in self._versions)
+
+    # ------------------------------------------------------------------ control path
+    async def sync(self, names: list[str] | None = None) -> None:
+        """Bring the loaded versions in line with the repository (load, warm, swap, retire)."""
+        async with self._lock:
+            plans = await asyncio.to_thread(self._plan, names)
+            for name, plan in plans.items():
+                await self._apply(name, plan)
+            if names is None:
+                for gone in set(self._versions) - set(plans):
+                    self._versions.pop(gone, None)
+                    self._default.pop(gone, None)
+                    for handle in self._handles.pop(gone, {}).values():
+                        self._retire(handle)
+
+    def _plan(self, names: list[str] | None) -> dict[str, _Plan]:
+        repo = self.repository
+        plans: dict[str, _Plan] = {}
+        for name in names if names is not None else repo.list_models():
+            plan = _Plan()
+            try:
+                plan.versions = repo.versions(name)
+                if not plan.versions:
+                    continue
+                policy_text = self.settings.for_model(name).version_policy
+                policy = VersionPolicy.parse(policy_text) if policy_text else None
+                plan.live = repo.live_versions(name, policy)
+                plan.default = repo.resolve(name, None)
+            except RedlineError as exc:
+                plan.error = exc.message
+            plans[name] = plan
+        return plans
+
+    async def _apply(self, name: str, plan: _Plan) -> None:
+        self._versions[name] = plan.versions
+        if plan.error is not None:
+            log.warning("model %s: cannot read its repository entry: %s", name, plan.error)
+            return
+        if name in self.unloaded:
+            return
+        current = self._handles.get(name, {})
+        table: dict[int, ModelHandle] = {}
+        for version in plan.live:
+            handle = current.get(version)
+            if handle is None and (name, version) not in self.failures:
+                handle = await self._load(name, version)
+            if handle is not None:
+                table[version] = handle
+        default = table.get(plan.default) if plan.default is not None else None
+        if default is None:
+            # The wanted default failed to load (or is not live): keep serving the old one.
+            default = self._default.get(name)
+            if default is not None:
+                table.setdefault(default.version, default)
+            elif table:
+                default = table[max(table)]
+        # The swap: new requests see the new table from here on.
+        self._handles[name] = table
+        if default is not None:
+            if self._default.get(name) is not default:
+                log.info("model %s: serving version %s", name, default.version)
+            self._default[name] = default
+        for version, handle in current.items():
+            if table.get(version) is not handle:
+                self._retire(handle)
+
+    async def _load(self, name: str, version: int) -> ModelHandle | None:
+        def build() -> ModelHandle:
+            session = InferenceSession.load(self.repository, name, version, self.settings.runtime)
+            handle = ModelHandle(session, self.settings)
+            handle.warm()
+            return handle
+
+        try:
+            handle = await asyncio.to_thread(build)
+        except Exception as exc:  # noqa: BLE001 - any load/warm failure keeps the old version
+            reason = (
+                exc.message if isinstance(exc, RedlineError) else f"{type(exc).__name__}: {exc}"
+            )
+            self.failures[(name, version)] = reason
+            log.warning("model %s version %s failed to load, not serving it: %s",
+                        name, version, reason)
+            return None
+        self.failures.pop((name, version), None)
+        log.info("model %s version %s loaded and warm", name, version)
+        return handle
+
+    def _retire(self, handle: ModelHandle) -> None:
+        task = asyncio.get_running_loop().create_task(
+            handle.retire(self.settings.server.drain_timeout_s)
+        )
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def load(self, name: str) -> None:
+        """Admin: (re)load a model now, retrying versions that failed before."""
+        self.unloaded.discard(name)
+        for key in [k for k in self.failures if k[0] == name]:
+            del self.failures[key]
+        await self.sync([name])
+        if name not in self._versions:
+            raise ModelNotFound(f"model '{name}' is not in the repository")
+        if name not in self._default:
+            raise ModelNotReady(f"model '{name}' did not load{self._failure_text(name)}")
+
+    async def unload(self, name: str) -> None:
+        """Admin: stop serving a model until it is loaded again."""
+        async with self._lock:
+            if name not in self._versions:
+                raise ModelNotFound(f"model '{name}' is not served")
+            self.unloaded.add(name)
+            self._default.pop(name, None)
+            for handle in self._handles.pop(name, {}).values():
+                self._retire(handle)
+
+    def index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: every version on disk with its state and reason."""
+        rows: list[dict[str, Any]] = []
+        for name in self.models():
+            loaded = self._handles.get(name, {})
+            for version in self._versions.get(name, []):
+                row: dict[str, Any] = {"name": name, "version": str(version)}
+                if version in loaded:
+                    row["state"] = "READY"
+                elif (name, version) in self.failures:
+                    row["state"] = "UNAVAILABLE"
+                    row["reason"] = self.failures[(name, version)]
+                else:
+                    row["state"] = "UNLOADED" if name in self.unloaded else "UNAVAILABLE"
+                    row["reason"] = "unloaded" if name in self.unloaded else "not live"
+                rows.append(row)
+        return rows
+
+    async def watch(self, interval_s: float) -> None:
+        """Poll the repository and sync; errors are logged, never fatal."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync()
+            except Exception:  # noqa: BLE001 - the watcher must outlive a bad repository state
+                log.exception("repository sync failed; will retry")
+
+    async def close(self) -> None:
+        """Drain and release every loaded version."""
+        handles = [h for table in self._handles.values() for h in table.values()]
+        self._handles.clear()
+        self._default.clear()
+        await asyncio.gather(
+            *(h.retire(self.settings.server.drain_timeout_s) for h in handles),
+            *self._retiring, return_exceptions=True,
+        )

@@ -1,0 +1,104 @@
+"""One process, one event loop: uvicorn (httptools, uvloop) for REST and grpc.aio for gRPC.
+
+Shutdown on SIGTERM or SIGINT is a drain: readiness turns false (load balancers stop sending),
+the listeners close, in-flight requests on both transports finish (up to
+``server.drain_timeout_s``), model batchers empty, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from redline.config import Settings
+from redline.models import ModelRepository
+from redline.serving.app import RestApp
+from redline.serving.grpc import InferenceServicer, create_grpc_server
+from redline.serving.registry import ModelRegistry
+
+log = logging.getLogger("redline.serving")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the RedlineServer owns shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class RedlineServer:
+    """Owns the registry, both transports and the repository watcher."""
+
+    def __init__(self, settings: Settings, repository: ModelRepository | None = None) -> None:
+        self.settings = settings
+        self.repository = repository or ModelRepository(settings.repository)
+        self.registry = ModelRegistry(self.repository, settings)
+        self.app = RestApp(self.registry, settings)
+        self.servicer = InferenceServicer(self.registry, settings)
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self.started = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._http: _Uvicorn | None = None
+
+    async def serve(self, install_signals: bool = True) -> None:
+        """Load models, serve until ``stop()`` or a signal, then drain."""
+        server = self.settings.server
+        await self.registry.sync()
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        grpc_server = None
+        if server.grpc_enabled:
+            grpc_server = create_grpc_server(self.servicer, self.settings)
+            self.grpc_port = grpc_server.add_insecure_port(f"{server.host}:{server.grpc_port}")
+            await grpc_server.start()
+        config = uvicorn.Config(
+            self.app, host=server.host, port=server.http_port, http="httptools", loop="none",
+            lifespan="off", access_log=False, log_level="warning",
+            timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),
+            timeout_keep_alive=30,
+        )
+        self._http = _Uvicorn(config)
+        http_task = loop.create_task(self._http.serve())
+        while not self._http.started and not http_task.done():
+            await asyncio.sleep(0.01)
+        if http_task.done():
+            http_task.result()  # raises the bind error
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        watcher = None
+        if server.watch_repository:
+            watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
+        log.warning("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
+                    server.host, self.http_port, self.grpc_port)
+        self.started.set()
+        await self._stop.wait()
+        # Drain: not ready, close listeners, finish in-flight work.
+        self.app.draining = self.servicer.draining = True
+        if watcher is not None:
+            watcher.cancel()
+        self._http.should_exit = True
+        waits: list[Any] = [http_task]
+        if grpc_server is not None:
+            waits.append(grpc_server.stop(server.drain_timeout_s))
+        await asyncio.gather(*waits, return_exceptions=True)
+        await self.registry.close()
+        log.warning("redline stopped after draining")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run(settings: Settings, repository: ModelRepository | None = None) -> None:
+    """Block serving until SIGTERM/SIGINT (the ``redline serve`` command)."""
+    import uvloop
+
+    uvloop.run(RedlineServer(settings, repository).serve())
