@@ -16,11 +16,13 @@ import pytest
 import xgboost as xgb
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
 from sklearn.ensemble import (
+    GradientBoostingClassifier,
     HistGradientBoostingClassifier,
     RandomForestClassifier,
     RandomForestRegressor,
 )
 from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
@@ -64,6 +66,7 @@ def _run_onnx(converted: ConvertedModel, x: np.ndarray) -> dict[str, np.ndarray]
 
 def _assert_canonical(converted: ConvertedModel, n_features: int) -> None:
     proto = onnx.load_from_string(converted.onnx_bytes)
+    onnx.checker.check_model(proto)
     assert not [n for n in proto.graph.node if n.op_type == "ZipMap"]
     assert [o.name for o in proto.graph.output] == converted.output_names
     dims = proto.graph.input[0].type.tensor_type.shape.dim
@@ -155,9 +158,20 @@ def test_hist_gradient_boosting_declares_missing_values(cancer: tuple[np.ndarray
     _assert_classifier_parity(model, x_test, converted)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_sklearn_gradient_boosting_and_mlp_in_pipelines(digits: tuple[np.ndarray, ...]) -> None:
+    x, y, x_test, _ = digits
+    for clf in (
+        GradientBoostingClassifier(n_estimators=5, max_depth=2, random_state=0),
+        MLPClassifier(hidden_layer_sizes=(16,), max_iter=30, random_state=0),
+    ):
+        model = make_pipeline(StandardScaler(), clf).fit(x, y)
+        _assert_classifier_parity(model, x_test, convert(model, x[:100]))
+
+
 # --- LightGBM ------------------------------------------------------------------------------
 
-LGB_PARAMS = {"n_estimators": 15, "num_leaves": 8, "verbose": -1, "random_state": 0}
+LGB_PARAMS: dict[str, Any] = {"n_estimators": 15, "num_leaves": 8, "verbose": -1, "random_state": 0}
 
 
 def test_lightgbm_binary_classifier(cancer: tuple[np.ndarray, ...]) -> None:
@@ -199,11 +213,26 @@ def test_lightgbm_raw_booster(cancer: tuple[np.ndarray, ...]) -> None:
     _assert_canonical(converted, x.shape[1])
     out = _run_onnx(converted, x_test)
     np.testing.assert_allclose(out["probabilities"][:, 1], booster.predict(x_test), atol=1e-4)
+    np.testing.assert_array_equal(out["label"], (booster.predict(x_test) > 0.5).astype(int))
+
+
+def test_lightgbm_raw_booster_regression(diabetes: tuple[np.ndarray, ...]) -> None:
+    x, y, x_test, _ = diabetes
+    booster = lgb.train(
+        {"objective": "regression", "num_leaves": 8, "verbose": -1},
+        lgb.Dataset(x, y),
+        num_boost_round=10,
+    )
+    converted = convert(booster, x[:100])
+    assert converted.task == "regression" and converted.class_labels is None
+    _assert_canonical(converted, x.shape[1])
+    out = _run_onnx(converted, x_test)["variable"].ravel()
+    np.testing.assert_allclose(out, booster.predict(x_test), rtol=1e-4)
 
 
 # --- XGBoost -------------------------------------------------------------------------------
 
-XGB_PARAMS = {"n_estimators": 10, "max_depth": 3, "random_state": 0}
+XGB_PARAMS: dict[str, Any] = {"n_estimators": 10, "max_depth": 3, "random_state": 0}
 
 
 def test_xgboost_classifier_binary_and_multiclass(
@@ -231,7 +260,8 @@ def test_xgboost_trained_on_named_columns(cancer: tuple[np.ndarray, ...]) -> Non
     frame = pd.DataFrame(x, columns=[f"col_{i}" for i in range(x.shape[1])])
     model = xgb.XGBClassifier(**XGB_PARAMS).fit(frame, y)
     converted = convert(model, x[:100])
-    assert model.get_booster().feature_names[0] == "col_0"  # the caller's model is untouched
+    names = model.get_booster().feature_names
+    assert names is not None and names[0] == "col_0"  # the caller's model is untouched
     out = _run_onnx(converted, x_test)
     test_frame = pd.DataFrame(x_test, columns=frame.columns)
     np.testing.assert_allclose(out["probabilities"], model.predict_proba(test_frame), atol=1e-4)
@@ -268,6 +298,36 @@ def test_pytorch_mlp(cancer: tuple[np.ndarray, ...], n_out: int, softmax: bool) 
         expected = module(torch.from_numpy(rows)).numpy()
     assert out.shape == (len(rows), n_out)
     np.testing.assert_allclose(out, expected, atol=1e-4)
+
+
+def test_pytorch_higher_rank_input_keeps_dynamic_batch() -> None:
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv1d(2, 4, kernel_size=3), torch.nn.Flatten())
+    sample = np.random.default_rng(0).normal(size=(4, 2, 8)).astype(np.float32)
+    converted = convert(module, sample)
+    assert converted.n_features == 16
+    rows = np.random.default_rng(1).normal(size=(9, 2, 8)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.from_numpy(rows)).numpy()
+    np.testing.assert_allclose(_run_onnx(converted, rows)["output"], expected, atol=1e-5)
+
+
+def test_pytorch_module_returning_a_tuple_is_refused() -> None:
+    import torch
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = self.linear(x)
+            return y, y * 2
+
+    with pytest.raises(ConversionError, match="returns tuple"):
+        convert(TwoHeads(), np.zeros((2, 3), dtype=np.float32))
 
 
 def test_pytorch_module_may_declare_class_labels(cancer: tuple[np.ndarray, ...]) -> None:
@@ -380,7 +440,7 @@ def test_bad_samples_are_refused(cancer: tuple[np.ndarray, ...]) -> None:
     with pytest.raises(ConversionError, match=r"non-empty 2-D"):
         convert(model, x[:0])
     with pytest.raises(ConversionError, match=r"float32 numbers"):
-        convert(model, [["a"] * 30])
+        convert(model, np.array([["a"] * 30], dtype=object))
 
 
 def test_detect_framework_names() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +172,8 @@ def _convert_torch(module: Any, x: np.ndarray, opset: int) -> ConvertedModel:
     dynamic = {INPUT_NAME: {0: "batch"}, TORCH_OUTPUTS[0]: {0: "batch"}}
     buf = io.BytesIO()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter, chosen above
             torch.onnx.export(
                 module,
                 (torch.from_numpy(x),),
