@@ -213,7 +213,8 @@ def test_lightgbm_raw_booster(cancer: tuple[np.ndarray, ...]) -> None:
     _assert_canonical(converted, x.shape[1])
     out = _run_onnx(converted, x_test)
     np.testing.assert_allclose(out["probabilities"][:, 1], booster.predict(x_test), atol=1e-4)
-    np.testing.assert_array_equal(out["label"], (booster.predict(x_test) > 0.5).astype(int))
+    expected_labels = (np.asarray(booster.predict(x_test)) > 0.5).astype(int)
+    np.testing.assert_array_equal(out["label"], expected_labels)
 
 
 def test_lightgbm_raw_booster_regression(diabetes: tuple[np.ndarray, ...]) -> None:
@@ -228,6 +229,22 @@ def test_lightgbm_raw_booster_regression(diabetes: tuple[np.ndarray, ...]) -> No
     _assert_canonical(converted, x.shape[1])
     out = _run_onnx(converted, x_test)["variable"].ravel()
     np.testing.assert_allclose(out, booster.predict(x_test), rtol=1e-4)
+
+
+def test_lightgbm_thresholds_round_down_to_float32() -> None:
+    """``x <= t`` (double t) equals ``x <= floor32(t)`` for every float32 x; nearest would not."""
+    t = 0.1  # float32(0.1) rounds *up* past 0.1
+    assert float(np.float32(t)) > t
+    tree: dict[str, Any] = {
+        "decision_type": "<=",
+        "threshold": t,
+        "left_child": {"leaf_value": 1.0},
+    }
+    convert_mod._floor32_thresholds(tree)
+    floor = np.float32(tree["threshold"])
+    assert float(floor) <= t < float(np.nextafter(floor, np.float32(np.inf)))
+    x = np.float32(t)  # the float32 nearest 0.1 is above 0.1: LightGBM sends it right
+    assert not float(x) <= t and not x <= floor
 
 
 # --- XGBoost -------------------------------------------------------------------------------
