@@ -1,0 +1,154 @@
+"""Minimal, cheap clients: the load tool must cost far less than the server it measures.
+
+REST is a keep-alive HTTP/1.1 connection on an ``asyncio.Protocol`` (one request in flight per
+connection, ``Content-Length`` responses), sending a pre-built request. gRPC sends pre-serialised
+``ModelInferRequest`` bytes on one grpc.aio channel, with no per-call message building.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import orjson
+
+from redline.serving.protocol import array_to_wire
+
+
+class RequestFailed(Exception):
+    """A response that was not a success; ``kind`` groups errors in the report."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+def rest_body(
+    inputs: dict[str, tuple[str, np.ndarray]], binary: bool, extra_headers: dict[str, str]
+) -> tuple[bytes, dict[str, str]]:
+    """A V2 infer body (JSON, or binary extension) for ``name -> (datatype, array)``."""
+    headers = dict(extra_headers)
+    if not binary:
+        doc = {"inputs": [{"name": n, "datatype": dt, "shape": list(a.shape),
+                           "data": a.ravel().tolist()} for n, (dt, a) in inputs.items()]}
+        headers["Content-Type"] = "application/json"
+        return orjson.dumps(doc), headers
+    chunks = [array_to_wire(a) for _, a in inputs.values()]
+    doc = {
+        "inputs": [{"name": n, "datatype": dt, "shape": list(a.shape),
+                    "parameters": {"binary_data_size": len(c)}}
+                   for (n, (dt, a)), c in zip(inputs.items(), chunks, strict=True)],
+        "parameters": {"binary_data_output": True},
+    }
+    head = orjson.dumps(doc)
+    headers["Inference-Header-Content-Length"] = str(len(head))
+    headers["Content-Type"] = "application/octet-stream"
+    return head + b"".join(chunks), headers
+
+
+def grpc_request_bytes(model: str, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
+    from redline.serving.proto import grpc_service_pb2 as pb
+
+    req = pb.ModelInferRequest(model_name=model)
+    for name, (datatype, array) in inputs.items():
+        req.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        req.raw_input_contents.append(array_to_wire(array))
+    return req.SerializeToString()
+
+
+class _HttpProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.lost = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(RequestFailed("connection_closed", str(exc or "")))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.waiter is None or self.waiter.done():
+            return
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self.buffer[:end])
+        length = None
+        for line in head.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+                break
+        if length is None:
+            self.waiter.set_exception(RequestFailed("bad_response", "no Content-Length"))
+            return
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = bytes(self.buffer[end + 4 : end + 4 + length])
+        del self.buffer[: end + 4 + length]
+        self.waiter.set_result((int(head[9:12]), body))
+
+
+class RestConnection:
+    """One keep-alive connection that sends the same request over and over."""
+
+    def __init__(self, host: str, port: int, path: str, body: bytes, headers: dict[str, str]):
+        self.host, self.port = host, port
+        lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self.request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        self.protocol: _HttpProtocol | None = None
+
+    async def open(self) -> RestConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, self.protocol = await loop.create_connection(_HttpProtocol, self.host, self.port)
+        except OSError as exc:
+            raise RequestFailed("connect", str(exc)) from None
+        return self
+
+    async def call(self) -> bytes:
+        protocol = self.protocol
+        if protocol is None or protocol.lost:
+            await self.open()
+            protocol = self.protocol
+        assert protocol is not None and protocol.transport is not None
+        protocol.waiter = asyncio.get_running_loop().create_future()
+        protocol.transport.write(self.request)
+        status, body = await protocol.waiter
+        if status != 200:
+            raise RequestFailed(f"http_{status}", body[:200].decode("utf-8", "replace"))
+        return body
+
+    def close(self) -> None:
+        if self.protocol is not None and self.protocol.transport is not None:
+            self.protocol.transport.close()
+
+
+class GrpcCaller:
+    """Sends pre-serialised ModelInfer requests on one channel."""
+
+    def __init__(self, target: str, request: bytes, timeout_s: float = 30.0) -> None:
+        import grpc
+
+        self._grpc = grpc
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        self.request = request
+        self.timeout_s = timeout_s
+
+    async def call(self) -> bytes:
+        try:
+            result: bytes = await self.stub(self.request, timeout=self.timeout_s)
+        except self._grpc.aio.AioRpcError as exc:
+            raise RequestFailed(f"grpc_{exc.code().name}", exc.details() or "") from None
+        return result
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,76 @@
+"""``redline bench``: open-loop load against a V2 server, with an HDR latency report."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.command("bench")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True,
+              help="REST base URL, or host:port (grpc://host:port) with --protocol grpc.")
+@click.option("--model", required=True, help="Model name to call.")
+@click.option("--protocol", type=click.Choice(["json", "binary", "grpc"]), default="json",
+              show_default=True, help="REST JSON, REST binary tensor extension, or gRPC.")
+@click.option("--rate", type=float, default=None,
+              help="Requests per second (open loop). Without it: closed loop at --concurrency.")
+@click.option("--concurrency", "-c", type=int, default=1, show_default=True,
+              help="Closed loop: requests in flight. Open loop: most connections to open.")
+@click.option("--schedule", type=click.Choice(["constant", "poisson"]), default="constant",
+              show_default=True, help="Open-loop arrival schedule.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds measured.")
+@click.option("--warmup", type=float, default=2.0, show_default=True, help="Seconds not measured.")
+@click.option("--rows", type=int, default=1, show_default=True, help="Rows per request.")
+@click.option("--budget-ms", type=float, default=None, help="Send x-redline-budget-ms.")
+@click.option("--find-max", is_flag=True, help="Search the highest rate meeting --slo-p99.")
+@click.option("--slo-p99", type=float, default=None, help="p99 objective in ms for --find-max.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: int,
+          schedule: str, duration: float, warmup: float, rows: int, budget_ms: float | None,
+          find_max: bool, slo_p99: float | None, as_json: bool) -> None:
+    """Measure latency and throughput; latency runs from each request's scheduled send time."""
+    from redline.bench.runner import LoadSpec, run_load
+    from redline.bench.runner import find_max as search
+
+    if protocol == "grpc" and url.startswith("http"):
+        raise click.BadParameter("gRPC needs host:port (or grpc://host:port)", param_hint="--url")
+    if find_max and slo_p99 is None:
+        raise click.BadParameter("--find-max needs --slo-p99 MS", param_hint="--slo-p99")
+    spec = LoadSpec(url=url, model=model, protocol=protocol, rate=rate,
+                    connections=concurrency if rate is None else max(concurrency, 64),
+                    schedule=schedule, duration_s=duration, warmup_s=warmup, rows=rows,
+                    budget_ms=budget_ms)
+    from redline.bench.report import print_table
+
+    if find_max:
+        assert slo_p99 is not None
+
+        def step(result, passed):  # type: ignore[no-untyped-def]
+            if not as_json:
+                click.echo(f"  {result.spec.rate:>9.0f}/s  p99 {result.percentile_ms(99):8.3f} ms"
+                           f"  {result.throughput:9.0f} req/s  {'ok' if passed else 'missed'}")
+
+        best, runs = search(spec, slo_p99, start_rate=rate or 200.0, on_step=step)
+        if as_json:
+            click.echo(json.dumps({"slo_p99_ms": slo_p99,
+                                   "max_rate": best.spec.rate if best else None,
+                                   "best": best.to_dict() if best else None,
+                                   "runs": [r.to_dict() for r in runs]}, indent=2))
+        else:
+            print_table(runs, f"find-max, p99 <= {slo_p99} ms")
+            click.echo(f"highest rate meeting p99 <= {slo_p99} ms: "
+                       f"{best.spec.rate:.0f}/s" if best else "no rate met the objective")
+        sys.exit(0 if best else 1)
+    if as_json:
+        result = run_load(spec)
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[ok]}"),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task(f"{protocol} {model}", total=1.0, ok="")
+        result = run_load(spec, lambda frac, ok: bar.update(task, completed=frac, ok=f"{ok:,} ok"))
+    print_table([result])
