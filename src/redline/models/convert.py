@@ -86,7 +86,8 @@ def convert(
     ``sample`` is representative input rows (cast to float32). Outputs are compared elementwise;
     a difference counts as ``|onnx - original| / max(1, |original|)`` so that regressors with
     large targets are judged relatively and probabilities absolutely. Raises
-    ``ConversionError`` when they differ by more than ``tolerance``.
+    ``ConversionError`` when they differ by more than ``tolerance``. Typical real refusal: a
+    Pipeline that scales in float32 before trees moves a value across a split for some row.
     """
     framework = detect_framework(model)
     x = _as_sample(sample, framework)
@@ -116,9 +117,10 @@ def _convert_sklearn_api(model: Any, x: np.ndarray, opset: int, framework: str) 
 
     _register_boosters()
     _patch_skl2onnx_missing_flags()
-    if framework == "lightgbm" or _module_root(type(_final_estimator(model))) == "lightgbm":
+    final_framework = _module_root(type(_final_estimator(model)))  # a Pipeline may end in one
+    if final_framework == "lightgbm":
         _patch_lightgbm_thresholds()
-    if framework == "xgboost":
+    if final_framework == "xgboost":
         model = _xgb_with_plain_feature_names(model)
     final = _final_estimator(model)
     is_classifier = hasattr(final, "classes_")
