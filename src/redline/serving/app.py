@@ -27,6 +27,7 @@ from redline import __version__
 from redline.config import Settings
 from redline.errors import (
     InvalidInput,
+    ModelNotReady,
     NotFound,
     Overloaded,
     PayloadTooLarge,
@@ -303,10 +304,13 @@ class RestApp:
 
     async def _model_ready(self, request: HttpRequest) -> HttpResponse:
         name, version = request.params["name"], request.params.get("version")
-        if name not in self.registry.models():
-            self.registry.get(name, version)  # raises ModelNotFound: 404, not "not ready"
-        ready = self.registry.ready(name, version) and not self.draining
-        return HttpResponse.json({"name": name, "ready": ready}, 200 if ready else 503)
+        try:
+            self.registry.get(name, version)
+        except ModelNotReady as exc:  # known but not loaded: 503; unknown: 404 (raised)
+            return HttpResponse.json({"name": name, "ready": False, "error": exc.message}, 503)
+        if self.draining:
+            return HttpResponse.json({"name": name, "ready": False, "error": "draining"}, 503)
+        return HttpResponse.json({"name": name, "ready": True})
 
     async def _model_config(self, request: HttpRequest) -> HttpResponse:
         handle = self.registry.get(request.params["name"], request.params.get("version"))
