@@ -80,6 +80,10 @@ def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np
             f"input '{name}' data is not a rectangular list of numbers ({exc})"
         ) from None
     kind = array.dtype.kind
+    if kind in "fO" and dtype.kind in "iu":
+        # Integers beyond int64 (UINT64) make numpy guess float64 or object: parse them exactly.
+        array = _exact_ints(name, datatype, data, array)
+        kind = array.dtype.kind
     if kind not in _ALLOWED_KINDS[datatype]:
         if kind in "USO":
             raise InvalidInput(
@@ -101,6 +105,16 @@ def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np
                 )
         array = array.astype(dtype)
     return _reshape(name, array, shape)
+
+
+def _exact_ints(name: str, datatype: str, data: Any, array: np.ndarray) -> np.ndarray:
+    flat = np.asarray(data, dtype=object).ravel()
+    if not all(type(v) is int for v in flat):
+        return array
+    try:
+        return np.array(data, dtype=V2_TO_NUMPY[datatype])
+    except OverflowError:
+        raise InvalidInput(f"input '{name}' has values outside the range of {datatype}") from None
 
 
 def _bytes_from_json(name: str, shape: list[int], data: Any) -> np.ndarray:
