@@ -83,6 +83,20 @@ class CacheSettings:
     prediction_cache_ttl_s: float = 60.0
     feature_cache_entries: int = 0  # 0 = off
     feature_cache_max_staleness_ms: float = 1000.0
+    # When the online store is down, a cached feature row up to this old still beats defaults.
+    feature_cache_fallback_staleness_ms: float = 30000.0
+
+
+@dataclass
+class PipelineSettings:
+    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
+
+    breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
+    breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
+    session_ttl_s: float = 1800.0
+    session_max_events: int = 20
+    max_instances: int = 1024  # rows per batch request
+    latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
 
 
 @dataclass
@@ -91,7 +105,13 @@ class FeatureSettings:
     store: str = "memory"  # memory | redis
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout_ms: float = 50.0
+    redis_cluster: bool = False  # redis_url names one node of a Redis Cluster
     registry: str = ".redline/features"
+    stream: str = "redline:events"  # Redis Stream that `redline ingest redis-stream` consumes
+    consumer_group: str = "redline-ingest"
+    ingest_batch: int = 1000  # events per atomic write
+    claim_idle_ms: int = 30000  # pending entries idle this long are claimed from dead consumers
+    http_port: int = 8010  # `redline ingest http` (POST /v1/events)
 
 
 @dataclass
@@ -105,6 +125,7 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)
     features: FeatureSettings = field(default_factory=FeatureSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     source: str | None = None  # the file these settings came from, if any
 
     def for_model(self, name: str) -> ModelSettings:

@@ -1,0 +1,158 @@
+"""Shared fixtures: real ``redis-server`` processes on free ports (killable, restartable)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(port: int, timeout: float = 10.0) -> None:
+    import redis
+
+    deadline = time.monotonic() + timeout
+    client = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.5)
+    try:
+        while True:
+            try:
+                if client.ping():
+                    return
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not answer PING in {timeout}s")
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
+class RedisServer:
+    """One ``redis-server`` child; ``kill()`` is SIGKILL, ``restart()`` reuses the port."""
+
+    def __init__(self, workdir: Path, port: int | None = None, extra: list[str] | None = None):
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        assert REDIS_SERVER
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir), *self.extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        _ping(self.port)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+    def restart(self) -> None:
+        self.kill()
+        for _ in range(50):  # the port can linger for a moment after SIGKILL
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                time.sleep(0.1)
+        raise RuntimeError(f"could not restart redis-server on port {self.port}")
+
+
+def _need_redis() -> None:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server binary not found on PATH (install it: `make services`)")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh, empty redis-server for one test; always killed at teardown."""
+    _need_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="module")
+def redis_server_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server shared by a module's tests (flush between tests yourself if needed)."""
+    _need_redis()
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+class RedisClusterNodes:
+    def __init__(self, nodes: list[RedisServer]):
+        self.nodes = nodes
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [n.port for n in self.nodes]
+
+    def kill(self) -> None:
+        for n in self.nodes:
+            n.kill()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """Three ``redis-server --cluster-enabled yes`` joined by ``redis-cli --cluster create``."""
+    _need_redis()
+    assert REDIS_CLI, "redis-cli is needed to create a cluster"
+    base = tmp_path_factory.mktemp("cluster")
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(RedisServer(base / f"n{i}", extra=[
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000"]).start())
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=30,
+        )
+        import redis
+
+        deadline = time.monotonic() + 15
+        for n in nodes:
+            c = redis.Redis(port=n.port)
+            while c.cluster("info").get("cluster_state") != "ok":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis cluster did not reach state ok")
+                time.sleep(0.05)
+            c.close()
+        yield RedisClusterNodes(nodes)
+    finally:
+        for n in nodes:
+            n.kill()
