@@ -1,0 +1,130 @@
+"""Knowledge distillation: a narrow MLP student trained on the teacher's soft outputs.
+
+The teacher labels many more rows than the tuning split holds (jittered and mixed-up copies), and
+the student learns its probabilities, not just its argmax — a student learns more from "70% a 3,
+25% an 8" than from "3". The student is exported through ``redline.models.convert`` (as a
+scikit-learn MLP carrying the trained weights), so it enters the repository parity-checked, and
+takes the teacher's input and output names so clients do not notice the swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx
+
+from redline.errors import ConversionError
+from redline.optimize.candidates import Candidate, Skipped, TuneContext
+from redline.optimize.mlp import DenseNet, new_net, standardize_first_layer
+from redline.optimize.prune import augment
+
+STUDENT_SIZES: tuple[tuple[int, ...], ...] = ((64,), (32,))
+
+
+def train_student(x: np.ndarray, target: np.ndarray, hidden: tuple[int, ...], output: str, *,
+                  epochs: int = 60, seed: int = 0) -> DenseNet:
+    """Fit a ReLU student on standardized inputs, then fold the scaling into its weights."""
+    x = np.asarray(x, dtype=np.float64)
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    t_mean, t_scale = np.zeros(target.shape[1]), np.ones(target.shape[1])
+    if output == "identity":  # regression targets: standardize too, fold back afterwards
+        t_mean, t_scale = target.mean(axis=0), target.std(axis=0)
+        t_scale[t_scale < 1e-9] = 1.0
+    net = new_net([x.shape[1], *hidden, target.shape[1]], "relu", output, seed=seed)
+    net.fit((x - mean) / scale, (target - t_mean) / t_scale, epochs=epochs, batch_size=128,
+            learning_rate=2e-3, seed=seed)
+    net = standardize_first_layer(net, mean, scale)
+    net.weights[-1] = net.weights[-1] * t_scale
+    net.biases[-1] = net.biases[-1] * t_scale + t_mean
+    return net
+
+
+def to_sklearn(net: DenseNet, classes: list[Any] | None) -> Any:
+    """A fitted-looking scikit-learn MLP holding ``net``'s weights (for the converter)."""
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+    from sklearn.preprocessing import LabelBinarizer
+
+    est: Any
+    if classes is not None:
+        est = MLPClassifier(hidden_layer_sizes=tuple(net.hidden_sizes), activation=net.activation)
+        est.classes_ = np.asarray(classes)
+        est._label_binarizer = LabelBinarizer().fit(est.classes_)
+        est.out_activation_ = "logistic" if len(classes) == 2 else "softmax"
+    else:
+        est = MLPRegressor(hidden_layer_sizes=tuple(net.hidden_sizes), activation=net.activation)
+        est.out_activation_ = "identity"
+    est.coefs_ = [np.asarray(w, dtype=np.float64) for w in net.weights]
+    est.intercepts_ = [np.asarray(b, dtype=np.float64) for b in net.biases]
+    est.n_layers_ = len(net.weights) + 1
+    est.n_outputs_ = net.weights[-1].shape[1]
+    est.n_features_in_ = net.weights[0].shape[0]
+    est.n_iter_ = len(net.history)
+    return est
+
+
+def rename_io(data: bytes, mapping: dict[str, str]) -> bytes:
+    """Rename graph inputs/outputs (and every edge using them)."""
+    mapping = {k: v for k, v in mapping.items() if k != v}
+    if not mapping:
+        return data
+    model = onnx.load_from_string(data)
+    for node in model.graph.node:
+        for seq in (node.input, node.output):
+            for i, name in enumerate(seq):
+                if name in mapping:
+                    seq[i] = mapping[name]
+    for value in [*model.graph.input, *model.graph.output]:
+        value.name = mapping.get(value.name, value.name)
+    return model.SerializeToString()
+
+
+def export_student(net: DenseNet, classes: list[Any] | None, sample: np.ndarray,
+                   io_names: dict[str, str]) -> bytes:
+    from redline.models.convert import convert
+
+    converted = convert(to_sklearn(net, classes), sample, tolerance=1e-3)
+    mapping = {converted.input_name: io_names.get("input", converted.input_name)}
+    if classes is None:
+        mapping[converted.output_names[0]] = io_names.get("scores", converted.output_names[0])
+    return rename_io(converted.onnx_bytes, mapping)
+
+
+def distill_candidates(model: bytes, ctx: TuneContext,
+                       sizes: tuple[tuple[int, ...], ...] | None = None
+                       ) -> Iterator[Candidate | Skipped]:
+    runner = ctx.teacher_runner
+    if not np.isfinite(ctx.x).all():
+        yield Skipped("distill", "distill", "the tuning rows contain NaN; an MLP student cannot "
+                      "handle missing values the teacher handles — impute them first")
+        return
+    x = augment(ctx.x, 2 if ctx.fast else 6, ctx.seed)
+    teacher = ctx.teacher_predict(x)
+    classifier = runner.label_name is not None and runner.score_name == "probabilities"
+    classes = (ctx.class_labels or list(range(teacher.scores.shape[1]))) if classifier else None
+    if classes is not None and len(classes) == 2:
+        output, target = "logistic", teacher.scores[:, 1:2]
+    elif classes is not None:
+        output, target = "softmax", teacher.scores
+    else:
+        output, target = "identity", teacher.scores
+    epochs = 15 if ctx.fast else 60
+    io_names = {"input": runner.input_name, "scores": runner.score_name}
+    for hidden in sizes or (STUDENT_SIZES[-1:] if ctx.fast else STUDENT_SIZES):
+        name = "distill-mlp-" + "x".join(str(h) for h in hidden)
+        net = train_student(x, target, hidden, output, epochs=epochs, seed=ctx.seed)
+        try:
+            data = export_student(net, classes, ctx.x[:64].astype(np.float32), io_names)
+        except ConversionError as exc:
+            yield Skipped(name, "distill", f"the student could not be exported: {exc}")
+            continue
+        yield Candidate(
+            name, "distill", data, n_parameters=net.n_parameters,
+            recipe={"student": "mlp", "hidden": list(hidden), "activation": "relu",
+                    "epochs": epochs, "training_rows": int(len(x)),
+                    "targets": "teacher soft outputs" if classes is not None else
+                    "teacher outputs", "augmentation": "gaussian jitter + mixup"},
+            note=f"{'x'.join(map(str, hidden))}-unit MLP trained on the original's outputs",
+        )
