@@ -1,0 +1,175 @@
+"""Batching parity, queue expiry, shedding, priority, adaptive sizing and loop responsiveness."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from redline.config import BatchingSettings, ModelSettings, Settings
+from redline.errors import DeadlineExceeded, Overloaded
+from redline.models import ModelRepository
+from redline.models.runtime import InferenceSession
+from redline.serving import HIGH, LOW, ModelHandle, deadline_from_ms
+from tests.serving.helpers import ServerThread, affine_model, slow_model
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    repo = ModelRepository(tmp_path_factory.mktemp("batch-repo"))
+    repo.add_onnx("affine", affine_model(width=4, scale=3.0, offset=1.0))
+    repo.add_onnx("slow", slow_model())
+    return repo
+
+
+def handle_for(repo: ModelRepository, name: str, **batching: object) -> ModelHandle:
+    settings = Settings()
+    settings.runtime.warmup_batch_sizes = [1]
+    settings.runtime.warmup_runs = 1
+    settings.models[name] = ModelSettings(slo_ms=batching.pop("slo_ms", None),  # type: ignore[arg-type]
+                                          batching=BatchingSettings(**batching))  # type: ignore[arg-type]
+    handle = ModelHandle(InferenceSession.load(repo, name, None, settings.runtime), settings)
+    handle.warm()
+    return handle
+
+
+async def test_batching_parity_on_random_mixes(repo: ModelRepository) -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        handle = handle_for(repo, "affine", max_batch_size=int(rng.integers(1, 24)))
+        inputs = [rng.standard_normal((int(rng.integers(1, 8)), 4)).astype(np.float32)
+                  for _ in range(int(rng.integers(2, 40)))]
+        results = await asyncio.gather(*(handle.infer({"x": x}) for x in inputs))
+        for x, out in zip(inputs, results, strict=True):
+            alone = handle.session.run({"x": x})
+            assert set(out) == {"y", "s"}
+            for name in out:
+                assert out[name].shape == alone[name].shape
+                assert np.array_equal(out[name], alone[name]), (trial, name)
+        stats = handle.stats
+        assert stats.served == len(inputs) and stats.rows == sum(len(x) for x in inputs)
+        if handle.batcher.max_batch >= 8:
+            assert stats.batches < len(inputs), "concurrent requests were not batched"
+        await handle.retire(1)
+
+
+async def test_expired_requests_are_dropped_before_the_model(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
+    handle.cost.seed(1e-5, 1e-5, 2)  # the estimate is wrong on purpose: admission lets B in
+    x = np.ones((1, 384), np.float32)
+    a = handle.infer({"x": x})
+    b = handle.infer({"x": x}, deadline_from_ms(2))
+    results = await asyncio.gather(a, b, return_exceptions=True)
+    assert isinstance(results[0], dict)
+    assert isinstance(results[1], DeadlineExceeded), results[1]
+    assert "budget ran out" in str(results[1])
+    assert handle.stats.expired == 1 and handle.stats.batches == 1
+    await handle.retire(1)
+
+
+async def test_shedding_when_the_queue_is_full(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1, max_queue_size=2)
+    x = np.ones((1, 384), np.float32)
+    running = asyncio.ensure_future(handle.infer({"x": x}))
+    await asyncio.sleep(0)  # the first request leaves the queue for the worker thread
+    queued = [asyncio.ensure_future(handle.infer({"x": x})) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as info:
+        await handle.infer({"x": x})
+    assert "max_queue_size 2" in str(info.value) and info.value.retry_after_s > 0
+    assert handle.stats.shed_queue_full == 1
+    await asyncio.gather(running, *queued)
+    await handle.retire(1)
+
+
+async def test_shedding_when_the_budget_cannot_be_met(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
+    x = np.ones((1, 384), np.float32)
+    ahead = [asyncio.ensure_future(handle.infer({"x": x})) for _ in range(3)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as info:
+        await handle.infer({"x": x}, deadline_from_ms(3))
+    assert "budget" in str(info.value)
+    assert handle.stats.shed_budget == 1
+    # With a generous budget the same request is admitted and served.
+    out = await handle.infer({"x": x}, deadline_from_ms(60_000))
+    assert np.array_equal(out["y"], x)
+    await asyncio.gather(*ahead)
+    await handle.retire(1)
+
+
+async def test_high_priority_overtakes_queued_low(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
+    x = np.ones((1, 384), np.float32)
+    order: list[str] = []
+
+    async def call(tag: str, priority: int) -> None:
+        await handle.infer({"x": x}, priority=priority)
+        order.append(tag)
+
+    first = asyncio.ensure_future(call("first", LOW))
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(call(t, p)) for t, p in
+            (("low1", LOW), ("low2", LOW), ("high", HIGH))]
+    await asyncio.gather(first, *rest)
+    assert order == ["first", "high", "low1", "low2"]
+    await handle.retire(1)
+
+
+async def test_adaptive_grows_while_latency_allows(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "affine", adaptive=True, max_batch_size=16, slo_ms=5000)
+    assert handle.batcher.cap == 1
+    x = np.ones((1, 4), np.float32)
+    for _ in range(30):
+        await asyncio.gather(*(handle.infer({"x": x}) for _ in range(16)))
+    assert handle.batcher.cap >= 8
+    await handle.retire(1)
+
+
+async def test_adaptive_cuts_when_latency_does_not_allow(repo: ModelRepository) -> None:
+    handle = handle_for(repo, "slow", adaptive=True, max_batch_size=16, slo_ms=1,
+                        inline_max_us=0)
+    handle.batcher.cap = 8
+    x = np.ones((1, 384), np.float32)
+    await asyncio.gather(*(handle.infer({"x": x}) for _ in range(8)))
+    assert handle.batcher.cap <= 4  # halved (at least once) after a batch over the objective
+    await handle.retire(1)
+
+
+def test_loop_answers_health_while_a_long_batch_runs(tmp_path: Path) -> None:
+    repo = ModelRepository(tmp_path)
+    repo.add_onnx("heavy", slow_model(layers=400))
+    settings = Settings()
+    settings.runtime.warmup_batch_sizes = [1]
+    settings.runtime.warmup_runs = 1
+    settings.batching.max_batch_size = 1
+    settings.server.watch_repository = False
+    server = ServerThread(settings, repo).start()
+    try:
+        done: dict[str, float] = {}
+        x = np.ones((1, 384), np.float32)
+        body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}
+
+        def infer() -> None:
+            r = httpx.post(f"{server.http}/v2/models/heavy/infer", json=body, timeout=30)
+            assert r.status_code == 200
+            done["infer"] = time.perf_counter()
+
+        worker = threading.Thread(target=infer)
+        worker.start()
+        with httpx.Client(base_url=server.http, timeout=30) as client:
+            time.sleep(0.03)
+            for _ in range(5):
+                assert client.get("/v2/health/live").status_code == 200
+                assert client.get("/v2/models/heavy").status_code == 200
+            done["health"] = time.perf_counter()
+        worker.join(30)
+        assert done["health"] < done["infer"], "health waited for the running batch"
+    finally:
+        server.stop()
