@@ -20,6 +20,7 @@ from redline.config import Settings
 from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
+from redline.serving.pipeline import PredictPipeline
 from redline.serving.registry import ModelRegistry
 
 log = logging.getLogger("redline.serving")
@@ -42,6 +43,9 @@ class RedlineServer:
         self.registry = ModelRegistry(self.repository, settings)
         self.app = RestApp(self.registry, settings)
         self.servicer = InferenceServicer(self.registry, settings)
+        # Entity predictions (/v1 REST routes and the redline.v1 gRPC service).
+        self.pipeline = PredictPipeline.from_settings(self.registry, settings)
+        self.pipeline.install(self.app)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -58,7 +62,8 @@ class RedlineServer:
                 loop.add_signal_handler(sig, self.stop)
         grpc_server = None
         if server.grpc_enabled:
-            grpc_server = create_grpc_server(self.servicer, self.settings)
+            grpc_server = create_grpc_server(self.servicer, self.settings,
+                                             self.pipeline.grpc_handlers())
             self.grpc_port = grpc_server.add_insecure_port(f"{server.host}:{server.grpc_port}")
             await grpc_server.start()
         config = uvicorn.Config(
@@ -91,6 +96,7 @@ class RedlineServer:
             waits.append(grpc_server.stop(server.drain_timeout_s))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
+        self.pipeline.close()
         log.warning("redline stopped after draining")
 
     def stop(self) -> None:

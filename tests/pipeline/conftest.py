@@ -1,0 +1,139 @@
+"""Pipeline fixtures: feature definitions, a model repository trained on them, real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from redline.config import Settings
+from redline.features.definitions import load_definitions
+from redline.models import ModelRepository
+
+HERE = Path(__file__).parent
+PRIMARY_FEATURES = ["card_txn:count_1h", "card_txn:amount_sum_1h", "amount_ratio", "amount",
+                    "session:requests"]
+
+
+def train_models(root: Path, defs_path: Path) -> ModelRepository:
+    """``cards`` (primary, pinned to the view versions) and ``cards_small`` (its fallback)."""
+    from sklearn.linear_model import LogisticRegression
+
+    defs = load_definitions(defs_path)
+    rng = np.random.default_rng(0)
+    x = rng.random((400, len(PRIMARY_FEATURES))).astype(np.float32) * [5, 500, 3, 200, 4]
+    y = (x[:, 2] > 1.5).astype(int)
+    repo = ModelRepository(root)
+    repo.add_estimator("cards", LogisticRegression(max_iter=500).fit(x, y), x,
+                       feature_names=PRIMARY_FEATURES, feature_views=defs.versions())
+    small = x[:, [3]]
+    repo.add_estimator("cards_small", LogisticRegression().fit(small, y), small,
+                       feature_names=["amount"])
+    return repo
+
+
+@pytest.fixture(scope="session")
+def defs_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("defs") / "defs_cards.py"
+    shutil.copy(HERE / "defs_cards.py", path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_repo(tmp_path_factory: pytest.TempPathFactory, defs_path: Path) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    train_models(root, defs_path)
+    return root
+
+
+@pytest.fixture
+def repo_path(tmp_path: Path, trained_repo: Path) -> Path:
+    """A private copy of the trained repository (tests may add versions)."""
+    dest = tmp_path / "models"
+    shutil.copytree(trained_repo, dest)
+    return dest
+
+
+def make_settings(repo: Path, defs: Path, *, store: str = "memory", redis_url: str = "",
+                  **cache: Any) -> Settings:
+    s = Settings()
+    s.repository = str(repo)
+    s.server.http_port = 0
+    s.server.grpc_port = 0
+    s.server.watch_repository = False
+    s.features.definitions = str(defs)
+    s.features.store = store
+    if redis_url:
+        s.features.redis_url = redis_url
+    for key, value in cache.items():
+        setattr(s.cache, key, value)
+    s.runtime.warmup_batch_sizes = [1]
+    s.runtime.warmup_runs = 1
+    return s
+
+
+class ServerThread:
+    """A real RedlineServer (REST + gRPC on ephemeral ports) on its own loop in a thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        from redline.serving.server import RedlineServer
+
+        self.settings = settings
+        self.server = RedlineServer(settings)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_until_complete(self.server.serve(install_signals=False))
+        except BaseException as exc:  # noqa: BLE001 - surfaced by start()
+            self.error = exc
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started.is_set():
+            if self.error is not None or not self.thread.is_alive():
+                raise RuntimeError(f"server failed to start: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start in 30 s")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.server.grpc_port}"
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    """``serve(settings)`` starts a server thread; all are stopped at teardown."""
+    started: list[ServerThread] = []
+
+    def start(settings: Settings) -> ServerThread:
+        srv = ServerThread(settings).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
