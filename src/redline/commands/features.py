@@ -1,0 +1,294 @@
+"""``redline features ...`` (plan, apply, list, training-set, verify) and ``redline ingest ...``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from redline.commands._common import config_option
+from redline.config import FeatureSettings, load_settings
+from redline.errors import ConfigError, InvalidInput
+
+
+def _settings(config_path: str | None, definitions: str | None, store: str | None = None,
+              redis_url: str | None = None) -> tuple[FeatureSettings, Any]:
+    from redline.features import load_definitions
+
+    fs = load_settings(config_path).features
+    if store:
+        fs.store = store
+    if redis_url:
+        fs.redis_url = redis_url
+        fs.store = store or "redis"
+    target = definitions or fs.definitions
+    if not target:
+        raise ConfigError("no feature definitions: pass --definitions FILE.py or set "
+                          "features.definitions in redline.yaml")
+    return fs, load_definitions(target)
+
+
+def definitions_option(func: Any) -> Any:
+    return click.option("--definitions", "-d", default=None,
+                        help="Definitions file or module (default: features.definitions).")(func)
+
+
+def store_options(func: Any) -> Any:
+    func = click.option("--store", type=click.Choice(["memory", "redis"]), default=None,
+                        help="Online store (default: features.store).")(func)
+    return click.option("--redis-url", default=None,
+                        help="Redis URL (default: features.redis_url).")(func)
+
+
+@click.group()
+def features() -> None:
+    """Feature definitions, versions, training sets and skew verification.
+
+    \b
+    Examples:
+      redline features plan -d features.py        # what changed against the live versions
+      redline features apply -d features.py       # register (new views go live)
+      redline features training-set --events events.parquet --labels labels.csv --out train.parquet
+      redline features verify --store redis       # online == offline on a random stream
+    """
+
+
+@features.command("list")
+@config_option
+@definitions_option
+def list_views(config_path: str | None, definitions: str | None) -> None:
+    """Views, their semantic versions, and each feature's dtype and default."""
+    _, defs = _settings(config_path, definitions)
+    for name, view in sorted(defs.views.items()):
+        click.echo(f"{name}  version {view.version}  entity {view.entity.name} "
+                   f"({view.entity.join_key})  source {view.source.name}")
+        for row in defs.feature_info():
+            if row["ref"].startswith(name + ":"):
+                click.echo(f"  {row['ref']:<40} {row['kind']:<9} window {row['window_ms']} ms "
+                           f"tile {row['tile_ms']} ms  default {row['default']}")
+    for t in defs.transforms.values():
+        click.echo(f"transform {t.name}  request {list(t.request)}  features {list(t.features)}")
+
+
+@features.command("plan")
+@config_option
+@definitions_option
+def plan(config_path: str | None, definitions: str | None) -> None:
+    """Show what `apply` would change against the registry."""
+    from redline.features.versioning import ViewRegistry
+
+    fs, defs = _settings(config_path, definitions)
+    for e in ViewRegistry(fs.registry).plan(defs):
+        live = e.live or "-"
+        click.echo(f"{e.action:<12} {e.view:<24} live {live:<13} -> {e.version}")
+        for c in e.changes:
+            click.echo(f"    {c}")
+
+
+@features.command("apply")
+@config_option
+@definitions_option
+@click.option("--switch", is_flag=True,
+              help="Also make changed views' new versions live (default: old versions keep "
+                   "serving).")
+def apply(config_path: str | None, definitions: str | None, switch: bool) -> None:
+    """Register every view version; new views go live, changed ones only with --switch."""
+    from redline.features.versioning import ViewRegistry
+
+    fs, defs = _settings(config_path, definitions)
+    reg = ViewRegistry(fs.registry)
+    for e in reg.apply(defs, switch=switch):
+        click.echo(f"{e.action:<12} {e.view:<24} {e.version}")
+    click.echo(f"live: {json.dumps(reg.live())}")
+
+
+@features.command("training-set")
+@config_option
+@definitions_option
+@click.option("--events", "events_path", required=True,
+              help="Event log (.jsonl, .csv, .parquet; optional _arrival_ms column).")
+@click.option("--labels", "labels_path", required=True,
+              help="Rows to label: entity id column(s), a time column (epoch ms), anything else.")
+@click.option("--out", "out_path", required=True, help="Output .parquet or .csv.")
+@click.option("--features", "feature_list", default=None,
+              help="Comma-separated view:feature refs and transforms (default: all).")
+@click.option("--time-column", default="ts", show_default=True)
+def training_set(config_path: str | None, definitions: str | None, events_path: str,
+                 labels_path: str, out_path: str, feature_list: str | None,
+                 time_column: str) -> None:
+    """Point-in-time training table: each row's features as the online store answered them."""
+    from redline.features.offline import build_training_set, read_table
+
+    _, defs = _settings(config_path, definitions)
+    t0 = time.perf_counter()
+    events = read_table(events_path)
+    labels = read_table(labels_path)
+    refs = feature_list.split(",") if feature_list else None
+    table = build_training_set(defs, events, labels, refs, time_column=time_column)
+    out = Path(out_path)
+    if out.suffix.lower() == ".csv":
+        table.to_csv(out, index=False)
+    elif out.suffix.lower() in (".parquet", ".pq"):
+        table.to_parquet(out, index=False)
+    else:
+        raise InvalidInput(f"--out must end in .parquet or .csv, got {out}")
+    click.echo(f"{len(table)} rows x {table.shape[1]} columns from {len(events)} events in "
+               f"{time.perf_counter() - t0:.2f}s -> {out}")
+    click.echo(f"view versions: {json.dumps(defs.versions())}")
+
+
+@features.command("verify")
+@config_option
+@definitions_option
+@store_options
+@click.option("--events-per-view", default=1500, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--served", "served_path", default=None,
+              help="Log of values actually served (entity id, ts, view:feature columns); with "
+                   "--events, recompute each offline and report mismatches per feature.")
+@click.option("--events", "events_path", default=None, help="Event log for --served.")
+def verify(config_path: str | None, definitions: str | None, store: str | None,
+           redis_url: str | None, events_per_view: int, seed: int, served_path: str | None,
+           events_path: str | None) -> None:
+    """Prove online == offline: replay a random stream (out-of-order and late events) into the
+    store, read at random times and entities, compare with the offline builder."""
+    from redline.features.offline import read_table
+    from redline.features.online import open_online_store
+    from redline.features.verify import verify_served, verify_store
+
+    fs, defs = _settings(config_path, definitions, store, redis_url)
+    if served_path:
+        if not events_path:
+            raise InvalidInput("--served needs --events (the event log the values came from)")
+        rep = verify_served(defs, read_table(events_path), read_table(served_path))
+        _print_report("served", rep)
+        sys.exit(0 if rep.ok else 1)
+    online = open_online_store(fs)
+    online.ping()
+    reports = verify_store(online, defs, events_per_view=events_per_view, seed=seed)
+    for name, rep in reports.items():
+        _print_report(f"{name} ({fs.store})", rep)
+    sys.exit(0 if all(r.ok for r in reports.values()) else 1)
+
+
+def _print_report(name: str, rep: Any) -> None:
+    status = "OK" if rep.ok else "MISMATCH"
+    click.echo(f"{status} {name}: {rep.rows} reads, {rep.values} values compared")
+    for ref, n in sorted(rep.mismatches.items()):
+        click.echo(f"  {ref}: {n} mismatches")
+    for ex in rep.examples:
+        click.echo(f"  e.g. {json.dumps(ex)}")
+
+
+# --- ingest ------------------------------------------------------------------------------------
+
+@click.group()
+def ingest() -> None:
+    """Ingest events into the online store.
+
+    \b
+    Examples:
+      redline ingest redis-stream                 # consumer group member (run N of these)
+      redline ingest file events.jsonl --store redis
+      redline ingest http --port 8010             # POST /v1/events
+    """
+
+
+@ingest.command("redis-stream")
+@config_option
+@definitions_option
+@click.option("--redis-url", default=None)
+@click.option("--stream", default=None, help="Stream key (default: features.stream).")
+@click.option("--group", default=None, help="Consumer group (default: features.consumer_group).")
+@click.option("--consumer", default=None, help="Consumer name (default: host-pid).")
+@click.option("--batch", type=int, default=None, help="Entries per atomic apply.")
+@click.option("--claim-idle-ms", type=int, default=None)
+@click.option("--max-events", type=int, default=None, help="Stop after this many (for tests).")
+@click.option("--stats-every", type=float, default=10.0, show_default=True,
+              help="Seconds between stats lines on stderr (0: never).")
+def ingest_stream(config_path: str | None, definitions: str | None, redis_url: str | None,
+                  stream: str | None, group: str | None, consumer: str | None,
+                  batch: int | None, claim_idle_ms: int | None, max_events: int | None,
+                  stats_every: float) -> None:
+    """Consume a Redis Stream as one member of a consumer group, exactly once per event."""
+    from redline.features.ingest import StreamConsumer
+    from redline.features.online.redis import RedisStore
+
+    fs, defs = _settings(config_path, definitions, "redis", redis_url)
+    store = RedisStore(fs.redis_url, cluster=False, timeout_ms=max(fs.redis_timeout_ms, 1000))
+    store.ping()
+    cons = StreamConsumer(defs, store, stream=stream or fs.stream,
+                          group=group or fs.consumer_group, consumer=consumer,
+                          batch=batch or fs.ingest_batch,
+                          claim_idle_ms=fs.claim_idle_ms if claim_idle_ms is None
+                          else claim_idle_ms)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    click.echo(f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}", err=True)
+    next_stats = time.monotonic() + stats_every
+    seen = 0
+    try:
+        while not stopping:
+            seen += cons.poll()
+            if stats_every and time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + stats_every
+                click.echo(json.dumps(cons.stats()), err=True)
+            if max_events is not None and seen >= max_events:
+                break
+    except KeyboardInterrupt:
+        pass
+    click.echo(json.dumps(cons.stats()))
+
+
+@ingest.command("file")
+@config_option
+@definitions_option
+@store_options
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--batch", type=int, default=5000, show_default=True)
+def ingest_file(config_path: str | None, definitions: str | None, store: str | None,
+                redis_url: str | None, path: str, batch: int) -> None:
+    """Replay a JSONL/CSV/Parquet file (arrival = `_arrival_ms` column, else event time)."""
+    from redline.features.ingest import Ingestor, replay_file
+    from redline.features.online import open_online_store
+
+    fs, defs = _settings(config_path, definitions, store, redis_url)
+    online = open_online_store(fs)
+    ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead")
+    t0 = time.perf_counter()
+    res = replay_file(ing, path, batch=batch)
+    dt = time.perf_counter() - t0
+    click.echo(json.dumps({"accepted": res.accepted, "dead": len(res.rejected),
+                           "dead_by_reason": ing.stats()["dead_by_reason"],
+                           "seconds": round(dt, 3)}))
+    for r in res.rejected[:10]:
+        click.echo(f"  dead letter #{r.tag}: {r.reason}", err=True)
+
+
+@ingest.command("http")
+@config_option
+@definitions_option
+@store_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=None, help="Default: features.http_port.")
+def ingest_http(config_path: str | None, definitions: str | None, store: str | None,
+                redis_url: str | None, host: str, port: int | None) -> None:
+    """Serve POST /v1/events (JSON array, object or lines) and GET /v1/ingest/stats."""
+    import uvicorn
+
+    from redline.features.ingest import Ingestor, events_asgi_app
+    from redline.features.online import open_online_store
+
+    fs, defs = _settings(config_path, definitions, store, redis_url)
+    online = open_online_store(fs)
+    online.ping()
+    app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead"))
+    uvicorn.run(app, host=host, port=port or fs.http_port, log_level="warning",
+                access_log=False, lifespan="on")
+
+

@@ -1,0 +1,139 @@
+"""Redis Streams ingest: exactly-once under SIGKILL, XAUTOCLAIM takeover, dead letters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from redline.features import load_definitions
+from redline.features.online.redis import RedisStore
+
+DEFS = str(Path(__file__).with_name("defs_tx.py"))
+STREAM = "events"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _produce(client: redis.Redis, n_good: int, every_bad: int = 97) -> tuple[dict, int]:
+    """XADD good events (returns per-card count and sum) with a bad one every ``every_bad``."""
+    expected: dict[str, list[float]] = {}
+    bad = 0
+    pipe = client.pipeline(transaction=False)
+    now = int(time.time() * 1000)
+    kinds = [b"{not json", orjson.dumps({"card_id": "c1", "ts": now}),
+             orjson.dumps({"card_id": "c1", "amount": "12", "merchant": "m", "ts": now}),
+             orjson.dumps({"source": "nope", "card_id": "c1", "amount": 1.0, "ts": now})]
+    for i in range(n_good):
+        card = f"c{i % 37}"
+        amount = round((i * 7919 % 1000) / 7.0, 3)
+        expected.setdefault(card, [0, 0.0])
+        expected[card][0] += 1
+        expected[card][1] += amount
+        pipe.xadd(STREAM, {"d": orjson.dumps({"card_id": card, "amount": amount,
+                                               "merchant": f"m{i % 11}", "ts": now})})
+        if i % every_bad == 0:
+            pipe.xadd(STREAM, {"d": kinds[bad % len(kinds)]})
+            bad += 1
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    return expected, bad
+
+
+def _consumer(url: str, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", DEFS,
+         "--redis-url", url, "--stream", STREAM, "--group", "g", "--consumer", name,
+         "--batch", "100", "--stats-every", "0", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )
+
+
+def _processed(client: redis.Redis) -> int:
+    stats = client.hgetall(f"{STREAM}:stats")
+    return int(stats.get(b"accepted", 0)) + int(stats.get(b"dead", 0))
+
+
+def _wait(pred, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.01)
+
+
+def test_sigkill_mid_stream_loses_and_repeats_nothing(redis_server) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    expected, bad = _produce(client, 12_000)
+    total = 12_000 + bad
+    # consumer A: killed with SIGKILL mid-stream
+    a = _consumer(redis_server.url, "A")
+    _wait(lambda: _processed(client) > 2_000)
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=10)
+    after_a = _processed(client)
+    assert after_a < total, "A finished before the kill; the test proves nothing"
+    pending_a = client.xpending(STREAM, "g")["pending"]
+    # consumer B: a new name, claims A's pending entries (XAUTOCLAIM) and is killed too
+    b = _consumer(redis_server.url, "B", "--claim-idle-ms", "200")
+    _wait(lambda: _processed(client) > after_a + 2_000)
+    b.send_signal(signal.SIGKILL)
+    b.wait(timeout=10)
+    # A restarted under its own name takes over B's pending entries and finishes the stream
+    a2 = _consumer(redis_server.url, "A", "--claim-idle-ms", "200")
+    _wait(lambda: _processed(client) >= total)
+    time.sleep(0.3)  # anything still pending would be applied now: it must not be
+    a2.send_signal(signal.SIGTERM)
+    out, _ = a2.communicate(timeout=10)
+
+    assert _processed(client) == total
+    assert client.xpending(STREAM, "g")["pending"] == 0
+    stats = client.hgetall(f"{STREAM}:stats")
+    assert int(stats[b"accepted"]) == 12_000
+    assert int(stats[b"dead"]) == bad
+    assert client.xlen(f"{STREAM}:dead") == bad
+    reasons = {e[1][b"reason"].split(b":")[0].split(b" ")[0]
+               for e in client.xrange(f"{STREAM}:dead")}
+    assert reasons == {b"unparseable", b"missing", b"field", b"unknown"}
+    assert pending_a >= 0
+    # exact counts and sums per card in the online store
+    defs = load_definitions(DEFS)
+    view = defs.view("card_stats")
+    reader = RedisStore(redis_server.url).reader([view], ["card_stats:count_1h",
+                                                          "card_stats:amount_sum_1h"])
+    cards = sorted(expected)
+    values, missing = reader.read(cards, dtype=float)
+    assert not missing.any()
+    for card, (cnt, total_amount) in zip(cards, values, strict=True):
+        assert cnt == expected[card][0]
+        assert total_amount == pytest.approx(expected[card][1], rel=1e-12)
+    assert b'"accepted"' in out
+
+
+def test_stale_consumer_cannot_double_apply(redis_server) -> None:
+    """A consumer whose entries were claimed by another applies nothing when it wakes up."""
+    from redline.features.ingest import StreamConsumer
+
+    client = redis.Redis.from_url(redis_server.url)
+    defs = load_definitions(DEFS)
+    store = RedisStore(redis_server.url)
+    slow = StreamConsumer(defs, store, stream=STREAM, group="g", consumer="slow", batch=50,
+                          claim_idle_ms=10_000)
+    _produce(client, 50, every_bad=1000)
+    entries = client.xreadgroup("g", "slow", {STREAM: ">"}, count=100)[0][1]
+    assert len(entries) == 51
+    fast = StreamConsumer(defs, store, stream=STREAM, group="g", consumer="fast", batch=50,
+                          claim_idle_ms=0)
+    assert fast.claim() == 51
+    assert slow._apply(entries) == 0  # the stale batch is refused entirely
+    reader = store.reader([defs.view("card_stats")], ["card_stats:count_1h"])
+    values, _ = reader.read([f"c{i}" for i in range(37)])
+    assert values.sum() == 50
