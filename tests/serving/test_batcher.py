@@ -173,3 +173,49 @@ def test_loop_answers_health_while_a_long_batch_runs(tmp_path: Path) -> None:
         assert done["health"] < done["infer"], "health waited for the running batch"
     finally:
         server.stop()
+
+
+def test_overload_maps_to_429_and_resource_exhausted(served: ServerThread) -> None:
+    """A request that cannot make its budget behind a running batch is refused at once."""
+    import grpc
+
+    from redline.serving.proto import grpc_service_pb2 as pb
+    from redline.serving.proto import grpc_service_pb2_grpc as pbg
+
+    x = np.ones((1, 384), np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",
+                        "data": x.ravel().tolist()}]}
+    stop = threading.Event()
+
+    def keep_busy() -> None:  # back-to-back slow runs keep the model's queue busy
+        with httpx.Client(base_url=served.http, timeout=30) as c:
+            while not stop.is_set():
+                c.post("/v2/models/slow/infer", json=body)
+
+    busy = [threading.Thread(target=keep_busy) for _ in range(2)]
+    for t in busy:
+        t.start()
+    try:
+        time.sleep(0.1)
+        r = httpx.post(f"{served.http}/v2/models/slow/infer", json=body,
+                       headers={"x-redline-budget-ms": "1"}, timeout=30)
+        assert r.status_code == 429, r.text
+        assert int(r.headers["retry-after"]) >= 1 and int(r.headers["x-redline-retry-after-ms"]) > 0
+        assert r.json()["code"] == "overloaded"
+        with grpc.insecure_channel(served.grpc) as channel:
+            req = pb.ModelInferRequest(model_name="slow")
+            req.inputs.add(name="x", datatype="FP32", shape=[1, 384])
+            req.raw_input_contents.append(x.tobytes())
+            with pytest.raises(grpc.RpcError) as info:
+                pbg.GRPCInferenceServiceStub(channel).ModelInfer(req, timeout=0.015)
+            assert info.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         grpc.StatusCode.DEADLINE_EXCEEDED)
+            if info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                meta = dict(info.value.trailing_metadata())
+                assert int(meta["retry-after-ms"]) > 0
+    finally:
+        stop.set()
+        for t in busy:
+            t.join(30)
+    stats = httpx.get(f"{served.http}/v2/models/slow/stats", timeout=10).json()
+    assert stats["shed_budget"] >= 1

@@ -1,0 +1,102 @@
+"""`redline serve` as a real subprocess: readiness, `redline bench` against it, SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from redline.models import ModelRepository
+from tests.conftest import free_port
+from tests.serving.helpers import affine_model, slow_model
+
+
+@pytest.fixture()
+def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model())
+    repo.add_onnx("heavy", slow_model(layers=400))
+    http, grpc_port = free_port(), free_port()
+    config = tmp_path / "redline.yaml"
+    config.write_text("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
+                      "batching:\n  max_batch_size: 1\nserver:\n  drain_timeout_s: 20\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline.cli", "serve", "--config", str(config), "--repository",
+         str(tmp_path / "repo"), "--http-port", str(http), "--grpc-port", str(grpc_port),
+         "--no-watch"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{http}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"redline serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.1)
+    yield proc, url, f"127.0.0.1:{grpc_port}"
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "redline.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_bench_drives_the_server(server_process) -> None:  # type: ignore[no-untyped-def]
+    _, url, grpc_target = server_process
+    for extra in (["--url", url], ["--url", url, "--protocol", "binary"],
+                  ["--url", grpc_target, "--protocol", "grpc"],
+                  ["--url", url, "--rate", "300", "--schedule", "poisson"]):
+        done = bench("--model", "affine", "-c", "2", "--duration", "0.5", "--warmup", "0.1",
+                     "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["ok"] > 0 and report["errors"] == {}, report
+        assert 0 < report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+        assert report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+    done = bench("--model", "affine", "--url", url, "--find-max", "--slo-p99", "50",
+                 "--rate", "400", "--duration", "0.2", "--warmup", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["max_rate"] >= 400 and len(found["runs"]) >= 2
+    missing = bench("--model", "nope", "--url", url, "--duration", "0.2", "--json")
+    assert missing.returncode != 0 and "404" in (missing.stderr + missing.stdout)
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None:  # type: ignore[no-untyped-def]
+    proc, url, _ = server_process
+    x = np.ones((1, 384), np.float32)
+    body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",
+                        "data": x.ravel().tolist()}]}
+    results: list[int] = []
+
+    def call() -> None:
+        r = httpx.post(f"{url}/v2/models/heavy/infer", json=body, timeout=30,
+                       headers={"x-redline-budget-ms": "20000"})
+        results.append(r.status_code)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)  # all three are in flight: one running, two queued (max_batch_size 1)
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    assert proc.wait(30) == 0, proc.stdout.read() if proc.stdout else ""
+    assert results == [200, 200, 200]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/v2/health/live", timeout=2)
