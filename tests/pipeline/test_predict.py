@@ -134,3 +134,20 @@ def test_grpc_predict_has_the_same_meaning(server, repo_path):
                 v1.Instance(entities={"card_id": "g1"})]), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "'amount'" in err.value.details()
+
+
+def test_model_pinned_to_other_view_versions_is_refused(serve, repo_path, defs_path):
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.random.default_rng(2).random((100, 2)).astype(np.float32)
+    ModelRepository(repo_path).add_estimator(
+        "stale", LogisticRegression().fit(x, (x[:, 0] > 0.5).astype(int)), x,
+        feature_names=["card_txn:count_1h", "amount"], feature_views={"card_txn": "0123456789ab"})
+    srv = serve(make_settings(repo_path, defs_path))
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        r = c.post("/v1/models/stale/predict",
+                   json={"entities": {"card_id": "c"}, "request": {"amount": 1}})
+    assert r.status_code == 409
+    doc = r.json()
+    assert doc["code"] == "feature_version_mismatch"
+    assert "'card_txn' version 0123456789ab" in doc["error"] and "retrain" in doc["error"]

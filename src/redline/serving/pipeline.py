@@ -504,8 +504,10 @@ class PredictPipeline:
             x = self._assemble(plan, route, feats, fields, session, n)
             stage.mark("transform")
             try:
-                outputs, cached = await self._run(plan, x, deadline,
-                                                  window if path == PRIMARY else None)
+                # A fallback is the last resort: it runs even if the budget is spent already.
+                outputs, cached = await self._run(
+                    plan, x, deadline if path == PRIMARY else None,
+                    window if path == PRIMARY else None)
             except (Overloaded, DeadlineExceeded, ModelNotReady) as exc:
                 if path != PRIMARY:
                     raise
@@ -514,7 +516,7 @@ class PredictPipeline:
                     raise  # nothing cheaper configured: the refusal stands
                 if plan is not None:
                     x = self._assemble(plan, route, feats, fields, session, n)
-                    outputs, cached = await self._run(plan, x, deadline, None)
+                    outputs, cached = await self._run(plan, x, None, None)
             if outputs is not None and cached == n and path == PRIMARY:
                 path = CACHE
             stage.mark("model")
@@ -676,7 +678,7 @@ class PredictPipeline:
                 x[:, j] = session.counters.get(what, 0.0) if session is not None else 0.0
         return x
 
-    async def _run(self, plan: ModelPlan, x: np.ndarray, deadline: float,
+    async def _run(self, plan: ModelPlan, x: np.ndarray, deadline: float | None,
                    window: LatencyWindow | None) -> tuple[dict[str, np.ndarray], int]:
         """Outputs for every row (cached rows from the prediction cache) and how many hit it."""
         handle = plan.handle

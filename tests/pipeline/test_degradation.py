@@ -1,0 +1,125 @@
+"""Degradation: Redis killed and restarted under load, budget-aware fallback, default answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from redline.config import ModelSettings
+from redline.models import InferenceSession, ModelRepository
+from tests.pipeline.conftest import make_settings
+
+
+def score(repo_path, name: str, row: list[float]) -> float:
+    sess = InferenceSession.load(ModelRepository(repo_path), name)
+    return float(sess.run({"input": np.array([row], dtype=np.float32)})["probabilities"][0, 1])
+
+
+async def test_redis_killed_and_restarted_under_load(serve, repo_path, defs_path, redis_server):
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    settings.pipeline.breaker_reset_ms = 50
+    srv = serve(settings)
+    ts = int(time.time() * 1000)
+    body = {"entities": {"card_id": "k1"}, "request": {"amount": 30.0}}
+    full = score(repo_path, "cards", [2, 60, 30 / 31, 30, 0])
+    default = score(repo_path, "cards", [0, 0, 30.0, 30, 0])
+    responses: list[tuple[int, dict]] = []
+    stop = asyncio.Event()
+
+    async def client(c: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            r = await c.post("/v1/models/cards/predict", json=body)
+            responses.append((r.status_code, r.json()))
+            await asyncio.sleep(0.002)
+
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        ev = b"\n".join(orjson.dumps({"card_id": "k1", "amount": 30.0, "ts": ts - i})
+                        for i in range(2))
+        assert (await c.post("/v1/events", content=ev)).json()["accepted"] == 2
+        tasks = [asyncio.create_task(client(c)) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        redis_server.kill()
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(redis_server.restart)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        stats = (await c.get("/v1/pipeline/stats")).json()
+
+    assert responses and all(status == 200 for status, _ in responses), \
+        [d for s, d in responses if s != 200][:3]
+    degraded = [d for _, d in responses if d["degraded"]]
+    healthy = [d for _, d in responses if not d["degraded"]]
+    assert degraded, "no response was served while Redis was down"
+    for d in degraded:
+        assert d["path"] == "primary" and d["degraded_reasons"]
+        assert "feature store" in d["degraded_reasons"][0]
+        assert d["prediction"] == pytest.approx(default, abs=1e-5)  # declared defaults
+    for d in healthy:
+        assert d["degraded_reasons"] == []
+        want = default if d["entity_missing"] else full  # a restarted Redis starts empty
+        assert d["prediction"] == pytest.approx(want, abs=1e-5)
+    assert not responses[0][1]["degraded"] and not responses[-1][1]["degraded"], "no recovery"
+    assert responses[-1][1]["entity_missing"] is True
+    # The breaker opened, so most outage requests never touched the dead Redis.
+    assert stats["breaker"]["opens"] >= 1 and stats["breaker"]["rejected"] > 0
+    assert stats["breaker"]["state"] == "closed"
+
+
+def test_near_cache_serves_features_while_redis_is_down(serve, repo_path, defs_path,
+                                                       redis_server):
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url,
+                             feature_cache_entries=100, feature_cache_max_staleness_ms=0.0,
+                             feature_cache_fallback_staleness_ms=60_000.0)
+    srv = serve(settings)
+    ts = int(time.time() * 1000)
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        c.post("/v1/events", content=orjson.dumps({"card_id": "n1", "amount": 9.0, "ts": ts}))
+        body = {"entities": {"card_id": "n1"}, "request": {"amount": 9.0}}
+        fresh = c.post("/v1/models/cards/predict", json=body).json()
+        assert not fresh["degraded"]
+        redis_server.kill()
+        for _ in range(5):
+            d = c.post("/v1/models/cards/predict", json=body).json()
+            assert d["degraded"] and "near cache" in d["degraded_reasons"][0]
+            assert d["prediction"] == pytest.approx(fresh["prediction"], abs=1e-6)
+        other = c.post("/v1/models/cards/predict",
+                       json={"entities": {"card_id": "n2"}, "request": {"amount": 9.0}}).json()
+        assert other["degraded"] and "declared defaults" in other["degraded_reasons"][0]
+        stats = c.get("/v1/pipeline/stats").json()["feature_cache"]
+        assert stats["fallback_hits"] == 5
+
+
+def test_budget_aware_fallback_model(serve, repo_path, defs_path):
+    settings = make_settings(repo_path, defs_path)
+    settings.models["cards"] = ModelSettings(fallback="cards_small")
+    srv = serve(settings)
+    body = {"entities": {"card_id": "f1"}, "request": {"amount": 42.0}}
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        for _ in range(20):  # the primary's recent p99 is learned from these
+            d = c.post("/v1/models/cards/predict", json=body).json()
+            assert d["path"] == "primary" and not d["degraded"]
+        d = c.post("/v1/models/cards/predict", json={**body, "budget_ms": 0.001}).json()
+    assert d["path"] == "fallback" and d["model_name"] == "cards_small"
+    assert d["degraded"] and "budget" in d["degraded_reasons"][0]
+    assert "cards_small" in d["degraded_reasons"][0]
+    assert d["prediction"] == pytest.approx(score(repo_path, "cards_small", [42.0]), abs=1e-5)
+
+
+def test_default_answer_when_no_fallback_model(serve, repo_path, defs_path):
+    settings = make_settings(repo_path, defs_path)
+    settings.models["cards"] = ModelSettings(default_answer=[0.25])
+    srv = serve(settings)
+    body = {"entities": {"card_id": "f1"}, "request": {"amount": 42.0}}
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        for _ in range(20):
+            c.post("/v1/models/cards/predict", json=body)
+        d = c.post("/v1/models/cards/predict", json=body,
+                   headers={"x-redline-budget-ms": "0.001"}).json()
+    assert d["path"] == "default" and d["prediction"] == 0.25
+    assert d["degraded"] and "default answer" in d["degraded_reasons"][0]
