@@ -100,7 +100,7 @@ def distill_candidates(model: bytes, ctx: TuneContext,
         yield Skipped("distill", "distill", "the tuning rows contain NaN; an MLP student cannot "
                       "handle missing values the teacher handles — impute them first")
         return
-    x = augment(ctx.x, 2 if ctx.fast else 6, ctx.seed)
+    x = augment(ctx.x, 4 if ctx.fast else 6, ctx.seed)
     teacher = ctx.teacher_predict(x)
     classifier = runner.label_name is not None and runner.score_name == "probabilities"
     classes = (ctx.class_labels or list(range(teacher.scores.shape[1]))) if classifier else None
@@ -110,7 +110,7 @@ def distill_candidates(model: bytes, ctx: TuneContext,
         output, target = "softmax", teacher.scores
     else:
         output, target = "identity", teacher.scores
-    epochs = 15 if ctx.fast else 60
+    epochs = 30 if ctx.fast else 60
     io_names = {"input": runner.input_name, "scores": runner.score_name}
     for hidden in sizes or (STUDENT_SIZES[-1:] if ctx.fast else STUDENT_SIZES):
         name = "distill-mlp-" + "x".join(str(h) for h in hidden)

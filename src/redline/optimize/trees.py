@@ -3,8 +3,9 @@
 Works on the ``TreeEnsembleClassifier``/``TreeEnsembleRegressor`` operators that scikit-learn,
 LightGBM and XGBoost models all convert to. Averaging ensembles (random forests) store each
 tree's leaf weights pre-divided by the number of trees, so the kept weights must be scaled by
-N/K; boosted ensembles add trees and must not be. Which one a graph is cannot be read off it
-reliably, so both are tried and the one closer to the original's outputs is kept.
+N/K; boosted ensembles add trees and usually must not be. Which one a graph is cannot be read
+off it reliably, so both are tried on the tuning split and the one closer to the original's
+outputs is kept (for a boosted model scaling can win too: it extends the early trees' push).
 """
 
 from __future__ import annotations
@@ -115,6 +116,6 @@ def tree_candidates(model: bytes, ctx: TuneContext,
             f"trees-{k}of{total}", "trees", trimmed,
             recipe={"kept_trees": k, "total_trees": total,
                     "weights_scaled": scale != 1.0, "scale": round(scale, 6)},
-            note=f"first {k} of {total} trees" + (" (averaging ensemble, weights rescaled)"
-                                                   if scale != 1.0 else " (additive ensemble)"),
+            note=f"first {k} of {total} trees" + (f", leaf weights x{scale:.3g}"
+                                                   if scale != 1.0 else ", weights as trained"),
         )
