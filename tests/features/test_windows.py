@@ -83,7 +83,8 @@ def test_last_takes_the_latest_event_time_not_the_latest_arrival(setup) -> None:
     (orjson.dumps(ev(T, amount="3")), "field 'amount' must be float, got '3'"),
     (orjson.dumps(ev(T, qty=1.5)), "field 'qty' must be int, got 1.5"),
     (orjson.dumps(ev(T, ok=1)), None),  # bool field not used by any feature: not checked
-    (orjson.dumps({**ev(T), "ts": "yesterday"}), "field 'ts' must be epoch milliseconds or ISO-8601"),
+    (orjson.dumps({**ev(T), "ts": "yesterday"}),
+     "field 'ts' must be epoch milliseconds or ISO-8601"),
     (orjson.dumps({**ev(T), "source": "clicks"}), "unknown source 'clicks' (known: tx)"),
     (orjson.dumps({**ev(T), "card_id": True}), "field 'card_id' must be a string or integer id"),
 ])

@@ -46,7 +46,7 @@ class Freshness:
             return {"count": 0}
         arr = np.asarray(self.samples)
         p50, p99 = np.percentile(arr, [50, 99])
-        return {"count": len(arr), "p50_ms": p50 / 1000, "p99_ms": p99 / 1000,
+        return {"count": len(arr), "p50_ms": float(p50) / 1000, "p99_ms": float(p99) / 1000,
                 "max_ms": float(arr.max()) / 1000}
 
 

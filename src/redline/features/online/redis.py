@@ -57,6 +57,11 @@ class RedisReader:
         self.store = store
         self.plan = plan
         self.script: Script = store.client.register_script(read_script(plan.views))
+        try:  # load now so the first read is one round trip (NOSCRIPT is retried if Redis restarts)
+            if not store.cluster:
+                store.client.script_load(self.script.script)
+        except _ERRORS:
+            pass  # Redis is down now: the first read raises StoreUnavailable
         self.windows = [w.window for v in plan.views for w in v.layout().windows]
         self.row_width = 1 + plan.width
 

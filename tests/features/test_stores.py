@@ -1,0 +1,123 @@
+"""Online stores against real redis-server processes: round trips, outages, cluster, TTLs."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from redline.config import FeatureSettings
+from redline.errors import StoreUnavailable
+from redline.features import MemoryStore
+from redline.features.ingest import Ingestor
+from redline.features.online import open_online_store
+from redline.features.online.redis import RedisStore
+from tests.features.streams import T0, definitions, event_stream
+
+
+def _five_views():
+    from redline.features import (
+        Entity,
+        EventSource,
+        FeatureDefinitions,
+        FeatureView,
+        agg_max,
+        agg_sum,
+        count,
+        mean,
+        stddev,
+    )
+
+    card = Entity("card", "card_id")
+    src = EventSource("tx", card, {"card_id": str, "amount": float}, allowed_lateness="1h")
+    views = [FeatureView(f"v{i}", src, [count("1h"), agg_sum("amount", "1h"),
+                                        mean("amount", "1h"), agg_max("amount", "5m"),
+                                        stddev("amount", "1h")]) for i in range(5)]
+    return FeatureDefinitions.of(views)
+
+
+def test_one_round_trip_for_five_views_and_ten_entities(redis_server) -> None:
+    defs = _five_views()
+    store = RedisStore(redis_server.url)
+    now = int(time.time() * 1000)
+    events = [{"card_id": f"c{i % 10}", "amount": float(i), "ts": now - i} for i in range(200)]
+    Ingestor(defs, store).ingest(events, now)
+    reader = store.reader(list(defs.views.values()))
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_resetstat()
+    values, missing = reader.read([f"c{i}" for i in range(10)], now)
+    stats = client.info("commandstats")
+    calls = {k: v["calls"] for k, v in stats.items() if k != "cmdstat_config|resetstat"}
+    assert calls == {"cmdstat_evalsha": 1, "cmdstat_hvals": 50}  # 1 round trip, HVALS in Lua
+    assert values.shape == (10, 25) and not missing.any()
+    assert values[:, 0].sum() == 200  # v0:count_1h over all cards
+
+
+def test_unreachable_redis_is_store_unavailable_and_recovers(redis_server) -> None:
+    defs = definitions()
+    store = RedisStore(redis_server.url, timeout_ms=200)
+    reader = store.reader([defs.view("card_tx")])
+    ing = Ingestor(defs, store)
+    now = T0 + 10_000
+    ing.ingest([{"card_id": "c1", "amount": 5.0, "merchant": "m", "n": 1, "ts": now}], now)
+    redis_server.kill()
+    with pytest.raises(StoreUnavailable, match="unavailable.*redis-server runs"):
+        reader.read(["c1"], now)
+    with pytest.raises(StoreUnavailable):
+        ing.ingest([{"card_id": "c1", "amount": 5.0, "merchant": "m", "n": 1, "ts": now}], now)
+    redis_server.restart()  # empty (no persistence) and without our scripts: NOSCRIPT reloads
+    ing.ingest([{"card_id": "c1", "amount": 7.0, "merchant": "m", "n": 1, "ts": now}], now)
+    values, missing = reader.read(["c1"], now, dtype=float)
+    assert values[0][0] == 1 and not missing[0]
+
+
+def test_factory_and_unknown_store() -> None:
+    from redline.errors import ConfigError
+
+    assert isinstance(open_online_store(FeatureSettings()), MemoryStore)
+    with pytest.raises(ConfigError, match="memory' or 'redis'"):
+        open_online_store(FeatureSettings(store="cassandra"))
+    store = open_online_store(FeatureSettings(store="redis", redis_url="redis://127.0.0.1:1/0",
+                                              redis_timeout_ms=100))
+    with pytest.raises(StoreUnavailable, match="redis://127.0.0.1:1/0"):
+        store.ping()
+
+
+def test_keys_expire_after_window_and_lateness(redis_server) -> None:
+    defs = definitions()
+    store = RedisStore(redis_server.url)
+    now = T0
+    Ingestor(defs, store).ingest([{"card_id": "c9", "amount": 1.0, "merchant": "m", "n": 1,
+                                   "ts": now}], now)
+    client = redis.Redis.from_url(redis_server.url)
+    (key,) = client.keys("rl:*")
+    view = defs.view("card_tx")
+    assert key.decode() == f"rl:{{card:c9}}:card_tx:{view.version}"
+    ttl = client.pttl(key)
+    assert 0 < ttl <= view.layout().ttl_ms
+    assert view.layout().ttl_ms >= 5 * 60_000 + view.source.lateness_ms
+
+
+def test_cluster_store_equals_memory(redis_cluster) -> None:
+    defs = definitions()
+    view = defs.view("card_tx")
+    events = event_stream(11, n=600)
+    mem, red = MemoryStore(), RedisStore(redis_cluster.url, cluster=True)
+    for store in (mem, red):
+        ing = Ingestor(defs, store)
+        for i in range(0, len(events), 50):
+            chunk = events[i:i + 50]
+            ing.ingest([{k: v for k, v in e.items() if k != "_arrival_ms"} for e in chunk],
+                       [e["_arrival_ms"] for e in chunk])
+    now = events[-1]["_arrival_ms"]
+    cards = [f"e{i}" for i in range(6)]
+    a, ma = mem.reader([view]).read(cards, now, dtype=float)
+    b, mb = red.reader([view]).read(cards, now, dtype=float)
+    assert (ma == mb).all() and not ma.any()
+    assert np.allclose(a, b, rtol=1e-9, equal_nan=True)
+    # the entities really are spread over the shards, each entity's views on one shard
+    slots = {red.client.keyslot(f"rl:{{card:{c}}}:x") for c in cards}
+    nodes = {red.client.get_node_from_key(f"rl:{{card:{c}}}:x").port for c in cards}
+    assert len(slots) == 6 and len(nodes) >= 2
