@@ -25,7 +25,8 @@ async def test_redis_killed_and_restarted_under_load(serve, repo_path, defs_path
     settings.pipeline.breaker_reset_ms = 50
     srv = serve(settings)
     ts = int(time.time() * 1000)
-    body = {"entities": {"card_id": "k1"}, "request": {"amount": 30.0}}
+    # A generous budget: this test is about Redis failing, not about a busy shared CPU.
+    body = {"entities": {"card_id": "k1"}, "request": {"amount": 30.0}, "budget_ms": 5000}
     full = score(repo_path, "cards", [2, 60, 30 / 31, 30, 0])
     default = score(repo_path, "cards", [0, 0, 30.0, 30, 0])
     responses: list[tuple[int, dict]] = []
