@@ -21,7 +21,12 @@ def _load_data(path: str, label: str, feature_names: list[str] | None,
     if suffix not in (".npz", ".csv", ".parquet"):
         raise InvalidInput(f"unsupported data file {path}: use .npz (arrays X and y), or .csv / "
                            f".parquet with a '{label}' label column (--label)")
-    x, y, columns = load_table(path, label=label if suffix != ".npz" else None)
+    try:
+        x, y, columns = load_table(path, label=label if suffix != ".npz" else None)
+    except InvalidInput:
+        if need_labels or suffix == ".npz":
+            raise
+        x, y, columns = load_table(path, label=None)  # labels are optional for this run
     if columns is not None and feature_names:
         missing = [f for f in feature_names if f not in columns]
         if missing:
