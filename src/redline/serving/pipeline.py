@@ -340,9 +340,11 @@ class PredictPipeline:
         return HttpResponse.json(self.stats())
 
     async def _rest_events(self, request: Any) -> Any:
+        from redline.features.ingest import handle_events
         from redline.serving.app import HttpResponse
 
-        return HttpResponse.json(self.ingest(request.body))
+        status, body = await handle_events(self.ingestor, request.body)
+        return HttpResponse(status, body)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -425,18 +427,22 @@ class PredictPipeline:
 
     # ------------------------------------------------------------------ events (embedded ingest)
     def ingest(self, body: bytes) -> dict[str, Any]:
-        """``POST /v1/events``: one JSON event, a JSON list, or NDJSON, into the online store."""
-        from redline.features.events import EventDecoder
-        from redline.features.online.base import now_ms
+        """``POST /v1/events`` in-process (the features package's ingest handler does the work)."""
+        from redline.features.ingest import parse_body
 
-        raws = _split_events(body)
-        decoder = getattr(self, "_decoder", None)
-        if decoder is None:
-            decoder = self._decoder = EventDecoder(self.defs)
-        batch = decoder.decode(raws, now_ms())
-        self.store.write(batch)
-        return {"accepted": len(batch.accepted), "rejected": len(batch.rejected),
-                "errors": [{"index": r.tag, "reason": r.reason} for r in batch.rejected[:20]]}
+        res = self.ingestor.ingest(parse_body(body))
+        return {"accepted": res.accepted, "rejected": len(res.rejected),
+                "errors": [{"index": r.tag, "reason": r.reason} for r in res.rejected[:100]]}
+
+    @property
+    def ingestor(self) -> Any:
+        """The features package's :class:`Ingestor` writing to this pipeline's store."""
+        ingestor = getattr(self, "_ingestor", None)
+        if ingestor is None:
+            from redline.features.ingest import Ingestor
+
+            ingestor = self._ingestor = Ingestor(self.defs, self.store)
+        return ingestor
 
     # ------------------------------------------------------------------ the predict path
     def route(self, handle: ModelHandle) -> Route:
@@ -776,35 +782,15 @@ def _at(i: int, batch: bool) -> str:
     return f" in instances[{i}]" if batch else ""
 
 
-def _split_events(body: bytes) -> list[Any]:
-    text = body.strip()
-    if not text:
-        raise InvalidInput("no events in the body; send a JSON object, a JSON list or NDJSON")
-    if text[:1] == b"[":
-        try:
-            doc = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"events body is not valid JSON ({exc})") from None
-        return list(doc)
-    return [line for line in text.split(b"\n") if line.strip()]
-
-
 def open_store(settings: Settings, defs: Any) -> Any:
     """The online store ``features.store`` names (memory: embedded; redis: shared)."""
-    features = settings.features
-    views = list(defs.views.values()) if defs is not None else []
-    if features.store == "memory":
-        from redline.features.online.memory import MemoryStore
+    from redline.features.online import open_online_store
 
-        store = MemoryStore()
-        store.register(views)
-        return store
-    if features.store == "redis":
-        from redline.features.online.redis import RedisStore
-
-        return RedisStore(features.redis_url, cluster=getattr(features, "redis_cluster", False),
-                          timeout_ms=features.redis_timeout_ms)
-    raise InvalidInput(f"features.store must be 'memory' or 'redis', got {features.store!r}")
+    store = open_online_store(settings.features)
+    register = getattr(store, "register", None)
+    if register is not None and defs is not None:
+        register(list(defs.views.values()))
+    return store
 
 
 def _default_sessions(store: Any, settings: Settings) -> SessionStore:
