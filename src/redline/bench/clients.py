@@ -134,12 +134,13 @@ class RestConnection:
 class GrpcCaller:
     """Sends pre-serialised ModelInfer requests on one channel."""
 
-    def __init__(self, target: str, request: bytes, timeout_s: float = 30.0) -> None:
+    def __init__(self, target: str, request: bytes, timeout_s: float = 30.0,
+                 method: str = "/inference.GRPCInferenceService/ModelInfer") -> None:
         import grpc
 
         self._grpc = grpc
         self.channel = grpc.aio.insecure_channel(target)
-        self.stub = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        self.stub = self.channel.unary_unary(method)
         self.request = request
         self.timeout_s = timeout_s
 

@@ -49,6 +49,9 @@ class LoadSpec:
     budget_ms: float | None = None
     inputs: dict[str, tuple[str, np.ndarray]] | None = None  # name -> (datatype, array)
     seed: int = 0
+    # Entity predictions instead of V2 infer: the JSON body of POST /v1/models/{model}/predict
+    # (REST), or a serialised redline.v1 PredictRequest (gRPC).
+    v1_body: bytes | None = None
 
 
 @dataclass
@@ -132,17 +135,26 @@ def grpc_target(url: str) -> str:
 # ---------------------------------------------------------------------------- runs
 async def _caller_factory(spec: LoadSpec) -> tuple[Callable[[], Awaitable[Any]], Any]:
     """A function that makes one call, pooled over ``connections`` connections, and a closer."""
-    assert spec.inputs is not None
     headers = {"x-redline-budget-ms": str(spec.budget_ms)} if spec.budget_ms else {}
+    if spec.v1_body is not None and spec.protocol == "grpc":
+        caller = GrpcCaller(grpc_target(spec.url), spec.v1_body,
+                            method="/redline.v1.PredictionService/Predict")
+        return caller.call, caller.close
     if spec.protocol == "grpc":
+        assert spec.inputs is not None
         caller = GrpcCaller(grpc_target(spec.url), grpc_request_bytes(spec.model, spec.inputs))
         return caller.call, caller.close
     if spec.protocol not in ("json", "binary"):
         raise ValueError(f"unknown protocol {spec.protocol!r}: use json, binary or grpc")
-    body, hdrs = rest_body(spec.inputs, spec.protocol == "binary", headers)
+    if spec.v1_body is not None:
+        body, hdrs = spec.v1_body, {"content-type": "application/json", **headers}
+        path = f"/v1/models/{spec.model}/predict"
+    else:
+        assert spec.inputs is not None
+        body, hdrs = rest_body(spec.inputs, spec.protocol == "binary", headers)
+        path = f"/v2/models/{spec.model}/infer"
     rest = spec.url.split("://", 1)[-1].rstrip("/")
     host, _, port = rest.partition(":")
-    path = f"/v2/models/{spec.model}/infer"
     pool: asyncio.LifoQueue[RestConnection] = asyncio.LifoQueue()
     opened: list[RestConnection] = []
 
@@ -168,7 +180,7 @@ async def _caller_factory(spec: LoadSpec) -> tuple[Callable[[], Awaitable[Any]],
 async def run_load_async(spec: LoadSpec, progress: Callable[[float, int], None] | None = None
                          ) -> BenchResult:
     """Warm up, then measure for ``duration_s``."""
-    if spec.inputs is None:
+    if spec.inputs is None and spec.v1_body is None:
         spec.inputs = synth_inputs(await asyncio.to_thread(fetch_metadata, spec), spec.rows,
                                    spec.seed)
     call, close = await _caller_factory(spec)
