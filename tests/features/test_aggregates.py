@@ -102,6 +102,6 @@ def test_durations_and_default_tiles() -> None:
     for w in ("1m", "5m", "1h", "24h", "7d", "90s"):
         ms = parse_duration(w)
         t = default_tile_ms(ms)
-        assert ms % t == 0 and ms // t >= 12
+        assert ms % t == 0 and ms // t >= 10
     with pytest.raises(ValueError, match="multiple"):
         TileWindow(60_000, 7_000)

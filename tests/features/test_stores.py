@@ -50,9 +50,23 @@ def test_one_round_trip_for_five_views_and_ten_entities(redis_server) -> None:
     values, missing = reader.read([f"c{i}" for i in range(10)], now)
     stats = client.info("commandstats")
     calls = {k: v["calls"] for k, v in stats.items() if k != "cmdstat_config|resetstat"}
-    assert calls == {"cmdstat_evalsha": 1, "cmdstat_hvals": 50}  # 1 round trip, HVALS in Lua
+    # one round trip; inside Lua: a cache probe, the tile merge, the cache fill per entity-view
+    assert calls == {"cmdstat_evalsha": 1, "cmdstat_get": 50, "cmdstat_hvals": 50,
+                     "cmdstat_set": 50}
     assert values.shape == (10, 25) and not missing.any()
     assert values[:, 0].sum() == 200  # v0:count_1h over all cards
+    client.config_resetstat()
+    again, _ = reader.read([f"c{i}" for i in range(10)], now)
+    calls = {k: v["calls"] for k, v in client.info("commandstats").items()
+             if k != "cmdstat_config|resetstat"}
+    assert calls == {"cmdstat_evalsha": 1, "cmdstat_get": 50}  # cached: no tile merge
+    assert (again == values).all()
+    Ingestor(defs, store).ingest([{"card_id": "c3", "amount": 1000.0, "ts": now}], now)
+    after, _ = reader.read([f"c{i}" for i in range(10)], now)
+    assert after[3, 0] == values[3, 0] + 1 and after[3, 3] == 1000.0  # a write invalidates
+    assert (after[[0, 1, 2, 4]] == values[[0, 1, 2, 4]]).all()
+    later, _ = reader.read([f"c{i}" for i in range(10)], now + 3_600_000)
+    assert later[:, 0].sum() == 0  # a new tile changes the signature: recomputed, not stale
 
 
 def test_unreachable_redis_is_store_unavailable_and_recovers(redis_server) -> None:

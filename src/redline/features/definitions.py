@@ -181,6 +181,7 @@ class FeatureView:
     features: Sequence[Aggregation]
     description: str = ""
     _layout: Any = field(default=None, init=False, repr=False, compare=False)
+    _version: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def entity(self) -> Entity:
@@ -209,8 +210,10 @@ class FeatureView:
     @property
     def version(self) -> str:
         """12 hex digits of the sha256 of :meth:`semantics`: equal semantics, equal version."""
-        blob = json.dumps(self.semantics(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        if not self._version:  # hashed once: keys are built from it on every read
+            blob = json.dumps(self.semantics(), sort_keys=True, separators=(",", ":"))
+            self._version = hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return self._version
 
     @property
     def feature_names(self) -> list[str]:
@@ -265,10 +268,19 @@ class ViewLayout:
     def build(view: FeatureView) -> ViewLayout:
         view.validate()
         skew = view.source.skew_ms
+        # A count rides on a numeric group of the same tile size when there is one (its records
+        # count events too): one less ring to store and to merge on every read.
+        numeric = {a.tile_ms: a.field for a in sorted(view.features, key=lambda a: a.field or "")
+                   if a.kind not in ("count", "distinct")}
+
+        def group_key(a: Aggregation) -> tuple[str | None, bool, int]:
+            if a.kind == "count":
+                return (numeric.get(a.tile_ms), False, a.tile_ms)
+            return (a.field, a.kind == "distinct", a.tile_ms)
+
         grid: dict[tuple[str | None, bool, int], int] = {}
         for a in view.features:
-            fld = a.field if a.kind != "count" else None
-            key = (fld, a.kind == "distinct", a.tile_ms)
+            key = group_key(a)
             grid[key] = max(grid.get(key, 0), a.window_ms // a.tile_ms)
         groups = tuple(
             TileGroup(i, fld, hll, tile, k, ring_size(k, tile, skew))
@@ -278,8 +290,7 @@ class ViewLayout:
         windows: dict[tuple[int, int], WindowRef] = {}
         outputs = []
         for a in view.features:
-            fld = a.field if a.kind != "count" else None
-            gid = by_key[(fld, a.kind == "distinct", a.tile_ms)]
+            gid = by_key[group_key(a)]
             wkey = (gid, a.window_ms)
             if wkey not in windows:
                 windows[wkey] = WindowRef(len(windows), gid, TileWindow(a.window_ms, a.tile_ms))

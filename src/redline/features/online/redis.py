@@ -52,11 +52,17 @@ def guarded(url: str, fn: Callable[[], T]) -> T:
         ) from exc
 
 
+def cache_key(key: str) -> str:
+    """Where a key's last read result is cached (same hash tag, so the same shard)."""
+    return key + ":m"
+
+
 class RedisReader:
-    def __init__(self, store: RedisStore, plan: ReadPlan) -> None:
+    def __init__(self, store: RedisStore, plan: ReadPlan, cache: bool = True) -> None:
         self.store = store
         self.plan = plan
-        self.script: Script = store.client.register_script(read_script(plan.views))
+        self.script: Script = store.client.register_script(read_script(plan.views, cache))
+        self.view_windows = [[w.window for w in v.layout().windows] for v in plan.views]
         try:  # load now so the first read is one round trip (NOSCRIPT is retried if Redis restarts)
             if not store.cluster:
                 store.client.script_load(self.script.script)
@@ -65,8 +71,9 @@ class RedisReader:
         self.windows = [w.window for v in plan.views for w in v.layout().windows]
         self.row_width = 1 + plan.width
 
-    def _args(self, now: int) -> list[int]:
-        args: list[int] = []
+    def _args(self, now: int) -> list[Any]:
+        args: list[Any] = [
+            "|".join(str(w.covering(now)[1]) for w in ws) + "#" for ws in self.view_windows]
         for w in self.windows:
             lo, hi = w.covering(now)
             args.append(lo)
@@ -76,7 +83,13 @@ class RedisReader:
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
         now = now_ms() if now is None else now
-        n, keys = self.plan.keys(ids)
+        n, data_keys = self.plan.keys(ids)
+        nv = len(self.plan.views)
+        keys = []
+        for r in range(n):
+            row = data_keys[r * nv:(r + 1) * nv]
+            keys += row
+            keys += [cache_key(k) for k in row]
         args = self._args(now)
         if not self.store.cluster:
             replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
@@ -85,8 +98,8 @@ class RedisReader:
         flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
         return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
 
-    def _cluster_read(self, n: int, keys: list[str], args: list[int]) -> list[bytes]:
-        nv = len(self.plan.views)
+    def _cluster_read(self, n: int, keys: list[str], args: list[Any]) -> list[bytes]:
+        nv = 2 * len(self.plan.views)
         client = self.store.client
         by_slot: dict[int, list[int]] = {}
         for r in range(n):
@@ -122,9 +135,10 @@ class RedisStore:
         self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
         self.writer = self.client.register_script(WRITE_SCRIPT)
 
-    def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None
-               ) -> RedisReader:
-        return RedisReader(self, ReadPlan(views, features))
+    def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None,
+               cache: bool = True) -> RedisReader:
+        """A compiled reader; ``cache=False`` merges every tile on every read (benchmarks)."""
+        return RedisReader(self, ReadPlan(views, features), cache)
 
     def write(self, batch: UpdateBatch) -> None:
         """Apply a batch's tile updates atomically (per shard in a cluster)."""
@@ -132,7 +146,8 @@ class RedisStore:
             return
         if not self.cluster:
             args = ["0", *write_args(batch)]
-            guarded(self.url, lambda: self.writer(keys=batch.keys, args=args))
+            keys = [*batch.keys, *map(cache_key, batch.keys)]
+            guarded(self.url, lambda: self.writer(keys=keys, args=args))
             return
         guarded(self.url, lambda: self._cluster_write(batch))
 
@@ -146,14 +161,16 @@ class RedisStore:
             for i in idxs:
                 remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i])
             sub.ops = [(remap[op[0]], *op[1:]) for op in batch.ops if op[0] in remap]  # type: ignore[misc]
-            self.writer(keys=sub.keys, args=["0", *write_args(sub)])
+            self.writer(keys=[*sub.keys, *map(cache_key, sub.keys)],
+                        args=["0", *write_args(sub)])
 
     def write_from_stream(self, stream: str, group: str, consumer: str, ids: Sequence[bytes | str],
                           batch: UpdateBatch) -> tuple[int, int, int]:
         """Exactly-once apply of stream entries ``ids`` (tags index into ``ids``): returns
         (entries acked, events accepted, events dead-lettered) — zeros for entries another
         consumer already claimed."""
-        keys = [stream, f"{stream}:dead", f"{stream}:stats", *batch.keys]
+        keys = [stream, f"{stream}:dead", f"{stream}:stats", *batch.keys,
+                *map(cache_key, batch.keys)]
         args = ["1", group, consumer, len(ids), *ids, *write_args(batch)]
         res = guarded(self.url, lambda: self.writer(keys=keys, args=args))
         return int(res[0]), int(res[1]), int(res[2])

@@ -146,27 +146,78 @@ while p <= nargs do
 end
 for k, _ in pairs(touched) do
   redis.call('PEXPIRE', KEYS[nfixed + k], ttl[k])
+  redis.call('DEL', KEYS[nfixed + nkeys + k])  -- the key's cached read result is stale now
 end
 return {acked, accepted, dead}
 """
 
 
-def read_script(views: list[FeatureView]) -> str:
+def _acc(w: int) -> str:
+    return ", ".join(f"{v}{w}" for v in ("n", "s", "c", "m2", "mn", "mx", "lt", "lv"))
+
+
+def _merge_inline(w: int) -> str:
+    """``merge`` of the record in locals n, s, c, ... into window ``w``'s locals, inlined: the
+    read merges ~25 tiles per view and a Lua call per tile was a fifth of its time."""
+    return f"""\
+            if n > 0 then
+              if n{w} == 0 then
+                {_acc(w)} = n, s, c, m2, mn, mx, lt, lv
+              else
+                local nn = n{w} + n
+                local delta = (s + c) / n - (s{w} + c{w}) / n{w}
+                m2{w} = m2{w} + m2 + delta * delta * n{w} * n / nn
+                n{w} = nn
+                local t = s{w} + s
+                if abs(s{w}) >= abs(s) then c{w} = c{w} + ((s{w} - t) + s)
+                else c{w} = c{w} + ((s - t) + s{w}) end
+                s{w} = t
+                t = s{w} + c
+                if abs(s{w}) >= abs(c) then c{w} = c{w} + ((s{w} - t) + c)
+                else c{w} = c{w} + ((c - t) + s{w}) end
+                s{w} = t
+                if mn < mn{w} then mn{w} = mn end
+                if mx > mx{w} then mx{w} = mx end
+                if lt > lt{w} then lt{w}, lv{w} = lt, lv end
+              end
+            end"""
+
+
+def read_script(views: list[FeatureView], cache: bool = True) -> str:
     """Lua that merges, for each entity, every view's covering tiles and returns packed doubles.
 
-    ARGV holds each window's covering tile range (lo, hi), computed in Python by ``tiles.py``.
-    Each entity's reply is ``pack(any_data, outputs...)``.
+    KEYS per entity: the views' tile hashes, then their result-cache keys. ARGV: one signature per
+    view (its windows' current tiles), then each window's covering tile range (lo, hi) — all
+    computed in Python by ``tiles.py``. Each entity's reply is ``pack(any_data, outputs...)``.
+
+    The result cache holds a view's outputs for one signature; writes delete it, and a new tile
+    changes the signature, so a hit returns exactly what merging the tiles would.
     """
-    lines = [_COMMON, "local unpack_, pack = struct.unpack, struct.pack",
-             f"local nv = {len(views)}", "local A = {}",
+    nv = len(views)
+    lines = [_COMMON, "local unpack_, pack = struct.unpack, struct.pack", "local abs = math.abs",
+             f"local nv = {nv}", "local A = {}",
              "for i = 1, #ARGV do A[i] = tonumber(ARGV[i]) end",
              "local replies = {}",
-             "for base = 0, #KEYS - 1, nv do",
+             f"for base = 0, #KEYS - 1, {2 * nv} do",
              "  local out = {0}"]
-    argi = 1
+    argi = nv + 1
     for j, view in enumerate(views):
         lay = view.layout()
+        nout = len(lay.outputs)
+        fmt = "<" + "d" * nout
         lines.append("  do")
+        lines.append("    local hit = false")
+        if cache:
+            lines.append(f"    local sig = ARGV[{j + 1}]")
+            lines.append(f"    local m = redis.call('GET', KEYS[base + {nv + j + 1}])")
+            lines.append("    if m and string.sub(m, 1, #sig) == sig then")
+            lines.append(f"      local t = {{unpack_('{fmt}', m, #sig + 1)}}")
+            lines.append(f"      for i = 1, {nout} do out[#out + 1] = t[i] end")
+            lines.append("      out[1] = 1")
+            lines.append("      hit = true")
+            lines.append("    end")
+        lines.append("    if not hit then")
+        lines.append("    local start = #out + 1")
         lines.append(f"    local vals = redis.call('HVALS', KEYS[base + {j + 1}])")
         lines.append("    if #vals > 0 then out[1] = 1 end")
         for w in lay.windows:
@@ -177,7 +228,7 @@ def read_script(views: list[FeatureView]) -> str:
                 lines.append(f"    local h{w.wid} = {{}}")
                 lines.append(f"    for i = 1, 256 do h{w.wid}[i] = 0 end")
             else:
-                lines.append(f"    local a{w.wid} = {{0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0}}")
+                lines.append(f"    local {_acc(w.wid)} = 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0")
         lines.append("    for _, v in ipairs(vals) do")
         lines.append("      local gid, idx = unpack_('<dd', v)")
         for g in lay.groups:
@@ -195,31 +246,41 @@ def read_script(views: list[FeatureView]) -> str:
                     lines.append("          end")
                     lines.append("        end")
             else:
-                lines.append("        local _g, _i, n, s, c, m2, mn, mx, lt, lv = "
-                             "unpack_('<dddddddddd', v)")
+                conds = " or ".join(f"(idx >= lo{w.wid} and idx <= hi{w.wid})" for w in wins)
+                lines.append(f"        if {conds} then")
+                lines.append("          local n, s, c, m2, mn, mx, lt, lv = "
+                             "unpack_('<dddddddd', v, 17)")
                 for w in wins:
-                    lines.append(f"        if idx >= lo{w.wid} and idx <= hi{w.wid} then "
-                                 f"merge(a{w.wid}, n, s, c, m2, mn, mx, lt, lv) end")
+                    lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
+                    lines.append(_merge_inline(w.wid))
+                    lines.append("          end")
+                lines.append("        end")
             lines.append("      end")
         lines.append("    end")
         for o in lay.outputs:
             d = repr(o.default) if o.default == o.default else "0/0"
             d = {"inf": "INF", "-inf": "-INF"}.get(d, d)
-            a = f"a{o.wid}"
+            w = o.wid
             if o.kind == "count":
-                expr = f"{a}[1]"
+                expr = f"n{w}"
             elif o.kind == "sum":
-                expr = f"(({a}[1] > 0) and ({a}[2] + {a}[3]) or 0.0)"
+                expr = f"((n{w} > 0) and (s{w} + c{w}) or 0.0)"
             elif o.kind == "distinct":
-                expr = f"hll(h{o.wid})"
+                expr = f"hll(h{w})"
             else:
                 val = {
-                    "mean": f"({a}[2] + {a}[3]) / {a}[1]",
-                    "min": f"{a}[5]", "max": f"{a}[6]", "last": f"{a}[8]",
-                    "stddev": f"math.sqrt(math.max({a}[4], 0.0) / {a}[1])",
+                    "mean": f"(s{w} + c{w}) / n{w}",
+                    "min": f"mn{w}", "max": f"mx{w}", "last": f"lv{w}",
+                    "stddev": f"math.sqrt(math.max(m2{w}, 0.0) / n{w})",
                 }[o.kind]
-                expr = f"pick({a}[1], {d}, {val})"
+                expr = f"pick(n{w}, {d}, {val})"
             lines.append(f"    out[#out + 1] = {expr}")
+        if cache:
+            lines.append("    if #vals > 0 then")
+            lines.append(f"      redis.call('SET', KEYS[base + {nv + j + 1}], sig .. "
+                         f"pack('{fmt}', unpack(out, start, #out)), 'PX', {lay.ttl_ms})")
+            lines.append("    end")
+        lines.append("    end")
         lines.append("  end")
     lines.append("  replies[#replies + 1] = pack('<' .. string.rep('d', #out), unpack(out))")
     lines.append("end")
