@@ -48,7 +48,7 @@ class BatchingSettings:
     max_queue_size: int = 1024
     adaptive: bool = False  # AIMD on the batch size against the model's slo_ms
     adaptive_target: float = 0.5  # fraction of slo_ms the slowest request of a batch may use
-    inline_max_us: int = 300  # batches predicted shorter than this run on the event loop
+    inline_max_us: int = 50  # runs predicted shorter than this happen on the event loop
 
 
 @dataclass
@@ -97,20 +97,6 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
-    # When the online store is down, a cached feature row up to this old still beats defaults.
-    feature_cache_fallback_staleness_ms: float = 30000.0
-
-
-@dataclass
-class PipelineSettings:
-    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
-
-    breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
-    breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
-    session_ttl_s: float = 1800.0
-    session_max_events: int = 20
-    max_instances: int = 1024  # rows per batch request
-    latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
 
 
 @dataclass
@@ -139,7 +125,6 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)
     features: FeatureSettings = field(default_factory=FeatureSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
-    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     source: str | None = None  # the file these settings came from, if any
 

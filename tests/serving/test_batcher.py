@@ -41,7 +41,10 @@ def handle_for(repo: ModelRepository, name: str, **batching: object) -> ModelHan
 async def test_batching_parity_on_random_mixes(repo: ModelRepository) -> None:
     rng = np.random.default_rng(7)
     for trial in range(12):
-        handle = handle_for(repo, "affine", max_batch_size=int(rng.integers(1, 24)))
+        # inline_max_us=0: every run goes through the queue (a tiny model would otherwise run
+        # at once whenever the batcher is idle), so concurrent requests share runs.
+        handle = handle_for(repo, "affine", max_batch_size=int(rng.integers(1, 24)),
+                            inline_max_us=0)
         inputs = [rng.standard_normal((int(rng.integers(1, 8)), 4)).astype(np.float32)
                   for _ in range(int(rng.integers(2, 40)))]
         results = await asyncio.gather(*(handle.infer({"x": x}) for x in inputs))
@@ -122,7 +125,8 @@ async def test_high_priority_overtakes_queued_low(repo: ModelRepository) -> None
 
 
 async def test_adaptive_grows_while_latency_allows(repo: ModelRepository) -> None:
-    handle = handle_for(repo, "affine", adaptive=True, max_batch_size=16, slo_ms=5000)
+    handle = handle_for(repo, "affine", adaptive=True, max_batch_size=16, slo_ms=5000,
+                        inline_max_us=0)
     assert handle.batcher.cap == 1
     x = np.ones((1, 4), np.float32)
     for _ in range(30):

@@ -26,10 +26,13 @@ import click
 @click.option("--budget-ms", type=float, default=None, help="Send x-redline-budget-ms.")
 @click.option("--find-max", is_flag=True, help="Search the highest rate meeting --slo-p99.")
 @click.option("--slo-p99", type=float, default=None, help="p99 objective in ms for --find-max.")
+@click.option("--input", "input_specs", multiple=True, metavar="NAME:DATATYPE:SHAPE",
+              help="Input to send (e.g. X:FP32:1x30) instead of asking the model's metadata.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: int,
           schedule: str, duration: float, warmup: float, rows: int, budget_ms: float | None,
-          find_max: bool, slo_p99: float | None, as_json: bool) -> None:
+          find_max: bool, slo_p99: float | None, input_specs: tuple[str, ...],
+          as_json: bool) -> None:
     """Measure latency and throughput; latency runs from each request's scheduled send time."""
     from redline.bench.runner import LoadSpec, run_load
     from redline.bench.runner import find_max as search
@@ -42,6 +45,10 @@ def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: 
                     connections=concurrency if rate is None else max(concurrency, 64),
                     schedule=schedule, duration_s=duration, warmup_s=warmup, rows=rows,
                     budget_ms=budget_ms)
+    if input_specs:
+        from redline.bench.runner import synth_inputs
+
+        spec.inputs = synth_inputs({"inputs": [_parse_input(text) for text in input_specs]}, rows)
     from redline.bench.report import print_table
 
     if find_max:
@@ -74,3 +81,13 @@ def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: 
         task = bar.add_task(f"{protocol} {model}", total=1.0, ok="")
         result = run_load(spec, lambda frac, ok: bar.update(task, completed=frac, ok=f"{ok:,} ok"))
     print_table([result])
+
+
+def _parse_input(text: str) -> dict[str, object]:
+    try:
+        name, datatype, shape = text.rsplit(":", 2)
+        dims = [int(d) for d in shape.lower().split("x")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use NAME:DATATYPE:SHAPE like X:FP32:1x30",
+                                 param_hint="--input") from None
+    return {"name": name, "datatype": datatype.upper(), "shape": dims}

@@ -93,6 +93,11 @@ class CostModel:
 
     def observe(self, rows: int, seconds: float) -> None:
         sample = max(0.0, (seconds - self.fixed_s) / max(1, rows))
+        # One run stalled by the OS (preempted, page fault) must not swing the estimate: a
+        # sample counts for at most twice the current estimate, so a real slowdown is followed
+        # within a few dozen runs and a blip is ignored.
+        if self.per_row_s > 0:
+            sample = min(sample, 2.0 * self.per_row_s + 1e-6)
         self.per_row_s += self.alpha * (sample - self.per_row_s)
 
     def predict(self, rows: int) -> float:

@@ -73,6 +73,14 @@ def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np
         raise InvalidInput(
             f"input '{name}' has unknown datatype {datatype!r}; use one of {sorted(V2_TO_NUMPY)}"
         )
+    if dtype.kind == "f" and _first_leaf_is_number(data):
+        # Fast path (floats, the common case): one conversion straight to the target dtype.
+        try:
+            array = np.array(data, dtype=dtype)
+        except (ValueError, TypeError):
+            pass  # strings or ragged rows: the checked path below says which
+        else:
+            return _reshape(name, array, shape)
     try:
         array = np.asarray(data)
     except (ValueError, TypeError) as exc:
@@ -105,6 +113,14 @@ def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np
                 )
         array = array.astype(dtype)
     return _reshape(name, array, shape)
+
+
+def _first_leaf_is_number(data: Any) -> bool:
+    while type(data) is list:
+        if not data:
+            return False
+        data = data[0]
+    return type(data) is float or type(data) is int
 
 
 def _exact_ints(name: str, datatype: str, data: Any, array: np.ndarray) -> np.ndarray:
