@@ -67,3 +67,37 @@ def test_options_are_checked():
         OptimizeOptions(techniques=["quantise"])
     with pytest.raises(InvalidInput, match="tuning share"):
         OptimizeOptions(tune_share=1.0)
+
+
+def test_optimize_a_pytorch_model_keeps_its_signature(digits):
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from redline.models.convert import convert
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    x = torch.as_tensor(digits.x_train)
+    target = torch.as_tensor(digits.y_train, dtype=torch.long)
+    for _ in range(60):  # a quick full-batch fit: logits for 10 digits
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(module(x), target).backward()
+        optimizer.step()
+    data = convert(module, digits.x_train[:16]).onnx_bytes
+    # judged as a 10-output regressor against one-hot targets (RMSE), as registered
+    one_hot = np.eye(10)
+    report = optimize(data, digits.x_val, one_hot[digits.y_val], task="regression",
+                      class_labels=None,
+                      options=OptimizeOptions(techniques=["quantize", "prune", "distill"],
+                                              tolerance=0.5, fast=True, rounds=20),
+                      tune=(digits.x_train, one_hot[digits.y_train]))
+    names = {r.name for r in report.results}
+    assert {"int8-dynamic", "prune-50", "distill-mlp-32"} <= names
+    for name in ("prune-50", "distill-mlp-32"):
+        graph = onnx.load_from_string(report.result(name).candidate.onnx_bytes).graph
+        assert [i.name for i in graph.input] == ["input"]
+        assert [o.name for o in graph.output] == ["output"]
+    pruned = onnx.load_from_string(report.result("prune-50").candidate.onnx_bytes)
+    sizes = {i.name: list(i.dims) for i in pruned.graph.initializer}
+    assert sorted(sizes.values()) == sorted([[16, 64], [16], [10, 16], [10]])  # Gemm, transB

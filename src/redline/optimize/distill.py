@@ -86,10 +86,32 @@ def export_student(net: DenseNet, classes: list[Any] | None, sample: np.ndarray,
     from redline.models.convert import convert
 
     converted = convert(to_sklearn(net, classes), sample, tolerance=1e-3)
+    data = converted.onnx_bytes
+    if classes is None and net.weights[-1].shape[1] > 1:
+        data = _keep_output_columns(data, converted.output_names[0], net.weights[-1].shape[1])
     mapping = {converted.input_name: io_names.get("input", converted.input_name)}
     if classes is None:
         mapping[converted.output_names[0]] = io_names.get("scores", converted.output_names[0])
-    return rename_io(converted.onnx_bytes, mapping)
+    return rename_io(data, mapping)
+
+
+def _keep_output_columns(data: bytes, output: str, columns: int) -> bytes:
+    """skl2onnx reshapes a regressor's output to one column even with several outputs; put
+    the columns back ([rows, k]) so the student matches a multi-output teacher."""
+    from onnx import numpy_helper
+
+    model = onnx.load_from_string(data)
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and node.output[0] == output and node.input[1] in inits:
+            shape = np.array([-1, columns], dtype=np.int64)
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(shape, node.input[1]))
+    for value in model.graph.output:
+        if value.name == output:
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) == 2:
+                dims[1].dim_value = columns
+    return model.SerializeToString()
 
 
 def distill_candidates(model: bytes, ctx: TuneContext,
