@@ -76,10 +76,16 @@ def test_optimize_as_fallback_and_csv_data(digits_repo, digits, train_npz, tmp_p
          "--train-data", train_npz, "--techniques", "prune", "--tolerance", "0.05",
          "--as-fallback", *ANY_SPEED, *FAST], capsys)
     assert code == 0, err
-    assert digits_repo.versions("digits") == [1]  # the original is untouched
     fallback = digits_repo.metadata("digits-fast")
     assert fallback.extra["optimization"]["fallback_for"] == "digits"
-    assert "fallback: digits-fast" in out
+    assert fallback.extra["optimization"]["technique"] == "prune"
+    # the original's bytes come back as version 2, now pointing at its fallback
+    assert digits_repo.versions("digits") == [1, 2]
+    linked = digits_repo.metadata("digits", 2)
+    assert linked.fallback == "digits-fast"
+    assert linked.sha256 == digits_repo.metadata("digits", 1).sha256
+    assert digits_repo.metadata("digits", 1).fallback is None
+    assert "promote it to serve with the fallback" in out
 
 
 def test_no_register_leaves_the_repository_alone(digits_repo, digits_npz, capsys):

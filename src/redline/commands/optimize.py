@@ -111,6 +111,7 @@ def optimize(model: str, data_path: str, label: str, version: str | None, train_
     from redline.models import ModelRepository
     from redline.optimize import OptimizeOptions, register_candidate
     from redline.optimize import optimize as run_optimize
+    from redline.optimize.register import link_fallback
     from redline.optimize.report import RichProgress, print_report, write_reports
 
     settings, root = settings_and_repo(config_path, repository)
@@ -137,10 +138,15 @@ def optimize(model: str, data_path: str, label: str, version: str | None, train_
         new = register_candidate(repo, meta, report, report.result(report.chosen),
                                  as_fallback=as_fallback, fallback_name=fallback_name)
         report.registered = {"model": new.name, "version": new.version, "fallback": as_fallback}
+        if as_fallback:
+            linked = link_fallback(repo, meta, new.name)
+            report.registered["linked_version"] = linked.version
     print_report(report)
     if report.registered and as_fallback:
-        click.echo(f"to serve it when the budget is short, set in redline.yaml:\n"
-                   f"  models:\n    {model}:\n      fallback: {report.registered['model']}")
+        click.echo(f"{model} version {report.registered['linked_version']} is version "
+                   f"{meta.version} with fallback '{report.registered['model']}' "
+                   f"(promote it to serve with the fallback: redline models promote {model} "
+                   f"{report.registered['linked_version']})")
     write_reports(report, json_path, markdown_path)
 
 

@@ -1,7 +1,8 @@
 """Store the chosen candidate in the repository, with how it was made and what it measured.
 
 As a new version of the same model (the default), or as a separate fallback model that the
-server can route to when the budget is short (``models.<name>.fallback`` in redline.yaml).
+server routes to when the budget is short: then a new version of the original (same bytes) gets
+``metadata.fallback`` pointing at it (``models.<name>.fallback`` in redline.yaml also works).
 Either way ``metadata.extra["optimization"]`` says where it came from, by which technique and
 settings, and its measured profile, so a reviewer can audit the numbers later.
 """
@@ -61,5 +62,24 @@ def register_candidate(
         feature_views=source.feature_views,
         fallback=None if as_fallback else source.fallback,
         description=f"{result.name} of {source.name} v{source.version} ({result.note})",
+        extra=extra,
+    )
+
+
+def link_fallback(repo: ModelRepository, source: ModelMetadata, fallback: str) -> ModelMetadata:
+    """A new version of the original — same ONNX bytes — whose ``metadata.fallback`` names the
+    fallback model, so the server routes to it when the budget is short. Versions are immutable,
+    so the link is a new version rather than an edit; aliases are left for the user to move."""
+    data = repo.model_path(source.name, source.version).read_bytes()
+    extra = dict(source.extra)
+    extra["optimization"] = {"fallback_added": fallback, "same_model_as_version": source.version,
+                             "tool": "redline optimize --as-fallback"}
+    return repo.add_onnx(
+        source.name, data, task=source.task, class_labels=source.class_labels,
+        feature_names=source.feature_names, framework=source.framework,
+        framework_version=source.framework_version, metrics=source.metrics,
+        input_profile=source.input_profile, missing_values=source.missing_values,
+        feature_views=source.feature_views, fallback=fallback,
+        description=f"version {source.version} of {source.name} with fallback '{fallback}'",
         extra=extra,
     )
