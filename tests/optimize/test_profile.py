@@ -1,0 +1,68 @@
+"""The measuring instrument: interleaved latency with equal sample counts, early stop, and the
+layering rule that optimize never pulls in the serving stack."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from redline.optimize import ModelRunner, measure_latency
+
+
+def test_interleaved_latency_is_fair_and_bounded(digits, digits_mlp, digits_forest, onnx_of):
+    runners = {
+        "mlp": ModelRunner(onnx_of(digits_mlp, digits.x_train), task="classification",
+                           class_labels=list(range(10))),
+        "forest": ModelRunner(onnx_of(digits_forest, digits.x_train), task="classification",
+                              class_labels=list(range(10))),
+    }
+    calls = {name: 0 for name in runners}
+    for name, runner in runners.items():  # count the timed calls each model gets
+        inner = runner.run_feed
+
+        def counted(feed, _inner=inner, _name=name):
+            calls[_name] += 1
+            return _inner(feed)
+
+        runner.run_feed = counted  # type: ignore[method-assign]
+    result = measure_latency(runners, digits.x_val, [1, 8], rounds=60, warmup=5)
+    for name in runners:
+        assert set(result[name]) == {1, 8}
+        for size, lat in result[name].items():
+            assert lat.samples_us.size == 60 and lat.batch_size == size
+            assert 0 < lat.p50_us <= lat.p99_us
+        assert calls[name] == 2 * (60 + 5)  # both batch sizes, same rounds for both models
+    # a forest of 60 trees costs more per row than a 64-unit MLP, in the same run
+    assert result["forest"][8].per_row_us > result["mlp"][8].per_row_us
+
+    stopped = measure_latency(runners, digits.x_val, [1], rounds=100_000, warmup=1,
+                              max_seconds=0.05)
+    counts = {stopped[name][1].samples_us.size for name in runners}
+    assert len(counts) == 1 and 20 <= counts.pop() < 100_000
+
+
+def test_batches_use_real_rows(digits, digits_mlp, onnx_of):
+    runner = ModelRunner(onnx_of(digits_mlp, digits.x_train), task="classification",
+                         class_labels=list(range(10)))
+    seen = []
+    original = runner.run_feed
+
+    def spy(feed):
+        seen.append(next(iter(feed.values())))
+        return original(feed)
+
+    runner.run_feed = spy  # type: ignore[method-assign]
+    measure_latency({"m": runner}, digits.x_val[:10], [4], rounds=3, warmup=0)
+    assert all(batch.shape == (4, 64) for batch in seen)
+    rows = {tuple(r) for batch in seen for r in batch}
+    assert rows <= {tuple(r) for r in digits.x_val[:10].astype(np.float32)}
+
+
+def test_optimize_package_does_not_import_serving():
+    code = ("import sys, redline.optimize, redline.optimize.gate, redline.optimize.report; "
+            "print(sorted(m for m in sys.modules if m.startswith('redline.serving')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]"
