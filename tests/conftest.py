@@ -22,7 +22,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ping(port: int, timeout: float = 10.0) -> None:
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _ping(port: int, timeout: float = 10.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     import redis
 
     deadline = time.monotonic() + timeout
@@ -34,6 +50,8 @@ def _ping(port: int, timeout: float = 10.0) -> None:
                     return
             except (redis.ConnectionError, redis.TimeoutError):
                 pass
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"redis-server on port {port} exited with {proc.returncode}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {port} did not answer PING in {timeout}s")
             time.sleep(0.02)
@@ -57,12 +75,19 @@ class RedisServer:
     def start(self) -> RedisServer:
         assert REDIS_SERVER
         self.workdir.mkdir(parents=True, exist_ok=True)
+        log = self.workdir / "redis.log"
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), *self.extra],
+             "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(log),
+             *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        _ping(self.port)
+        try:
+            _ping(self.port, proc=self.proc)
+        except RuntimeError as exc:
+            self.kill()
+            tail = log.read_text()[-500:] if log.exists() else ""
+            raise RuntimeError(f"{exc}; log: {tail}") from None
         return self
 
     def kill(self) -> None:
@@ -134,7 +159,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     nodes = []
     try:
         for i in range(3):
-            nodes.append(RedisServer(base / f"n{i}", extra=[
+            nodes.append(RedisServer(base / f"n{i}", port=free_cluster_port(), extra=[
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000"]).start())
         subprocess.run(

@@ -242,6 +242,7 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
                 break
     except KeyboardInterrupt:
         pass
+    cons.flush()
     click.echo(json.dumps(cons.stats()))
 
 

