@@ -64,8 +64,12 @@ def _admitted(view: FeatureView, events: pd.DataFrame) -> pd.DataFrame:
     arr = ev[ARRIVAL] if ARRIVAL in ev.columns else out["ts"]
     out["arrival"] = pd.to_numeric(arr, errors="coerce")
     ids = ev[src.entity.join_key]
-    out["eid"] = ids.map(lambda x: str(x) if isinstance(x, str | int | np.integer) and x != ""
-                         and not isinstance(x, bool) else None)
+    if pd.api.types.is_integer_dtype(ids) or pd.api.types.is_string_dtype(ids) and not (
+            ids.dtype == object):
+        out["eid"] = ids.astype(str).where(ids.notna() & (ids.astype(str) != ""))
+    else:  # mixed objects: the same rules as the ingest decoder, element by element
+        out["eid"] = ids.map(lambda x: str(x) if isinstance(x, str | int | np.integer)
+                             and x != "" and not isinstance(x, bool) else None)
     ok = out["ts"].notna() & out["arrival"].notna() & out["eid"].notna()
     types = src.field_types()
     for f in need[2:]:
@@ -74,6 +78,12 @@ def _admitted(view: FeatureView, events: pd.DataFrame) -> pd.DataFrame:
             if types[f] == "bool":
                 valid = col.map(lambda x: isinstance(x, bool | np.bool_))
                 out[f] = col.where(valid).astype("float64")
+            elif pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+                num = col.astype("float64")  # a typed column: no per-element checks needed
+                valid = num.notna() & np.isfinite(num)
+                if types[f] == "int":
+                    valid &= (num == np.floor(num))
+                out[f] = num.where(valid)
             else:
                 num = pd.to_numeric(col, errors="coerce")
                 is_bool = col.map(lambda x: isinstance(x, bool | np.bool_))
@@ -84,7 +94,10 @@ def _admitted(view: FeatureView, events: pd.DataFrame) -> pd.DataFrame:
             ok &= out[f].notna()
         else:
             out[f] = ev[f]
-            ok &= ev[f].map(lambda x: isinstance(x, str))
+            if ev[f].dtype != object and pd.api.types.is_string_dtype(ev[f]):
+                ok &= ev[f].notna()
+            else:
+                ok &= ev[f].map(lambda x: isinstance(x, str))
     out = out[ok].copy()
     out["ts"] = out["ts"].astype(np.int64)
     out["arrival"] = out["arrival"].astype(np.int64)
