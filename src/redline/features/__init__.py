@@ -31,12 +31,13 @@ from redline.features.definitions import (
     stddev,
 )
 from redline.features.events import EventDecoder, UpdateBatch, entity_key
+from redline.features.ingest import Ingestor
 from redline.features.online import FeatureReader, MemoryStore, OnlineStore, open_online_store
 from redline.features.versioning import check_model_views
 
 __all__ = [
     "Aggregation", "Entity", "EventDecoder", "EventSource", "FeatureDefinitions", "FeatureReader",
-    "FeatureView", "MemoryStore", "OnlineStore", "RequestTransform", "UpdateBatch", "agg_max",
-    "agg_min", "agg_sum", "check_model_views", "count", "distinct", "entity_key", "last",
-    "load_definitions", "mean", "open_online_store", "request_transform", "stddev",
+    "FeatureView", "Ingestor", "MemoryStore", "OnlineStore", "RequestTransform", "UpdateBatch",
+    "agg_max", "agg_min", "agg_sum", "check_model_views", "count", "distinct", "entity_key",
+    "last", "load_definitions", "mean", "open_online_store", "request_transform", "stddev",
 ]

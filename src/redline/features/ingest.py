@@ -288,7 +288,7 @@ def _arrival_of(ingestor: Ingestor, obj: Any, arrival_column: str) -> int:
             ms = _to_ms(obj[arrival_column])
             if ms is not None:
                 return ms
-        src = ingestor.decoder.plans.get(obj.get("source", ingestor.decoder.default_source))
+        src = ingestor.decoder.plans.get(str(obj.get("source", ingestor.decoder.default_source)))
         if src is not None:
             ms = _to_ms(obj.get(src.source.timestamp))
             if ms is not None:

@@ -79,7 +79,7 @@ def replay_and_read(store: Any, defs: FeatureDefinitions, view: FeatureView,
     reader = store.reader([view])
     key = view.entity.join_key
     ids = sorted({str(e[key]) for e in events}) + ["never-seen"]
-    reads = []
+    reads: list[tuple[str, int, np.ndarray]] = []
     i = 0
     while i < len(events):
         j = min(len(events), i + rng.randint(1, 60))
@@ -100,7 +100,7 @@ def replay_and_read(store: Any, defs: FeatureDefinitions, view: FeatureView,
 
 
 def compare(defs: FeatureDefinitions, view: FeatureView, events: pd.DataFrame,
-            reads: Sequence[tuple[str, int, Sequence[float]]], refs: Sequence[str] | None = None
+            reads: Sequence[tuple[str, int, Any]], refs: Sequence[str] | None = None
             ) -> VerifyReport:
     """Offline values at each read's (entity, time) against the read's values."""
     refs = list(refs) if refs is not None else [view.ref(f) for f in view.feature_names]

@@ -50,7 +50,7 @@ class ReadPlan:
     def ids_per_view(self, ids: EntityIds) -> tuple[int, list[Sequence[str]]]:
         """Entity ids for each view (a plain list serves views of one entity type)."""
         if isinstance(ids, Mapping):
-            cols = []
+            cols: list[Sequence[str]] = []
             for ent in self.entities:
                 if ent not in ids:
                     raise InvalidInput(f"missing ids for entity '{ent}' (got {sorted(ids)})")

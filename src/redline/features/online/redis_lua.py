@@ -267,20 +267,20 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
         for o in lay.outputs:
             d = repr(o.default) if o.default == o.default else "0/0"
             d = {"inf": "INF", "-inf": "-INF"}.get(d, d)
-            w = o.wid
+            wi = o.wid
             if o.kind == "count":
-                expr = f"n{w}"
+                expr = f"n{wi}"
             elif o.kind == "sum":
-                expr = f"((n{w} > 0) and (s{w} + c{w}) or 0.0)"
+                expr = f"((n{wi} > 0) and (s{wi} + c{wi}) or 0.0)"
             elif o.kind == "distinct":
-                expr = f"hll(h{w})"
+                expr = f"hll(h{wi})"
             else:
                 val = {
-                    "mean": f"(s{w} + c{w}) / n{w}",
-                    "min": f"mn{w}", "max": f"mx{w}", "last": f"lv{w}",
-                    "stddev": f"math.sqrt(math.max(m2{w}, 0.0) / n{w})",
+                    "mean": f"(s{wi} + c{wi}) / n{wi}",
+                    "min": f"mn{wi}", "max": f"mx{wi}", "last": f"lv{wi}",
+                    "stddev": f"math.sqrt(math.max(m2{wi}, 0.0) / n{wi})",
                 }[o.kind]
-                expr = f"pick(n{w}, {d}, {val})"
+                expr = f"pick(n{wi}, {d}, {val})"
             lines.append(f"    out[#out + 1] = {expr}")
         if cache:
             lines.append("    if #vals > 0 then")
