@@ -53,6 +53,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HLEN = b"inference-header-content-length"
+# Headers the infer path reads, by position in its header loop.
+_INFER_HEADERS = {b"content-length": 0, _HLEN: 1, BUDGET_HEADER: 2, PRIORITY_HEADER: 3}
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "x-redline-budget"]
 
 
@@ -190,15 +192,18 @@ class RestApp:
         start = now()
         declared = header_length = budget = priority = None
         for key, value in scope["headers"]:
-            if key == b"content-length":
+            which = _INFER_HEADERS.get(key)
+            if which is None:
+                continue
+            if which == 0:
                 declared = int(value) if value.isdigit() else None
-            elif key == _HLEN:
+            elif which == 1:
                 if not value.isdigit():
                     raise InvalidInput("Inference-Header-Content-Length must be an integer")
                 header_length = int(value)
-            elif key == BUDGET_HEADER:
+            elif which == 2:
                 budget = value
-            elif key == PRIORITY_HEADER:
+            else:
                 priority = value
         parts = path[11:-6].split("/")
         if len(parts) == 1:

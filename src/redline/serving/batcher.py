@@ -101,6 +101,34 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ submit
+    def run_now(self, inputs: Inputs, rows: int) -> Outputs | None:
+        """The idle fast path: run a short request at once, or return None to ``submit`` it.
+
+        Applies when nothing is queued or running and the run is predicted shorter than
+        ``inline_max_us``: then no queue, no future and no loop round trip — batching such a
+        run would save less than they cost. Requests still batch whenever they find work
+        queued or running.
+        """
+        if self._queued or self._busy or self._scheduled or self._closed:
+            return None
+        cost = self.cost
+        if cost.fixed_s + cost.per_row_s * rows > self._inline_max_s:
+            return None
+        t0 = now()
+        try:
+            outputs = self._run(inputs)
+        except RedlineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - same message as a failed batch
+            raise RuntimeError(f"model '{self.name}' failed to run: {exc}") from exc
+        cost.observe(rows, now() - t0)
+        stats = self.stats
+        stats.admitted += 1
+        stats.served += 1
+        stats.batches += 1
+        stats.rows += rows
+        return outputs
+
     def submit(
         self, inputs: Inputs, rows: int, deadline: float | None = None, priority: int = 1
     ) -> asyncio.Future[Outputs]:
@@ -129,23 +157,6 @@ class Batcher:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Outputs] = loop.create_future()
-        if (
-            not self._queued and not self._busy and not self._scheduled
-            and self.cost.predict(rows) <= self._inline_max_s
-        ):
-            # Case: idle and a short run — run now: no queue, no loop round trip. Batching such
-            # a run would save less than the round trip costs; requests still batch whenever
-            # they find work queued or running.
-            self.stats.admitted += 1
-            t0 = now()
-            try:
-                outputs = self._run(inputs)
-            except Exception as exc:  # noqa: BLE001
-                self._fail([_Entry(inputs, rows, future, deadline, t, ())], exc)
-            else:
-                self._deliver([_Entry(inputs, rows, future, deadline, t, ())], rows, outputs,
-                              now() - t0)
-            return future
         key = tuple(a.shape[1:] for a in inputs.values()) if self.batchable else ()
         entry = _Entry(inputs, rows, future, deadline, t, key)
         self._queues[0 if priority == HIGH else 1].append(entry)

@@ -363,8 +363,8 @@ class PredictPipeline:
         from redline.serving.proto import redline_v1_pb2 as v1
 
         method = grpc.unary_unary_rpc_method_handler(
-            self._grpc_predict, request_deserializer=v1.PredictRequest.FromString,
-            response_serializer=v1.PredictResponse.SerializeToString)
+            self._grpc_predict, request_deserializer=v1.PredictRequest.FromString,  # type: ignore[attr-defined]
+            response_serializer=v1.PredictResponse.SerializeToString)  # type: ignore[attr-defined]
         return [grpc.method_handlers_generic_handler("redline.v1.PredictionService",
                                                      {"Predict": method})]
 
@@ -400,7 +400,7 @@ class PredictPipeline:
                                      budget_ms=budget_ms, start=start)
         except RedlineError as exc:
             await context.abort(getattr(grpc.StatusCode, exc.grpc_status), exc.message)
-        resp = v1.PredictResponse(
+        resp = v1.PredictResponse(  # type: ignore[attr-defined]
             model_name=doc["model_name"], model_version=doc["model_version"],
             request_id=doc.get("request_id", ""), path=doc["path"], degraded=doc["degraded"],
             degraded_reasons=doc["degraded_reasons"], timings_us=doc["timings_us"])

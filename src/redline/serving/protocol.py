@@ -14,7 +14,6 @@ server's own time, so decode does one ``np.asarray`` per input and encode hands 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,18 +48,26 @@ GRPC_CONTENTS_FIELD = {
 }
 
 
-@dataclass(slots=True)
+_NO_PARAMETERS: dict[str, Any] = {}
+
+
 class InferRequest:
     """A decoded inference request: the same object whichever transport it arrived on."""
 
-    inputs: dict[str, np.ndarray]
-    datatypes: dict[str, str]
-    id: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    outputs: list[str] | None = None  # requested output names; None = all
-    binary_outputs: set[str] = field(default_factory=set)  # REST: outputs to send as raw bytes
-    binary_default: bool = False  # REST: `binary_data_output` request parameter
-    raw_outputs: bool = True  # gRPC: answer with raw_output_contents
+    __slots__ = ("inputs", "datatypes", "id", "parameters", "outputs", "binary_outputs",
+                 "binary_default", "raw_outputs")
+
+    def __init__(
+        self, inputs: dict[str, np.ndarray], datatypes: dict[str, str], raw_outputs: bool = True
+    ) -> None:
+        self.inputs = inputs
+        self.datatypes = datatypes
+        self.id: str | None = None
+        self.parameters: dict[str, Any] = _NO_PARAMETERS  # shared while empty: never mutated
+        self.outputs: list[str] | None = None  # requested output names; None = all
+        self.binary_outputs: set[str] | frozenset[str] = frozenset()  # REST: sent as raw bytes
+        self.binary_default = False  # REST: `binary_data_output` request parameter
+        self.raw_outputs = raw_outputs  # gRPC: answer with raw_output_contents
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -238,13 +245,16 @@ def array_to_wire(array: np.ndarray) -> bytes:
 
 
 def v2_datatype(array: np.ndarray) -> str:
-    kind = array.dtype.kind
-    if kind in "OUS":
+    name = _DTYPE_TO_V2.get(array.dtype)
+    if name is not None:
+        return name
+    if array.dtype.kind in "OUS":
         return "BYTES"
     return _NUMPY_TO_V2[array.dtype.str[1:]]
 
 
 _NUMPY_TO_V2 = {dt.str[1:]: name for name, dt in V2_TO_NUMPY.items() if name != "BYTES"}
+_DTYPE_TO_V2 = {dt: name for name, dt in V2_TO_NUMPY.items()}
 
 
 def _require(obj: Any, key: str, kind: type, where: str) -> Any:
@@ -285,8 +295,11 @@ def decode_rest(body: bytes, header_length: int | None = None) -> InferRequest:
     for item in raw_inputs:
         if not isinstance(item, dict):
             raise InvalidInput("each entry of 'inputs' must be an object")
-        name = _require(item, "name", str, "each input")
-        datatype = _require(item, "datatype", str, f"input '{name}'")
+        name = item.get("name")
+        datatype = item.get("datatype")
+        if type(name) is not str or type(datatype) is not str:
+            name = _require(item, "name", str, "each input")
+            datatype = _require(item, "datatype", str, f"input '{name}'")
         shape = item.get("shape")
         params = item.get("parameters")
         size = params.get("binary_data_size") if isinstance(params, dict) else None
@@ -329,6 +342,7 @@ def decode_rest(body: bytes, header_length: int | None = None) -> InferRequest:
         if not isinstance(outputs, list):
             raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
         names: list[str] = []
+        request.binary_outputs = set()
         for out in outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise InvalidInput("each entry of 'outputs' needs a 'name'")
