@@ -21,7 +21,8 @@ $PIN0 .venv/bin/python -m benchmarks.features.read_bench --entities 2000 --calls
 .venv/bin/python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-feast = {r["case"]: r for r in json.load(open(f"{out}/feast_inprocess.json"))}
+data = json.load(open(f"{out}/feast_inprocess.json"))
+feast = {r["case"]: r for r in (data["results"] if isinstance(data, dict) else data)}
 red = json.load(open(f"{out}/redline_read.json"))
 def pick(prefix):
     return next(v for k, v in feast.items() if k.startswith(prefix))

@@ -1,8 +1,10 @@
 """The embedded online store: tile rings in Python dicts, one process, no services.
 
-Reads of an entity whose tiles did not change since the last read (no write, same current tiles)
-come from a per-entity result cache; any write or tile boundary invalidates it, so a cached
-answer is always the one a fresh merge would give.
+Reads are served from a per-entity result: the merged window records for the current tiles.
+A write whose tile lies inside a cached window folds its value into that merged record (the
+slot it replaces always holds a tile older than every window, so nothing has to be removed); a
+new current tile recomputes from the tiles. Reads are therefore a copy almost always, and a
+value equals the fresh merge of the tiles up to float rounding (counts exactly).
 """
 
 from __future__ import annotations
@@ -26,22 +28,26 @@ from redline.features.online.base import EntityIds, ReadPlan, now_ms
 
 
 class _KeyState:
-    __slots__ = ("slots", "version", "cache_at", "cache", "expires")
+    __slots__ = ("slots", "layout", "cache_at", "ranges", "merged", "out", "expires")
 
-    def __init__(self) -> None:
+    def __init__(self, layout: ViewLayout | None) -> None:
         self.slots: dict[tuple[int, int], list[Any]] = {}  # (gid, slot) -> [tile idx, record]
-        self.version = 0
-        self.cache_at: tuple[int, ...] | None = None
-        self.cache: np.ndarray | None = None
+        self.layout = layout
+        self.cache_at: tuple[int, ...] | None = None  # current tile per tile size, when cached
+        self.ranges: list[tuple[int, int]] = []  # per window: covered tiles (lo, hi)
+        self.merged: list[Any] = []  # per window: merged record / registers
+        self.out: np.ndarray | None = None  # outputs of ``merged`` (None: derive again)
         self.expires = 0
 
 
-def compute_view(state: _KeyState, layout: ViewLayout, now: int) -> np.ndarray:
-    """Merge the tiles covering ``now`` for each window and derive the view's outputs."""
+def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
+    """Merge the tiles covering ``now`` for each window into ``state.merged``."""
     merged: list[Any] = []
+    ranges = []
     for w in layout.windows:
         g = layout.groups[w.gid]
         lo, hi = w.window.covering(now)
+        ranges.append((lo, hi))
         if g.hll:
             regs = bytearray(256)
             for slot in range(g.ring):
@@ -58,20 +64,28 @@ def compute_view(state: _KeyState, layout: ViewLayout, now: int) -> np.ndarray:
                 if entry is not None and lo <= entry[0] <= hi:
                     record_merge(acc, entry[1])
             merged.append(acc)
-    out = np.empty(len(layout.outputs), dtype=np.float64)
-    for i, o in enumerate(layout.outputs):
-        m = merged[o.wid]
-        if o.kind == "distinct":
-            out[i] = hll_estimate(m, len(m)) if any(m) else 0.0
-        else:
-            out[i] = record_value(m, o.kind, o.default)
+    state.merged, state.ranges, state.out = merged, ranges, None
+
+
+def outputs(state: _KeyState, layout: ViewLayout) -> np.ndarray:
+    out = state.out
+    if out is None:
+        out = np.empty(len(layout.outputs), dtype=np.float64)
+        for i, o in enumerate(layout.outputs):
+            m = state.merged[o.wid]
+            if o.kind == "distinct":
+                out[i] = hll_estimate(m, len(m)) if any(m) else 0.0
+            else:
+                out[i] = record_value(m, o.kind, o.default)
+        state.out = out
     return out
 
 
 class MemoryReader:
-    def __init__(self, store: MemoryStore, plan: ReadPlan) -> None:
+    def __init__(self, store: MemoryStore, plan: ReadPlan, cache: bool = True) -> None:
         self.store = store
         self.plan = plan
+        self.cache = cache
         self.layouts = [v.layout() for v in plan.views]
         self.tiles = [sorted({g.tile_ms for g in lay.groups}) for lay in self.layouts]
         self.widths = [len(lay.outputs) for lay in self.layouts]
@@ -94,51 +108,62 @@ class MemoryReader:
                 else:
                     missing[r] = False
                     at = tuple(now // t for t in self.tiles[j])
-                    if state.cache_at != at or state.cache is None:
-                        state.cache = compute_view(state, self.layouts[j], now)
-                        state.cache_at = at
-                    full[r, col:col + w] = state.cache
+                    out = state.out
+                    if out is None or state.cache_at != at or not self.cache:
+                        with self.store.lock:  # writers fold into the same merged records
+                            if state.cache_at != at or not self.cache:
+                                merge_windows(state, self.layouts[j], now)
+                                state.cache_at = at if state.layout is not None else None
+                            out = outputs(state, self.layouts[j])
+                    full[r, col:col + w] = out
                 col += w
         return full[:, self.plan.take].astype(dtype), missing
 
 
 class MemoryStore:
-    """Single-process store; writes take a lock, reads see whole batches (GIL + swap)."""
+    """Single-process store; writes and cache refreshes take one lock."""
 
     kind = "memory"
 
     def __init__(self) -> None:
         self.data: dict[str, _KeyState] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._layouts: dict[str, ViewLayout] = {}
         self._next_sweep = 0
 
-    def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None
-               ) -> MemoryReader:
-        return MemoryReader(self, ReadPlan(views, features))
+    def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None,
+               cache: bool = True) -> MemoryReader:
+        """A compiled reader; ``cache=False`` merges every tile on every read (benchmarks)."""
+        self.register(views)
+        return MemoryReader(self, ReadPlan(views, features), cache)
 
     def register(self, views: Sequence[FeatureView]) -> None:
-        """Views whose groups writes need (HLL vs numeric is in the op itself)."""
+        """Views whose keys this store may see (their layouts drive incremental caching)."""
         for v in views:
             self._layouts[f"{v.name}:{v.version}"] = v.layout()
+
+    def _state(self, key: str) -> _KeyState:
+        st = self.data.get(key)
+        if st is None:
+            view_version = key.rsplit(":", 2)
+            layout = self._layouts.get(f"{view_version[-2]}:{view_version[-1]}")
+            st = self.data[key] = _KeyState(layout)
+        return st
 
     def write(self, batch: UpdateBatch, wall_ms: int | None = None) -> None:
         wall = now_ms() if wall_ms is None else wall_ms
         if wall >= self._next_sweep:
             self._next_sweep = wall + 60_000
             self.expire(wall)
-        with self._lock:
+        with self.lock:
             states = []
             for key, ttl in zip(batch.keys, batch.key_ttl_ms, strict=True):
-                st = self.data.get(key)
-                if st is None:
-                    st = self.data[key] = _KeyState()
-                st.version += 1
-                st.cache = None
+                st = self._state(key)
                 st.expires = max(st.expires, wall + ttl)
                 states.append(st)
             for k, gid, idx, slot, ts, x, reg, rank, _tag in batch.ops:
-                slots = states[k].slots
+                st = states[k]
+                slots = st.slots
                 entry = slots.get((gid, slot))
                 if entry is None or entry[0] < idx:
                     entry = [idx, bytearray(256) if reg >= 0 else list(EMPTY_RECORD)]
@@ -151,11 +176,30 @@ class MemoryStore:
                         regs[reg] = rank
                 else:
                     record_update(entry[1], x, ts)
+                if st.cache_at is not None:
+                    self._fold(st, gid, idx, ts, x, reg, rank)
+
+    @staticmethod
+    def _fold(st: _KeyState, gid: int, idx: int, ts: int, x: float, reg: int, rank: int) -> None:
+        """Add one update to the cached merged windows that cover its tile."""
+        assert st.layout is not None
+        for w in st.layout.windows:
+            if w.gid != gid:
+                continue
+            lo, hi = st.ranges[w.wid]
+            if lo <= idx <= hi:
+                m = st.merged[w.wid]
+                if reg >= 0:
+                    if rank > m[reg]:
+                        m[reg] = rank
+                else:
+                    record_update(m, x, ts)
+                st.out = None
 
     def expire(self, wall_ms: int | None = None) -> int:
         """Drop entities whose tiles all left their windows; returns how many."""
         wall = now_ms() if wall_ms is None else wall_ms
-        with self._lock:
+        with self.lock:
             dead = [k for k, st in self.data.items() if st.expires < wall]
             for k in dead:
                 del self.data[k]
