@@ -1,10 +1,10 @@
 """Ingest throughput of ONE process into Redis, and freshness at a paced rate.
 
-    .venv/bin/python -m benchmarks.features.ingest_bench [--events 200000] [--rate 50000]
+    .venv/bin/python -m benchmarks.features.ingest_bench [--events 200000] [--rates 50000,25000]
 
 * throughput: a stream pre-filled with N events is drained by one StreamConsumer (consumer
   group, exactly-once Lua apply + XACK per batch); events/s = N / drain time.
-* freshness: a producer process XADDs at --rate events/s (event time = send time) while the
+* freshness: a producer process XADDs at each of --rates events/s (event time = send time) while the
   consumer runs; freshness = time the batch became visible in Redis - event time, p50/p99.
 """
 
@@ -90,7 +90,7 @@ def drain(defs: FeatureDefinitions, url: str, stream: str, n: int, batch: int) -
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--rate", type=int, default=50_000)
+    ap.add_argument("--rates", default="50000,25000", help="paced rates for freshness")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--batch", type=int, default=1000)
     args = ap.parse_args()
@@ -106,27 +106,27 @@ def main() -> None:
             results[f"throughput_{name}"] = {"events": args.events, "seconds": round(dt, 2),
                                              "events_per_s": round(args.events / dt),
                                              "tile_updates_per_event": ops}
-        # freshness at a paced rate, single view
-        stream = "bench:fresh"
-        defs = one_view()
-        cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream, group="g",
-                              consumer="bench", batch=args.batch, block_ms=5)
-        prod = mp.get_context("spawn").Process(target=produce,
-                                               args=(url, stream, args.rate, args.seconds))
-        prod.start()
-        t0 = time.perf_counter()
-        done = 0
-        while prod.is_alive() or cons.client.xpending(stream, "g")["pending"] or \
-                done < cons.client.xlen(stream):
-            done += cons.poll()
-            if time.perf_counter() - t0 > args.seconds + 30:
-                break
-        done += cons.flush()
-        prod.join()
-        elapsed = time.perf_counter() - t0
-        results["freshness_at_rate"] = {"target_rate": args.rate, "events": done,
-                                        "achieved_rate": round(done / elapsed),
-                                        **cons.freshness.summary()}
+        # freshness at paced rates, single view
+        for rate in [int(r) for r in args.rates.split(",")]:
+            stream = f"bench:fresh:{rate}"
+            defs = one_view()
+            cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream,
+                                  group="g", consumer="bench", batch=args.batch, block_ms=5)
+            prod = mp.get_context("spawn").Process(target=produce,
+                                                   args=(url, stream, rate, args.seconds))
+            prod.start()
+            t0 = time.perf_counter()
+            done = 0
+            while prod.is_alive() or done < cons.client.xlen(stream):
+                done += cons.poll()
+                if time.perf_counter() - t0 > args.seconds + 30:
+                    break
+            done += cons.flush()
+            prod.join()
+            elapsed = time.perf_counter() - t0
+            results[f"freshness_at_{rate}_per_s"] = {
+                "events": done, "achieved_rate": round(done / elapsed),
+                **cons.freshness.summary()}
         print(json.dumps(results, indent=1))
     finally:
         proc.kill()

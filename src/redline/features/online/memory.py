@@ -89,34 +89,35 @@ class MemoryReader:
         self.layouts = [v.layout() for v in plan.views]
         self.tiles = [sorted({g.tile_ms for g in lay.groups}) for lay in self.layouts]
         self.widths = [len(lay.outputs) for lay in self.layouts]
+        bounds = np.cumsum([0, *self.widths])
+        self.defaults = [plan.defaults[bounds[j]:bounds[j + 1]] for j in range(len(self.widths))]
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
         now = now_ms() if now is None else now
         n, keys = self.plan.keys(ids)
         nv = len(self.layouts)
-        full = np.empty((n, self.plan.width), dtype=np.float64)
+        ats = [tuple(now // t for t in tiles) for tiles in self.tiles]
+        defaults = self.defaults
+        parts: list[np.ndarray] = []
         missing = np.ones(n, dtype=bool)
         data = self.store.data
         for r in range(n):
-            col = 0
             for j in range(nv):
-                w = self.widths[j]
                 state = data.get(keys[r * nv + j])
                 if state is None:
-                    full[r, col:col + w] = self.plan.defaults[col:col + w]
-                else:
-                    missing[r] = False
-                    at = tuple(now // t for t in self.tiles[j])
-                    out = state.out
-                    if out is None or state.cache_at != at or not self.cache:
-                        with self.store.lock:  # writers fold into the same merged records
-                            if state.cache_at != at or not self.cache:
-                                merge_windows(state, self.layouts[j], now)
-                                state.cache_at = at if state.layout is not None else None
-                            out = outputs(state, self.layouts[j])
-                    full[r, col:col + w] = out
-                col += w
+                    parts.append(defaults[j])
+                    continue
+                missing[r] = False
+                out = state.out
+                if out is None or state.cache_at != ats[j] or not self.cache:
+                    with self.store.lock:  # writers fold into the same merged records
+                        if state.cache_at != ats[j] or not self.cache:
+                            merge_windows(state, self.layouts[j], now)
+                            state.cache_at = ats[j] if state.layout is not None else None
+                        out = outputs(state, self.layouts[j])
+                parts.append(out)
+        full = np.concatenate(parts).reshape(n, self.plan.width)
         return full[:, self.plan.take].astype(dtype), missing
 
 
