@@ -104,3 +104,9 @@ def test_ingest_file_reports_counts(tmp_path: Path, capsys) -> None:
     assert code == 0
     assert json.loads(out)["accepted"] == 1 and json.loads(out)["dead"] == 1
     assert "missing field" in err
+
+
+def test_stream_ingest_refuses_a_cluster(tmp_path: Path, capsys) -> None:
+    cfg = _config(tmp_path, store="redis", redis_cluster="true")
+    code, _, err = run(capsys, "ingest", "redis-stream", "--config", cfg)
+    assert code == 2 and "cannot do across shards" in err
