@@ -52,6 +52,7 @@ class LoadSpec:
     # Entity predictions instead of V2 infer: the JSON body of POST /v1/models/{model}/predict
     # (REST), or a serialised redline.v1 PredictRequest (gRPC).
     v1_body: bytes | None = None
+    path: str | None = None  # REST path for v1_body instead of /v1/models/{model}/predict (peers)
 
 
 @dataclass
@@ -148,7 +149,7 @@ async def _caller_factory(spec: LoadSpec) -> tuple[Callable[[], Awaitable[Any]],
         raise ValueError(f"unknown protocol {spec.protocol!r}: use json, binary or grpc")
     if spec.v1_body is not None:
         body, hdrs = spec.v1_body, {"content-type": "application/json", **headers}
-        path = f"/v1/models/{spec.model}/predict"
+        path = spec.path or f"/v1/models/{spec.model}/predict"
     else:
         assert spec.inputs is not None
         body, hdrs = rest_body(spec.inputs, spec.protocol == "binary", headers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Iterator
@@ -56,6 +57,11 @@ class RedlineServer:
         """Load models, serve until ``stop()`` or a signal, then drain."""
         server = self.settings.server
         await self.registry.sync()
+        # What startup made (modules, models, settings) lives as long as the process: freeze it
+        # out of the collector so a full collection costs microseconds instead of stalling every
+        # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
+        gc.collect()
+        gc.freeze()
         loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
