@@ -20,12 +20,15 @@ not in the label stream.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -130,8 +133,17 @@ def transaction_event(t: dict) -> dict:
 
 def write(data: Dataset, out: Path) -> None:
     """``transactions.jsonl`` (the event stream), ``labels.jsonl`` (delayed labels),
-    ``truth.jsonl`` (every transaction's ground truth, for evaluation only)."""
+    ``truth.jsonl`` (every transaction's ground truth, for evaluation only) and
+    ``events.jsonl`` (both as feature events, source-tagged, for ``redline ingest file``)."""
+    from features import events_of, label_event
+
     out.mkdir(parents=True, exist_ok=True)
+    events = [e for t in data.transactions for e in events_of(t)]
+    events += [label_event(r) for r in data.labels]
+    events.sort(key=lambda e: e["ts"])
+    with open(out / "events.jsonl", "wb") as f:
+        for e in events:
+            f.write(orjson.dumps(e) + b"\n")
     with open(out / "transactions.jsonl", "wb") as f:
         for t in data.transactions:
             f.write(orjson.dumps(transaction_event(t)) + b"\n")
