@@ -137,3 +137,23 @@ def test_stale_consumer_cannot_double_apply(redis_server) -> None:
     reader = store.reader([defs.view("card_stats")], ["card_stats:count_1h"])
     values, _ = reader.read([f"c{i}" for i in range(37)])
     assert values.sum() == 50
+
+
+def test_consumer_survives_a_redis_restart(redis_server) -> None:
+    """Redis killed and restarted (empty): the consumer retries, re-creates its group, goes on."""
+    client = redis.Redis.from_url(redis_server.url)
+    _produce(client, 500, every_bad=10_000)
+    proc = _consumer(redis_server.url, "A")
+    try:
+        _wait(lambda: _processed(client) >= 501)
+        redis_server.kill()
+        time.sleep(0.5)  # the consumer sees the outage and backs off
+        redis_server.restart()
+        client = redis.Redis.from_url(redis_server.url)
+        _produce(client, 300, every_bad=10_000)
+        _wait(lambda: _processed(client) >= 301, timeout=30)
+        assert int(client.hget(f"{STREAM}:stats", "accepted")) == 300
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert b"unavailable" in err and b"retrying" in err

@@ -13,7 +13,7 @@ import click
 
 from redline.commands._common import config_option
 from redline.config import FeatureSettings, load_settings
-from redline.errors import ConfigError, InvalidInput
+from redline.errors import ConfigError, InvalidInput, StoreUnavailable
 
 
 def _settings(config_path: str | None, definitions: str | None, store: str | None = None,
@@ -236,9 +236,23 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
     click.echo(f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}", err=True)
     next_stats = time.monotonic() + stats_every
     seen = 0
+    backoff = 0.1
     try:
         while not stopping:
-            seen += cons.poll()
+            try:
+                seen += cons.poll()
+                backoff = 0.1
+            except StoreUnavailable as exc:
+                # Redis is down or restarting: nothing is lost (unacked entries stay pending);
+                # wait, then resume where the stream says we are.
+                click.echo(f"ingest: {exc.message}; retrying in {backoff:.1f}s", err=True)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                try:
+                    cons.reset()
+                except Exception:  # noqa: BLE001 - still down: try again next round
+                    pass
+                continue
             if stats_every and time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + stats_every
                 click.echo(json.dumps(cons.stats()), err=True)

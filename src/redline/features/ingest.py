@@ -200,6 +200,25 @@ class StreamConsumer:
         return total
 
     def poll(self) -> int:
+        """:meth:`step`, with a lost Redis connection raised as ``StoreUnavailable``; the
+        consumer stays usable: call :meth:`reset` and poll again once Redis is back."""
+        from redline.features.online.redis import guarded
+
+        return guarded(self.store.url, self.step)
+
+    def reset(self) -> None:
+        """After an outage: forget the write in flight (its outcome is in Redis: applied and
+        acked, or still pending and re-read), re-create the group if Redis came back empty."""
+        fut, self._inflight = self._inflight, None
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the outage itself; the entries stay pending
+                pass
+        self._recovered = False
+        self.ensure_group()
+
+    def step(self) -> int:
         """One step: claim if due, then read new entries (blocking up to ``block_ms``).
 
         The next batch is read and decoded while the previous one runs in Redis (one write in
