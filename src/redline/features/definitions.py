@@ -253,6 +253,10 @@ class FeatureView:
                 TileWindow(a.window_ms, a.tile_ms)
             except ValueError as exc:
                 raise ConfigError(f"{where}: {exc}") from exc
+            if a.window_ms // a.tile_ms > 10_000:
+                raise ConfigError(f"{where}: {a.window_ms // a.tile_ms} tiles per window is too "
+                                  "many (at most 10000; every read merges them): use a larger "
+                                  "tile=")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Lua run inside Redis: the atomic tile writer and the generated per-reader tile merger.
 
 Both mirror ``aggregates.record_update`` / ``record_merge`` operation for operation. A hash
-field ``"<group>:<slot>"`` holds one tile: ``struct.pack('<dd', group, tile)`` followed by eight
+field ``pack('<HH', group, slot)`` (4 bytes) holds one tile: ``struct.pack('<dd', group, tile)`` followed by eight
 doubles (n, sum, compensation, m2, min, max, last_ts, last_value) or 256 HyperLogLog registers.
 Reads send back one packed string of doubles per entity, so the reply stays small however many
 tiles were merged (measured against a pipeline of HMGETs in ``benchmarks/features``).
@@ -113,12 +113,18 @@ for pos = 1, #ops, 72 do
   if ok == nil or ok[tag] then
     local key = KEYS[nfixed + k]
     touched[k] = true
-    local f = gid .. ':' .. slot
+    local f = pack('<HH', gid, slot)  -- field name: group and ring slot, 4 bytes
     local cur = redis.call('HGET', key, f)
-    local cidx = nil
+    local cidx, n, s, c, m2, mn, mx, lt, lv = nil, 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0
     if cur then
-      local _g
-      _g, cidx = unpack_('<dd', cur)
+      if reg >= 0 then
+        local _g
+        _g, cidx = unpack_('<dd', cur)
+      else
+        local _g, i, n2, s2, c2, m22, mn2, mx2, lt2, lv2 = unpack_('<dddddddddd', cur)
+        cidx = i
+        if cidx == idx then n, s, c, m2, mn, mx, lt, lv = n2, s2, c2, m22, mn2, mx2, lt2, lv2 end
+      end
     end
     if cidx == nil or cidx <= idx then
       if reg >= 0 then
@@ -131,10 +137,6 @@ for pos = 1, #ops, 72 do
           redis.call('HSET', key, f, pack('<dd', gid, idx) .. regs)
         end
       else
-        local n, s, c, m2, mn, mx, lt, lv = 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0
-        if cidx == idx then
-          n, s, c, m2, mn, mx, lt, lv = unpack_('<dddddddd', cur, 17)
-        end
         local mean_old = 0.0
         if n > 0 then mean_old = (s + c) / n end
         local t = s + x
