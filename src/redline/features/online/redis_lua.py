@@ -1,8 +1,9 @@
 """Lua run inside Redis: the atomic tile writer and the generated per-reader tile merger.
 
 Both mirror ``aggregates.record_update`` / ``record_merge`` operation for operation. A hash
-field ``pack('<HH', group, slot)`` (4 bytes) holds one tile: ``struct.pack('<dd', group, tile)`` followed by eight
-doubles (n, sum, compensation, m2, min, max, last_ts, last_value) or 256 HyperLogLog registers.
+field ``pack('<HH', group, slot)`` (4 bytes) holds one tile: ``pack('<dd', group, tile)``
+followed by eight doubles (n, sum, compensation, m2, min, max, last_ts, last_value) or 256
+HyperLogLog registers.
 Reads send back one packed string of doubles per entity, so the reply stays small however many
 tiles were merged (measured against a pipeline of HMGETs in ``benchmarks/features``).
 """
