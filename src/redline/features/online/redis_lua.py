@@ -240,32 +240,40 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
             else:
                 lines.append(f"    local {_acc(w.wid)} = 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0")
         lines.append("    for _, v in ipairs(vals) do")
-        lines.append("      local gid, idx = unpack_('<dd', v)")
+        # numeric tiles are 80 bytes: one unpack gives group, tile and the record
+        lines.append("      if #v == 80 then")
+        lines.append("        local gid, idx, n, s, c, m2, mn, mx, lt, lv = "
+                     "unpack_('<dddddddddd', v)")
+        first = True
         for g in lay.groups:
             wins = [w for w in lay.windows if w.gid == g.gid]
-            if not wins:
+            if not wins or g.hll:
                 continue
-            lines.append(f"      if gid == {g.gid} then")
-            if g.hll:
-                lines.append("        local b = {string.byte(v, 17, 272)}")
-                for w in wins:
-                    lines.append(f"        if idx >= lo{w.wid} and idx <= hi{w.wid} then")
-                    lines.append(f"          local h = h{w.wid}")
-                    lines.append("          for i = 1, 256 do")
-                    lines.append("            if b[i] > h[i] then h[i] = b[i] end")
-                    lines.append("          end")
-                    lines.append("        end")
-            else:
-                conds = " or ".join(f"(idx >= lo{w.wid} and idx <= hi{w.wid})" for w in wins)
-                lines.append(f"        if {conds} then")
-                lines.append("          local n, s, c, m2, mn, mx, lt, lv = "
-                             "unpack_('<dddddddd', v, 17)")
-                for w in wins:
-                    lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
-                    lines.append(_merge_inline(w.wid))
-                    lines.append("          end")
-                lines.append("        end")
-            lines.append("      end")
+            lines.append(f"        {'if' if first else 'elseif'} gid == {g.gid} then")
+            first = False
+            for w in wins:
+                lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
+                lines.append(_merge_inline(w.wid))
+                lines.append("          end")
+        if not first:
+            lines.append("        end")
+        lines.append("      else")
+        lines.append("        local gid, idx = unpack_('<dd', v)")
+        for g in lay.groups:
+            wins = [w for w in lay.windows if w.gid == g.gid]
+            if not wins or not g.hll:
+                continue
+            lines.append(f"        if gid == {g.gid} then")
+            lines.append("          local b = {string.byte(v, 17, 272)}")
+            for w in wins:
+                lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
+                lines.append(f"            local h = h{w.wid}")
+                lines.append("            for i = 1, 256 do")
+                lines.append("              if b[i] > h[i] then h[i] = b[i] end")
+                lines.append("            end")
+                lines.append("          end")
+            lines.append("        end")
+        lines.append("      end")
         lines.append("    end")
         for o in lay.outputs:
             d = repr(o.default) if o.default == o.default else "0/0"
