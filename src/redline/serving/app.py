@@ -168,8 +168,13 @@ class RestApp:
         body: bytes = message.get("body", b"")
         if not message.get("more_body"):
             return body
+        return await self._read_rest(receive, body)
+
+    async def _read_rest(self, receive: Receive, body: bytes) -> bytes:
+        """The rest of a body that arrived in several messages, within ``max_body_bytes``."""
         chunks = [body]
         size = len(body)
+        message: dict[str, Any] = {"more_body": True}
         while message.get("more_body"):
             message = await receive()
             chunk = message.get("body", b"")
@@ -212,7 +217,12 @@ class RestApp:
             name, version = parts[0], parts[2]
         else:
             raise NotFound(f"no route for POST {path}")
-        body = await self._read_body(receive, declared)
+        if declared is not None and declared > self.max_body:
+            raise PayloadTooLarge(self._too_large(declared))
+        message = await receive()
+        body = message.get("body", b"")
+        if message.get("more_body"):
+            body = await self._read_rest(receive, body)
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
         if request.outputs:
