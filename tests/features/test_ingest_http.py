@@ -121,3 +121,14 @@ def test_file_replay(tmp_path: Path, fmt: str) -> None:
                               ["card_stats:count_1h", "card_stats:amount_sum_1h"])
     values, _ = reader.read(["c0", "c1"], t0 + 100, dtype=float)
     assert values.tolist() == [[50, sum(range(0, 100, 2))], [50, sum(range(1, 100, 2))]]
+
+
+def test_body_shapes() -> None:
+    from redline.errors import InvalidInput
+    from redline.features.ingest import parse_body
+
+    assert parse_body(b'{\n  "card_id": "c1",\n  "ts": 1\n}') == [{"card_id": "c1", "ts": 1}]
+    assert len(parse_body(b'{"a": 1}\n{"a": 2}\n{oops\n')) == 3  # the bad line is dead-lettered
+    assert parse_body(b"[1]") == [b"1"]
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        parse_body(b"{oops")

@@ -323,16 +323,19 @@ def parse_body(body: bytes, max_events: int = 100_000) -> list[Any]:
     text = body.strip()
     if not text:
         raise InvalidInput("empty body: send a JSON array of events, one object, or JSON lines")
-    if text[:1] == b"[":
-        try:
-            items = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
+    try:
+        whole = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if text[:1] == b"[" or b"\n" not in text:
             raise InvalidInput(f"body is not valid JSON: {exc}") from exc
-        raws = [orjson.dumps(x) if not isinstance(x, dict) else x for x in items]
-    elif b"\n" in text:
+        whole = None  # JSON lines: each line is parsed (and dead-lettered) on its own
+    raws: list[Any]
+    if whole is None:
         raws = [ln for ln in text.splitlines() if ln.strip()]
+    elif isinstance(whole, list):
+        raws = [x if isinstance(x, dict) else orjson.dumps(x) for x in whole]
     else:
-        raws = [text]
+        raws = [whole if isinstance(whole, dict) else text]
     if len(raws) > max_events:
         raise PayloadTooLarge(f"{len(raws)} events in one request; send at most {max_events}")
     return raws
