@@ -106,7 +106,9 @@ def _coerce(value: Any, typ: str, flat: bool) -> Any:
             x = float(value)
             return x if math.isfinite(x) else None
         return None
-    if typ == "int":
+    if typ == "int":  # an integral float (2.0) is an int, as in the offline builder's columns
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
     if typ == "bool":
         return value if isinstance(value, bool) else None
