@@ -95,15 +95,18 @@ class Ingestor:
 
     def ingest(self, raws: Sequence[Any], arrival_ms: int | Sequence[int] | None = None
                ) -> IngestResult:
-        """Apply a batch; returns what was accepted and the dead letters (with reasons)."""
+        """Apply a batch; returns what was accepted and the dead letters (with reasons).
+        Freshness is measured for live batches only (no ``arrival_ms``: arrival is now)."""
+        live = arrival_ms is None
         arrival = now_ms() if arrival_ms is None else arrival_ms
         batch = self.decoder.decode(raws, arrival)
-        self.apply(batch)
+        self.apply(batch, measure=live)
         return IngestResult(len(batch.accepted), batch.rejected)
 
-    def apply(self, batch: UpdateBatch) -> None:
+    def apply(self, batch: UpdateBatch, measure: bool = True) -> None:
         self.store.write(batch)
-        self.freshness.record(batch.event_ts, time.time_ns())
+        if measure:
+            self.freshness.record(batch.event_ts, time.time_ns())
         self.counts.add(len(batch.accepted), batch.rejected)
         if batch.rejected:
             self.dead_letters.extend(batch.rejected)
