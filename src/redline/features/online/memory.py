@@ -18,7 +18,6 @@ import numpy as np
 from redline.features.aggregates import (
     EMPTY_RECORD,
     hll_estimate,
-    record_merge,
     record_update,
     record_value,
 )
@@ -28,10 +27,10 @@ from redline.features.online.base import EntityIds, ReadPlan, now_ms
 
 
 class _KeyState:
-    __slots__ = ("slots", "layout", "cache_at", "ranges", "merged", "out", "expires")
+    __slots__ = ("rings", "layout", "cache_at", "ranges", "merged", "out", "expires")
 
     def __init__(self, layout: ViewLayout | None) -> None:
-        self.slots: dict[tuple[int, int], list[Any]] = {}  # (gid, slot) -> [tile idx, record]
+        self.rings: dict[int, list[Any]] = {}  # gid -> ring of [tile idx, record] or None
         self.layout = layout
         self.cache_at: tuple[int, ...] | None = None  # current tile per tile size, when cached
         self.ranges: list[tuple[int, int]] = []  # per window: covered tiles (lo, hi)
@@ -41,29 +40,62 @@ class _KeyState:
 
 
 def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
-    """Merge the tiles covering ``now`` for each window into ``state.merged``."""
+    """Merge the tiles covering ``now`` for each window into ``state.merged``.
+
+    The numeric merge is ``aggregates.record_merge`` inlined on locals (same operations, same
+    order): this loop is the memory store's cold read path and a call per tile doubled it.
+    """
     merged: list[Any] = []
     ranges = []
     for w in layout.windows:
-        g = layout.groups[w.gid]
         lo, hi = w.window.covering(now)
         ranges.append((lo, hi))
-        if g.hll:
+        ring = state.rings.get(w.gid, ())
+        if layout.groups[w.gid].hll:
             regs = bytearray(256)
-            for slot in range(g.ring):
-                entry = state.slots.get((g.gid, slot))
+            for entry in ring:
                 if entry is not None and lo <= entry[0] <= hi:
                     for i, r in enumerate(entry[1]):
                         if r > regs[i]:
                             regs[i] = r
             merged.append(regs)
-        else:
-            acc = list(EMPTY_RECORD)
-            for slot in range(g.ring):
-                entry = state.slots.get((g.gid, slot))
-                if entry is not None and lo <= entry[0] <= hi:
-                    record_merge(acc, entry[1])
-            merged.append(acc)
+            continue
+        n, s, c, m2, mn, mx, lt, lv = EMPTY_RECORD
+        for entry in ring:
+            if entry is None or not lo <= entry[0] <= hi:
+                continue
+            rec = entry[1]
+            nb = rec[0]
+            if nb == 0:
+                continue
+            if n == 0:
+                n, s, c, m2, mn, mx, lt, lv = rec
+                continue
+            tot = n + nb
+            delta = (rec[1] + rec[2]) / nb - (s + c) / n
+            m2 = m2 + rec[3] + delta * delta * n * nb / tot
+            n = tot
+            x = rec[1]
+            t = s + x
+            if abs(s) >= abs(x):
+                c += (s - t) + x
+            else:
+                c += (x - t) + s
+            s = t
+            x = rec[2]
+            t = s + x
+            if abs(s) >= abs(x):
+                c += (s - t) + x
+            else:
+                c += (x - t) + s
+            s = t
+            if rec[4] < mn:
+                mn = rec[4]
+            if rec[5] > mx:
+                mx = rec[5]
+            if rec[6] > lt:
+                lt, lv = rec[6], rec[7]
+        merged.append([n, s, c, m2, mn, mx, lt, lv])
     state.merged, state.ranges, state.out = merged, ranges, None
 
 
@@ -164,11 +196,15 @@ class MemoryStore:
                 states.append(st)
             for k, gid, idx, slot, ts, x, reg, rank, _tag in batch.ops:
                 st = states[k]
-                slots = st.slots
-                entry = slots.get((gid, slot))
+                ring = st.rings.get(gid)
+                if ring is None:
+                    ring = st.rings[gid] = []
+                if slot >= len(ring):
+                    ring.extend([None] * (slot + 1 - len(ring)))
+                entry = ring[slot]
                 if entry is None or entry[0] < idx:
                     entry = [idx, bytearray(256) if reg >= 0 else list(EMPTY_RECORD)]
-                    slots[(gid, slot)] = entry
+                    ring[slot] = entry
                 elif entry[0] > idx:
                     continue  # the slot already holds a newer tile: this one left every window
                 if reg >= 0:
