@@ -33,7 +33,8 @@ class VerifyReport:
 
 
 def random_events(source: EventSource, n: int, seed: int, start_ms: int,
-                  entities: int = 8, lateness_share: float = 0.07) -> list[dict[str, Any]]:
+                  entities: int = 8, lateness_share: float = 0.07, id_prefix: str = "e"
+                  ) -> list[dict[str, Any]]:
     """Events in arrival order: mostly on time, some out of order, some too late, some from the
     future (beyond the allowed clock skew)."""
     rng = random.Random(seed)
@@ -56,7 +57,7 @@ def random_events(source: EventSource, n: int, seed: int, start_ms: int,
         ev: dict[str, Any] = {source.timestamp: ts, ARRIVAL: arrival}
         for name, typ in types.items():
             if name == source.entity.join_key:
-                ev[name] = f"e{rng.randrange(entities)}"
+                ev[name] = f"{id_prefix}{rng.randrange(entities)}"
             elif typ == "float":
                 ev[name] = round(rng.uniform(-50, 500), rng.choice([0, 2, 6]))
             elif typ == "int":
@@ -124,11 +125,13 @@ def compare(defs: FeatureDefinitions, view: FeatureView, events: pd.DataFrame,
 
 
 def verify_store(store: Any, defs: FeatureDefinitions, *, events_per_view: int = 1500,
-                 seed: int = 0, start_ms: int = 1_767_225_600_000) -> dict[str, VerifyReport]:
-    """Random-stream skew check of every view against ``store``."""
+                 seed: int = 0, start_ms: int = 1_767_225_600_000,
+                 id_prefix: str = "__redline_verify__") -> dict[str, VerifyReport]:
+    """Random-stream skew check of every view against ``store``. Its entity ids start with
+    ``id_prefix`` so a shared store's real entities are never touched (the keys expire)."""
     reports = {}
     for name, view in sorted(defs.views.items()):
-        events = random_events(view.source, events_per_view, seed, start_ms)
+        events = random_events(view.source, events_per_view, seed, start_ms, id_prefix=id_prefix)
         reads = replay_and_read(store, defs, view, events, seed)
         reports[name] = compare(defs, view, pd.DataFrame(events), reads)
     return reports
