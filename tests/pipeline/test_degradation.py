@@ -25,16 +25,20 @@ async def test_redis_killed_and_restarted_under_load(serve, repo_path, defs_path
     settings.pipeline.breaker_reset_ms = 50
     srv = serve(settings)
     ts = int(time.time() * 1000)
-    # A generous budget: this test is about Redis failing, not about a busy shared CPU.
-    body = {"entities": {"card_id": "k1"}, "request": {"amount": 30.0}, "budget_ms": 5000}
+    # 1 s of budget: far above a busy shared CPU's hiccups, far below what a store call that
+    # retries a dead Redis costs (redis-py's default retries take seconds): that must not happen.
+    body = {"entities": {"card_id": "k1"}, "request": {"amount": 30.0}, "budget_ms": 1000}
     full = score(repo_path, "cards", [2, 60, 30 / 31, 30, 0])
     default = score(repo_path, "cards", [0, 0, 30.0, 30, 0])
     responses: list[tuple[int, dict]] = []
+    waited: list[float] = []
     stop = asyncio.Event()
 
     async def client(c: httpx.AsyncClient) -> None:
         while not stop.is_set():
+            t0 = time.perf_counter()
             r = await c.post("/v1/models/cards/predict", json=body)
+            waited.append(time.perf_counter() - t0)
             responses.append((r.status_code, r.json()))
             await asyncio.sleep(0.002)
 
@@ -70,6 +74,8 @@ async def test_redis_killed_and_restarted_under_load(serve, repo_path, defs_path
     # The breaker opened, so most outage requests never touched the dead Redis.
     assert stats["breaker"]["opens"] >= 1 and stats["breaker"]["rejected"] > 0
     assert stats["breaker"]["state"] == "closed"
+    # A dead Redis costs no time: no request waited on it (a retrying client stalls for seconds).
+    assert max(waited) < 1.0, f"a request took {max(waited):.2f} s"
 
 
 def test_near_cache_serves_features_while_redis_is_down(serve, repo_path, defs_path,
@@ -124,3 +130,35 @@ def test_default_answer_when_no_fallback_model(serve, repo_path, defs_path):
                    headers={"x-redline-budget-ms": "0.001"}).json()
     assert d["path"] == "default" and d["prediction"] == 0.25
     assert d["degraded"] and "default answer" in d["degraded_reasons"][0]
+
+
+async def test_hung_redis_costs_one_timeout_then_nothing(serve, repo_path, defs_path,
+                                                        redis_server):
+    """SIGSTOP: Redis accepts connections but never answers — the worst failure for latency."""
+    import signal
+
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    settings.pipeline.breaker_reset_ms = 10_000  # stay open for the whole outage
+    srv = serve(settings)
+    body = {"entities": {"card_id": "h1"}, "request": {"amount": 5.0}, "budget_ms": 5000}
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        assert not (await c.post("/v1/models/cards/predict", json=body)).json()["degraded"]
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            waited, docs = [], []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                docs.append((await c.post("/v1/models/cards/predict", json=body)).json())
+                waited.append(time.perf_counter() - t0)
+            stats = (await c.get("/v1/pipeline/stats")).json()
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+    assert all(d["degraded"] for d in docs)
+    assert "TimeoutError" in docs[0]["degraded_reasons"][0] or \
+        "StoreUnavailable" in docs[0]["degraded_reasons"][0]
+    assert all("circuit open" in d["degraded_reasons"][0] for d in docs[3:])
+    # Each of the first 3 requests waits one socket timeout (50 ms), not a retry loop; after
+    # that the breaker is open and requests never touch the store (they take a few ms at most).
+    assert max(waited[:3]) < 0.15, waited[:3]
+    assert sum(waited[3:]) / len(waited[3:]) < 0.02, waited[3:]
+    assert stats["breaker"]["state"] == "open" and stats["breaker"]["rejected"] >= 27
