@@ -157,3 +157,38 @@ def test_consumer_survives_a_redis_restart(redis_server) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     assert b"unavailable" in err and b"retrying" in err
+
+
+def test_two_live_consumers_share_a_stream_and_the_survivor_claims(redis_server) -> None:
+    """N consumers in one group split the stream; when one dies the living one takes over."""
+    client = redis.Redis.from_url(redis_server.url)
+    expected, bad = _produce(client, 10_000)
+
+    def pending_of(name: str) -> int:
+        try:
+            summary = client.xpending(STREAM, "g")
+        except redis.ResponseError:  # the consumers have not created the group yet
+            return 0
+        per = {c["name"]: c["pending"] for c in summary["consumers"]}
+        return int(per.get(name.encode(), per.get(name, 0)))
+
+    b = _consumer(redis_server.url, "B", "--claim-idle-ms", "300")
+    a = _consumer(redis_server.url, "A", "--claim-idle-ms", "300")
+    try:
+        _wait(lambda: pending_of("A") > 0)  # A holds a batch it has not applied yet
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=10)
+        orphaned = pending_of("A")
+        _wait(lambda: _processed(client) >= 10_000 + bad)
+        time.sleep(0.5)
+    finally:
+        b.send_signal(signal.SIGTERM)
+        out, _ = b.communicate(timeout=10)
+    stats = orjson.loads(out.splitlines()[-1])
+    assert stats["claimed"] >= orphaned  # the living consumer applied the dead one's entries
+    assert int(client.hget(f"{STREAM}:stats", "accepted")) == 10_000
+    assert client.xpending(STREAM, "g")["pending"] == 0
+    values, _ = RedisStore(redis_server.url).reader(
+        [load_definitions(DEFS).view("card_stats")], ["card_stats:count_1h"]).read(
+        sorted(expected), dtype=float)
+    assert values[:, 0].tolist() == [expected[c][0] for c in sorted(expected)]
