@@ -160,6 +160,8 @@ def redline_side(args: argparse.Namespace, work: Path) -> dict:
         doc = httpx.post(http + "/v1/models/feastpeer/predict", content=body).json()
         assert doc["path"] == "primary" and not doc["entity_missing"], doc
         result = measure("redline", http, "feastpeer", body, None, args.duration)
+        # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
+        result["pipeline_stats"] = httpx.get(http + "/v1/pipeline/stats").json()
         result["load_s"] = round(load_s, 2)
         result["sample_response"] = doc
         return result

@@ -67,3 +67,13 @@ def test_fraud_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     assert doc["entity_missing"] is False and card
     scores = np.array([r["score"] for r in records])
     assert np.isfinite(scores).all()
+
+
+def test_make_demo_step_two_at_a_small_size(tmp_path):
+    """`make demo` step 2 end to end: train, serve, backfill, replay, measure with redline bench."""
+    from redline.demo import fraud_step
+
+    out = fraud_step(tmp_path / "models", cards=300, days=4, replay_n=80, bench_s=0.5)
+    assert 0.5 < out["roc_auc"] <= 1.0
+    assert out["p50_ms"] > 0 and out["p99_ms"] >= out["p50_ms"]
+    assert out["rps_1"] > 0 and out["rps_8"] > 0
