@@ -162,7 +162,6 @@ def test_consumer_survives_a_redis_restart(redis_server) -> None:
 def test_two_live_consumers_share_a_stream_and_the_survivor_claims(redis_server) -> None:
     """N consumers in one group split the stream; when one dies the living one takes over."""
     client = redis.Redis.from_url(redis_server.url)
-    expected, bad = _produce(client, 10_000)
 
     def pending_of(name: str) -> int:
         try:
@@ -172,9 +171,17 @@ def test_two_live_consumers_share_a_stream_and_the_survivor_claims(redis_server)
         per = {c["name"]: c["pending"] for c in summary["consumers"]}
         return int(per.get(name.encode(), per.get(name, 0)))
 
+    def members() -> set[str]:
+        try:
+            return {c["name"].decode() for c in client.xinfo_consumers(STREAM, "g")}
+        except redis.ResponseError:
+            return set()
+
     b = _consumer(redis_server.url, "B", "--claim-idle-ms", "300")
     a = _consumer(redis_server.url, "A", "--claim-idle-ms", "300")
     try:
+        _wait(lambda: members() == {"A", "B"})  # both wait on the stream before events arrive
+        expected, bad = _produce(client, 10_000)
         _wait(lambda: pending_of("A") > 0)  # A holds a batch it has not applied yet
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=10)

@@ -45,6 +45,9 @@ def store_options(func: Any) -> Any:
                         help="Redis URL (default: features.redis_url).")(func)
 
 
+BULK_TIMEOUT_MS = 10_000.0  # ingest and verify send big batches; serving keeps its short timeout
+
+
 @click.group()
 def features() -> None:
     """Feature definitions, versions, training sets and skew verification.
@@ -168,7 +171,7 @@ def verify(config_path: str | None, definitions: str | None, store: str | None,
         rep = verify_served(defs, read_table(events_path), read_table(served_path))
         _print_report("served", rep)
         sys.exit(0 if rep.ok else 1)
-    online = open_online_store(fs)
+    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     online.ping()
     reports = verify_store(online, defs, events_per_view=events_per_view, seed=seed)
     for name, rep in reports.items():
@@ -224,7 +227,7 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
         raise ConfigError("exactly-once stream ingest applies a batch and acks it in one script, "
                           "which a Redis Cluster cannot do across shards; ingest into a cluster "
                           "with `redline ingest http` or `redline ingest file`")
-    store = RedisStore(fs.redis_url, cluster=False, timeout_ms=max(fs.redis_timeout_ms, 1000))
+    store = RedisStore(fs.redis_url, cluster=False, timeout_ms=BULK_TIMEOUT_MS)
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
                           group=group or fs.consumer_group, consumer=consumer,
@@ -277,7 +280,7 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
     from redline.features.online import open_online_store
 
     fs, defs = _settings(config_path, definitions, store, redis_url)
-    online = open_online_store(fs)
+    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead")
     t0 = time.perf_counter()
     res = replay_file(ing, path, batch=batch)
@@ -304,7 +307,7 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
     from redline.features.online import open_online_store
 
     fs, defs = _settings(config_path, definitions, store, redis_url)
-    online = open_online_store(fs)
+    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     online.ping()
     app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead"))
     uvicorn.run(app, host=host, port=port or fs.http_port, log_level="warning",
