@@ -60,6 +60,8 @@ def test_invalid_definitions_have_clear_errors() -> None:
             FeatureView("v", src, feats).layout()
     with pytest.raises(ValueError, match="not a duration"):
         _ = count("an hour").window_ms
+    with pytest.raises(ConfigError, match="view name 'a:b' must be letters"):
+        FeatureView("a:b", src, [count("1h")]).layout()
     with pytest.raises(ConfigError, match="int, float, str or bool"):
         FeatureView("v", EventSource("s", card, {"x": list}), [count("1h")]).semantics()
 

@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from redline.features.tiles import (
     ring_size,
 )
 
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 AGGREGATIONS = ("count", "sum", "mean", "min", "max", "last", "stddev", "distinct")
 NUMERIC_TYPES = {"int": int, "float": float}
 FIELD_TYPES = {"int", "float", "str", "bool"}
@@ -228,6 +230,11 @@ class FeatureView:
         return self._layout
 
     def validate(self) -> None:
+        for what, name in (("view", self.name), ("entity", self.entity.name),
+                           ("source", self.source.name)):
+            if not _NAME.match(name):
+                raise ConfigError(f"{what} name {name!r} must be letters, digits, '_', '-' or '.' "
+                                  "(it is part of every online key)")
         types = self.source.field_types()
         seen: set[str] = set()
         if not self.features:
