@@ -17,7 +17,7 @@ import orjson
 
 from redline.features.aggregates import hll_position
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
-from redline.features.tiles import admit
+from redline.features.tiles import admit, place
 
 KEY_PREFIX = "rl"
 
@@ -233,18 +233,19 @@ class EventDecoder:
         for head, tail, ttl, groups in plan.views:
             k = -1
             for gid, fld, hll, tile_ms, tiles, ring in groups:
-                idx = ts // tile_ms
-                if idx < arrival // tile_ms - tiles + 1:
+                where = place(ts, arrival, tile_ms, tiles, ring)
+                if where is None:
                     continue  # no read at or after its arrival can see this tile
+                idx, slot = where
                 if k < 0:
                     k = batch.key(head + eid + tail, ttl)
                 if fld is None:
-                    ops.append((k, gid, idx, idx % ring, ts, 0.0, -1, 0, tag))
+                    ops.append((k, gid, idx, slot, ts, 0.0, -1, 0, tag))
                 elif hll:
                     reg, rank = hll_position(values[fld])
-                    ops.append((k, gid, idx, idx % ring, ts, 0.0, reg, rank, tag))
+                    ops.append((k, gid, idx, slot, ts, 0.0, reg, rank, tag))
                 else:
-                    ops.append((k, gid, idx, idx % ring, ts, float(values[fld]), -1, 0, tag))
+                    ops.append((k, gid, idx, slot, ts, float(values[fld]), -1, 0, tag))
         batch.accepted.append(tag)
         batch.event_ts.append(ts)
         return ""

@@ -141,6 +141,15 @@ def admit(ts_ms: int, arrival_ms: int, allowed_lateness_ms: int, max_clock_skew_
     return ""
 
 
-def in_reach(tile: int, arrival_ms: int, window: TileWindow) -> bool:
-    """Whether a read at or after ``arrival_ms`` can still see ``tile`` (else it is skipped)."""
-    return tile >= window.tile_of(arrival_ms) - window.tiles + 1
+def place(ts_ms: int, arrival_ms: int, tile_ms: int, tiles: int, ring: int
+          ) -> tuple[int, int] | None:
+    """(tile, ring slot) an event updates on one tile grid of ``tiles`` per window, or ``None``
+    when no read at or after its arrival can see its tile (it is then skipped, not an error).
+
+    >>> place(61_000, 61_000, 5_000, 12, 14), place(1_000, 61_000, 5_000, 12, 14)
+    ((12, 12), None)
+    """
+    tile = ts_ms // tile_ms
+    if tile < arrival_ms // tile_ms - tiles + 1:
+        return None
+    return tile, tile % ring

@@ -32,7 +32,7 @@ class _KeyState:
     def __init__(self, layout: ViewLayout | None) -> None:
         self.rings: dict[int, list[Any]] = {}  # gid -> ring of [tile idx, record] or None
         self.layout = layout
-        self.cache_at: tuple[int, ...] | None = None  # current tile per tile size, when cached
+        self.cache_at: tuple[int, ...] | None = None  # current tile per window, when cached
         self.ranges: list[tuple[int, int]] = []  # per window: covered tiles (lo, hi)
         self.merged: list[Any] = []  # per window: merged record / registers
         self.out: np.ndarray | None = None  # outputs of ``merged`` (None: derive again)
@@ -119,7 +119,7 @@ class MemoryReader:
         self.plan = plan
         self.cache = cache
         self.layouts = [v.layout() for v in plan.views]
-        self.tiles = [sorted({g.tile_ms for g in lay.groups}) for lay in self.layouts]
+        self.windows = [[w.window for w in lay.windows] for lay in self.layouts]
         self.widths = [len(lay.outputs) for lay in self.layouts]
         bounds = np.cumsum([0, *self.widths])
         self.defaults = [plan.defaults[bounds[j]:bounds[j + 1]] for j in range(len(self.widths))]
@@ -129,7 +129,8 @@ class MemoryReader:
         now = now_ms() if now is None else now
         n, keys = self.plan.keys(ids)
         nv = len(self.layouts)
-        ats = [tuple(now // t for t in tiles) for tiles in self.tiles]
+        # the current tile of every window (tiles.py): the cache is valid while it is unchanged
+        ats = [tuple(w.covering(now)[1] for w in ws) for ws in self.windows]
         defaults = self.defaults
         parts: list[np.ndarray] = []
         missing = np.ones(n, dtype=bool)
