@@ -21,7 +21,7 @@ import pandas as pd
 from redline.errors import InvalidInput
 from redline.features.aggregates import hll_position
 from redline.features.definitions import FeatureDefinitions, FeatureView
-from redline.features.tiles import TileWindow
+from redline.features.tiles import TileWindow, admitted_array
 
 ARRIVAL = "_arrival_ms"
 
@@ -101,8 +101,8 @@ def _admitted(view: FeatureView, events: pd.DataFrame) -> pd.DataFrame:
     out = out[ok].copy()
     out["ts"] = out["ts"].astype(np.int64)
     out["arrival"] = out["arrival"].astype(np.int64)
-    lag = out["arrival"] - out["ts"]
-    out = out[(lag <= src.lateness_ms) & (-lag <= src.skew_ms)]
+    out = out[admitted_array(out["ts"].to_numpy(), out["arrival"].to_numpy(), src.lateness_ms,
+                             src.skew_ms)]
     return out.reset_index(drop=True)
 
 

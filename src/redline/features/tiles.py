@@ -141,6 +141,13 @@ def admit(ts_ms: int, arrival_ms: int, allowed_lateness_ms: int, max_clock_skew_
     return ""
 
 
+def admitted_array(ts_ms: np.ndarray, arrival_ms: np.ndarray, allowed_lateness_ms: int,
+                   max_clock_skew_ms: int) -> np.ndarray:
+    """Vectorised :func:`admit`: True where an event is neither late nor from the future."""
+    lag = arrival_ms - ts_ms
+    return (lag <= allowed_lateness_ms) & (-lag <= max_clock_skew_ms)
+
+
 def place(ts_ms: int, arrival_ms: int, tile_ms: int, tiles: int, ring: int
           ) -> tuple[int, int] | None:
     """(tile, ring slot) an event updates on one tile grid of ``tiles`` per window, or ``None``
