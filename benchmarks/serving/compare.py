@@ -162,9 +162,10 @@ def main() -> None:
                 if done.returncode:
                     print(f"{server} {proto} c={c}: {done.stderr[-300:]}", file=sys.stderr)
                     continue
-                report = json.loads(done.stdout.strip().splitlines()[-1])
-                if args.tool == "loadgen":
-                    report = _from_loadgen(report)
+                if args.tool == "loadgen":  # one JSON line
+                    report = _from_loadgen(json.loads(done.stdout.strip().splitlines()[-1]))
+                else:
+                    report = json.loads(done.stdout)
                 report["server_cpu_us_per_req"] = round(
                     (cpu_seconds(pid) - before) * 1e6 / max(1, report["ok"]), 1)
                 runs.setdefault((server, proto, c), []).append(report)

@@ -100,3 +100,20 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
     assert results == [200, 200, 200]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/v2/health/live", timeout=2)
+
+
+def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    import socket
+
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "redline.cli", "serve", "--repository", str(tmp_path / "repo"),
+             "--http-port", str(port), "--grpc-port", "0", "--no-watch"],
+            capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "cannot listen for HTTP" in done.stderr and "Traceback" not in done.stderr

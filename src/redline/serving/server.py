@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from redline.config import Settings
+from redline.errors import ConfigError
 from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
@@ -70,7 +71,15 @@ class RedlineServer:
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
                                              self.pipeline.grpc_handlers())
-            self.grpc_port = grpc_server.add_insecure_port(f"{server.host}:{server.grpc_port}")
+            try:
+                self.grpc_port = grpc_server.add_insecure_port(
+                    f"{server.host}:{server.grpc_port}")
+            except RuntimeError:
+                raise ConfigError(
+                    f"cannot listen for gRPC on {server.host}:{server.grpc_port}: the port is in "
+                    "use or the address is not this machine's; choose another --grpc-port "
+                    "(0 = any free port) or --no-grpc"
+                ) from None
             await grpc_server.start()
         config = uvicorn.Config(
             self.app, host=server.host, port=server.http_port, http="httptools", loop="none",
@@ -83,7 +92,16 @@ class RedlineServer:
         while not self._http.started and not http_task.done():
             await asyncio.sleep(0.01)
         if http_task.done():
-            http_task.result()  # raises the bind error
+            try:
+                http_task.result()
+            except SystemExit:  # uvicorn exits when it cannot bind; it logged the OS error
+                pass
+            if grpc_server is not None:
+                await grpc_server.stop(0)
+            raise ConfigError(
+                f"cannot listen for HTTP on {server.host}:{server.http_port}: the port is in use "
+                "or the address is not this machine's; choose another --http-port (0 = any)"
+            )
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         watcher = None
         if server.watch_repository:
