@@ -127,10 +127,15 @@ class _SourcePlan:
         self.fields = [(f, types[f]) for f in sorted(used)]
         self.lateness_ms = source.lateness_ms
         self.skew_ms = source.skew_ms
+        # distinct tile grids (tile size, tiles, ring): an event is placed once per grid
+        self.grids = sorted({(g.tile_ms, g.tiles, g.ring) for v in views
+                             for g in v.layout().groups})
+        grid_index = {grid: i for i, grid in enumerate(self.grids)}
         # per view: the key around the entity id, its TTL, and its tile groups
         self.views = [
             (f"{KEY_PREFIX}:{{{self.entity}:", f"}}:{v.name}:{v.version}", v.layout().ttl_ms,
-             [(g.gid, g.field, g.hll, g.tile_ms, g.tiles, g.ring) for g in v.layout().groups])
+             [(g.gid, g.field, g.hll, grid_index[(g.tile_ms, g.tiles, g.ring)])
+              for g in v.layout().groups])
             for v in views
         ]
 
@@ -147,6 +152,7 @@ class EventDecoder:
         if default_source is None and len(self.plans) == 1:
             default_source = next(iter(self.plans))
         self.default_source = default_source
+        self._hll_cache: dict[Any, tuple[int, int]] = {}
 
     def decode(
         self, raws: Sequence[Any], arrivals_ms: Sequence[int] | int,
@@ -230,10 +236,12 @@ class EventDecoder:
             return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
                     f"{plan.skew_ms} ms")
         ops = batch.ops
+        hll_cache = self._hll_cache  # distinct values repeat (merchants, devices): hash once
+        spots = [place(ts, arrival, tile_ms, tiles, ring) for tile_ms, tiles, ring in plan.grids]
         for head, tail, ttl, groups in plan.views:
             k = -1
-            for gid, fld, hll, tile_ms, tiles, ring in groups:
-                where = place(ts, arrival, tile_ms, tiles, ring)
+            for gid, fld, hll, gi in groups:
+                where = spots[gi]
                 if where is None:
                     continue  # no read at or after its arrival can see this tile
                 idx, slot = where
@@ -242,8 +250,13 @@ class EventDecoder:
                 if fld is None:
                     ops.append((k, gid, idx, slot, ts, 0.0, -1, 0, tag))
                 elif hll:
-                    reg, rank = hll_position(values[fld])
-                    ops.append((k, gid, idx, slot, ts, 0.0, reg, rank, tag))
+                    val = values[fld]
+                    pos = hll_cache.get(val)
+                    if pos is None:
+                        if len(hll_cache) > 100_000:
+                            hll_cache.clear()
+                        pos = hll_cache[val] = hll_position(val)
+                    ops.append((k, gid, idx, slot, ts, 0.0, pos[0], pos[1], tag))
                 else:
                     ops.append((k, gid, idx, slot, ts, float(values[fld]), -1, 0, tag))
         batch.accepted.append(tag)
