@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,6 +68,8 @@ class RedlineServer:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        sock = _bind(server.host, server.http_port)
+        self.http_port = sock.getsockname()[1]
         grpc_server = None
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
@@ -88,21 +91,11 @@ class RedlineServer:
             timeout_keep_alive=30,
         )
         self._http = _Uvicorn(config)
-        http_task = loop.create_task(self._http.serve())
+        http_task = loop.create_task(self._http.serve(sockets=[sock]))
         while not self._http.started and not http_task.done():
             await asyncio.sleep(0.01)
         if http_task.done():
-            try:
-                http_task.result()
-            except SystemExit:  # uvicorn exits when it cannot bind; it logged the OS error
-                pass
-            if grpc_server is not None:
-                await grpc_server.stop(0)
-            raise ConfigError(
-                f"cannot listen for HTTP on {server.host}:{server.http_port}: the port is in use "
-                "or the address is not this machine's; choose another --http-port (0 = any)"
-            )
-        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+            http_task.result()
         watcher = None
         if server.watch_repository:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
@@ -125,6 +118,26 @@ class RedlineServer:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound here so a taken port is a clear error, not an exit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # uvicorn writes a response's head and body separately: without TCP_NODELAY (inherited by
+    # accepted connections) Nagle holds the body until the client's delayed ACK, ~40 ms.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen for HTTP on {host}:{port}: {exc.strerror}; choose another "
+            "--http-port (0 = any free port)"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def run(settings: Settings, repository: ModelRepository | None = None) -> None:
