@@ -162,3 +162,51 @@ async def test_hung_redis_costs_one_timeout_then_nothing(serve, repo_path, defs_
     assert max(waited[:3]) < 0.15, waited[:3]
     assert sum(waited[3:]) / len(waited[3:]) < 0.02, waited[3:]
     assert stats["breaker"]["state"] == "open" and stats["breaker"]["rejected"] >= 27
+
+
+async def test_slow_redis_answer_within_budget(serve, repo_path, defs_path, redis_server):
+    """A store slower than the budget: the request stops waiting and degrades, on time."""
+    import signal
+
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    settings.features.redis_timeout_ms = 2000.0  # the socket would wait far longer than budgets
+    srv = serve(settings)
+    body = {"entities": {"card_id": "w1"}, "request": {"amount": 5.0}, "budget_ms": 30}
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        assert not (await c.post("/v1/models/cards/predict", json=body)).json()["degraded"]
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            waited, docs = [], []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                docs.append((await c.post("/v1/models/cards/predict", json=body)).json())
+                waited.append(time.perf_counter() - t0)
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+    assert all(d["degraded"] and d["path"] == "primary" for d in docs), docs
+    assert "feature store slow" in docs[0]["degraded_reasons"][0]
+    assert max(waited) < 0.5, waited  # the budget (30 ms), not the 2 s socket timeout
+    assert docs[0]["timings_us"]["features"] < 30_000
+
+
+async def test_concurrent_requests_share_store_reads_and_get_their_own_rows(
+        serve, repo_path, defs_path, redis_server):
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    srv = serve(settings)
+    ts = int(time.time() * 1000)
+    cards = [f"cc{i}" for i in range(16)]
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        events = b"\n".join(orjson.dumps({"card_id": card, "amount": 10.0, "ts": ts - k})
+                            for i, card in enumerate(cards) for k in range(i + 1))
+        assert (await c.post("/v1/events", content=events)).json()["rejected"] == 0
+        for _ in range(5):
+            docs = await asyncio.gather(*(c.post("/v1/models/cards/predict", json={
+                "entities": {"card_id": card}, "request": {"amount": 20.0}}) for card in cards))
+            for i, r in enumerate(docs):
+                # card i has i+1 events of 10.0: its own row, not a neighbour's.
+                want = score(repo_path, "cards", [i + 1, 10.0 * (i + 1), 20 / 11, 20.0, 0])
+                assert r.json()["prediction"] == pytest.approx(want, abs=1e-5)
+        reads = (await c.get("/v1/pipeline/stats")).json()["store_reads"]
+    (calls_requests,) = reads.values()
+    assert calls_requests["requests"] == 80
+    assert calls_requests["calls"] < calls_requests["requests"]  # coalesced

@@ -27,10 +27,12 @@ and the breaker bound what a sick Redis can cost.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,7 @@ from redline.models.datatypes import V2_TO_NUMPY
 from redline.serving.breaker import CircuitBreaker
 from redline.serving.cache import FeatureNearCache, PredictionCache
 from redline.serving.deadline import BUDGET_HEADER, now
+from redline.serving.fetcher import FeatureFetcher
 from redline.serving.handle import ModelHandle
 from redline.serving.registry import ModelRegistry
 from redline.serving.sessions import (
@@ -231,6 +234,7 @@ class Route:
             self.keys[ent.join_key] = ent.name
             self.keys[ent.name] = ent.name
         self.request_fields = list(dict.fromkeys(f for p in plans for f in p.request_fields))
+        self.fetcher: FeatureFetcher | None = None
         self.cache_key = (primary.handle.name, primary.handle.version,
                           fallback.handle.name if fallback else None,
                           fallback.handle.version if fallback else None)
@@ -289,6 +293,10 @@ class PredictPipeline:
                                      cache.feature_cache_fallback_staleness_ms)
         self.sessions = sessions if sessions is not None else _default_sessions(store, settings)
         self.max_instances = cfg.max_instances
+        # Remote stores are read on one worker thread, coalesced (serving/fetcher.py).
+        self._executor = (ThreadPoolExecutor(1, thread_name_prefix="redline-features")
+                          if store is not None and getattr(store, "kind", "") != "memory"
+                          else None)
         self._routes: dict[tuple[Any, ...], Route] = {}
         self._latency: dict[tuple[str, int], LatencyWindow] = {}
         self.paths = {PRIMARY: 0, FALLBACK: 0, CACHE: 0, DEFAULT: 0}
@@ -353,6 +361,9 @@ class PredictPipeline:
             "prediction_cache": self.predictions.stats(), "feature_cache": self.near.stats(),
             "sessions": getattr(self.sessions, "kind", None),
             "p99_ms": {f"{n}:{v}": round(w.p99 * 1e3, 3) for (n, v), w in self._latency.items()},
+            "store_reads": {f"{k[0]}:{k[1]}": {"calls": r.fetcher.calls,
+                                               "requests": r.fetcher.requests}
+                            for k, r in self._routes.items() if r.fetcher is not None},
         }
 
     # ------------------------------------------------------------------ gRPC (redline.v1)
@@ -421,6 +432,8 @@ class PredictPipeline:
 
     def close(self) -> None:
         """Release the online store's connections (at server shutdown)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
         close = getattr(self.store, "close", None)
         if close is not None and getattr(self.store, "kind", "") != "memory":
             close()
@@ -465,6 +478,9 @@ class PredictPipeline:
                     log.warning("model %s: fallback %s cannot serve /v1: %s", handle.name,
                                 fb_handle.name, exc)
             route = Route(primary, fallback, self.store)
+            if route.reader is not None and self._executor is not None:
+                route.fetcher = FeatureFetcher(route.reader.read, self._executor,
+                                               route.entity_names)
             self._routes = {k: r for k, r in self._routes.items() if k[0] != handle.name}
             self._routes[key] = route
         return route
@@ -491,7 +507,8 @@ class PredictPipeline:
         ids = self._entity_ids(route, req.entities, req.batch)
         fields = self._request_columns(route, req.fields, req.batch)
         stage.mark("parse")
-        feats, missing = self._read_features(route, ids, n, stage)
+        window = self._window(handle)
+        feats, missing = await self._read_features(route, ids, n, stage, deadline, window)
         stage.mark("features")
         session = self._session(req, fields, stage) if req.session_id is not None else None
         if req.session_id is not None:
@@ -499,7 +516,6 @@ class PredictPipeline:
         # Which model: the primary unless the budget left is below its recent p99.
         plan: ModelPlan | None = route.primary
         path = PRIMARY
-        window = self._window(handle)
         if window.p99 and deadline - now() < window.p99:
             plan, path = self._cheaper(route, stage, "budget: "
                                        f"{max(0.0, deadline - now()) * 1e3:.2f} ms left < model "
@@ -583,8 +599,9 @@ class PredictPipeline:
             cols[name] = col
         return cols
 
-    def _read_features(self, route: Route, ids: dict[str, list[str]], n: int, stage: Stage
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    async def _read_features(self, route: Route, ids: dict[str, list[str]], n: int,
+                             stage: Stage, deadline: float, window: LatencyWindow
+                             ) -> tuple[np.ndarray, np.ndarray]:
         """(n × features float32 in the route's column order, bool mask of missing entities)."""
         reader = route.reader
         if reader is None:
@@ -598,7 +615,13 @@ class PredictPipeline:
                         np.array([h[2] for h in hits], dtype=bool))  # type: ignore[index]
         if self.breaker.allow():
             try:
-                feats, missing = reader.read(ids)
+                if route.fetcher is None:
+                    feats, missing = reader.read(ids)  # the embedded store: inline
+                else:
+                    feats, missing = await self._fetch(route.fetcher, ids, n, deadline, window)
+            except _StoreSlow as exc:
+                self.breaker.failure()
+                reason = f"feature store slow (no answer within {exc.args[0] * 1e3:.1f} ms)"
             except Exception as exc:  # noqa: BLE001 - any store failure degrades, never a 500
                 self.breaker.failure()
                 reason = f"feature store unavailable ({type(exc).__name__})"
@@ -631,6 +654,19 @@ class PredictPipeline:
         else:
             stage.reasons.append(f"{reason}: features are the declared defaults")
         return feats, missing
+
+    @staticmethod
+    async def _fetch(fetcher: FeatureFetcher, ids: dict[str, list[str]], n: int,
+                     deadline: float, window: LatencyWindow) -> tuple[np.ndarray, np.ndarray]:
+        """The coalesced read, waited for no longer than the budget leaves after the model."""
+        reserve = window.p99 + 0.0005
+        wait = max(0.0005, deadline - now() - reserve)
+        future = fetcher.read(ids, n)
+        timer = asyncio.get_running_loop().call_later(wait, _expire, future, wait)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     def _session(self, req: PredictRequest, fields: dict[str, np.ndarray], stage: Stage
                  ) -> SessionState | None:
@@ -776,6 +812,15 @@ def _predictions(plan: ModelPlan, outputs: dict[str, np.ndarray], n: int) -> lis
 
 
 _ABSENT = object()
+
+
+class _StoreSlow(Exception):
+    """The store did not answer within what the request's budget allowed (seconds in args)."""
+
+
+def _expire(future: asyncio.Future[Any], wait: float) -> None:
+    if not future.done():
+        future.set_exception(_StoreSlow(wait))
 
 
 def _at(i: int, batch: bool) -> str:
