@@ -239,3 +239,15 @@ def test_bytes_wire_format_roundtrip(client: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     n = int(r.headers["inference-header-content-length"])
     assert r.content[n:] == raw
+
+
+def test_huge_finite_values_are_not_mistaken_for_nan(client: httpx.Client) -> None:
+    x = np.array([[3e38, -3e38, 1e-38, 7.0]], np.float32)
+    head = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 16}}],
+                         "outputs": [{"name": "s"}]})
+    r = client.post("/v2/models/affine/infer", content=head + x.tobytes(),
+                    headers={"Inference-Header-Content-Length": str(len(head))})
+    assert r.status_code == 200, r.text
+    r = client.post("/v2/models/affine/infer", json=infer_body(x.astype(np.float64)))
+    assert r.status_code == 200, r.text
