@@ -175,7 +175,12 @@ def main() -> None:
                       f"p99 {lat['p99']:.3f} ms", flush=True)
         pa = _perf_analyzer(args.perf_analyzer, venv) if args.perf_analyzer else {}
         summary = _summarize(runs)
-        result = {"command": " ".join(sys.argv), "tool": args.tool, "rounds": args.rounds,
+        command = " ".join(sys.argv)  # machine paths replaced by the names the docs use
+        for path, name in ((args.perf_analyzer, "$PERF_ANALYZER"), (args.kit_venv, "$KIT_VENV"),
+                           (args.kit, "$KIT")):
+            if path is not None:
+                command = command.replace(str(path), name)
+        result = {"command": command, "tool": args.tool, "rounds": args.rounds,
                   "duration_s": args.duration, "cells": summary, "ratios": _ratios(summary),
                   "perf_analyzer": pa}
         args.out.write_text(json.dumps(result, indent=2))
