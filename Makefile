@@ -38,6 +38,7 @@ lint: $(VENV)/.dev-installed
 
 proto: $(VENV)/.dev-installed
 	$(PY) -m grpc_tools.protoc -I src/redline/serving/proto --python_out=src/redline/serving/proto \
+	  --pyi_out=src/redline/serving/proto \
 	  --grpc_python_out=src/redline/serving/proto src/redline/serving/proto/grpc_service.proto
 	sed -i 's/^import grpc_service_pb2 as/from . import grpc_service_pb2 as/' \
 	  src/redline/serving/proto/grpc_service_pb2_grpc.py

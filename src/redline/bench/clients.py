@@ -29,6 +29,7 @@ def rest_body(
 ) -> tuple[bytes, dict[str, str]]:
     """A V2 infer body (JSON, or binary extension) for ``name -> (datatype, array)``."""
     headers = dict(extra_headers)
+    doc: dict[str, Any]
     if not binary:
         doc = {"inputs": [{"name": n, "datatype": dt, "shape": list(a.shape),
                            "data": a.ravel().tolist()} for n, (dt, a) in inputs.items()]}

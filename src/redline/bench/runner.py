@@ -120,10 +120,10 @@ def fetch_metadata(spec: LoadSpec) -> dict[str, Any]:
         from redline.serving.proto import grpc_service_pb2_grpc as pbg
 
         with grpc.insecure_channel(grpc_target(spec.url)) as channel:
-            meta = pbg.GRPCInferenceServiceStub(channel).ModelMetadata(
+            reply = pbg.GRPCInferenceServiceStub(channel).ModelMetadata(
                 pb.ModelMetadataRequest(name=spec.model), timeout=10)
         return {"inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-                           for t in meta.inputs]}
+                           for t in reply.inputs]}
     with urllib.request.urlopen(f"{spec.url.rstrip('/')}/v2/models/{spec.model}", timeout=10) as r:
         meta: dict[str, Any] = json.loads(r.read())
     return meta

@@ -226,7 +226,7 @@ class RestApp:
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
         if request.outputs:
-            handle.select_outputs(dict.fromkeys(handle.output_names), request.outputs)
+            handle.check_outputs(request.outputs)
         deadline = parse_budget(budget, handle.slo_ms, start)
         if priority is None and request.parameters:
             priority = request.parameters.get("priority")

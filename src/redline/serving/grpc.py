@@ -70,7 +70,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             decoded = decode_grpc(request)
             handle = self.registry.get(request.model_name, request.model_version or None)
             if decoded.outputs:
-                handle.select_outputs(dict.fromkeys(handle.output_names), decoded.outputs)
+                handle.check_outputs(decoded.outputs)
             remaining = context.time_remaining()
             budget_s = remaining if remaining is not None else handle.slo_ms / 1000.0
             priority = parse_priority(decoded.parameters.get("priority"))

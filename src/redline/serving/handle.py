@@ -67,6 +67,7 @@ class ModelHandle:
         )
         self._runtime = settings.runtime
         self._input_names = set(self.input_specs)
+        self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
         self._zeros: dict[np.dtype, np.ndarray] = {}
         self._fast_specs: dict[str, tuple[np.dtype, tuple[int, ...] | None, bool]] = {}
@@ -166,6 +167,14 @@ class ModelHandle:
         if outputs is not None:
             return outputs
         return await self.batcher.submit(inputs, rows, deadline, priority)
+
+    def check_outputs(self, names: list[str]) -> None:
+        """Refuse unknown requested output names before any work is done."""
+        for name in names:
+            if name not in self._output_set:
+                raise InvalidInput(
+                    f"model '{self.name}' has no output {name!r}; outputs: {self.output_names}"
+                )
 
     def select_outputs(
         self, outputs: dict[str, np.ndarray], names: list[str] | None

@@ -71,7 +71,7 @@ class InferRequest:
 
 
 # ---------------------------------------------------------------------------- shared helpers
-def array_from_json(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+def array_from_json(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:
     """A numpy array of ``datatype`` from JSON ``data`` (flat or nested), checked against shape."""
     if datatype == "BYTES":
         return _bytes_from_json(name, shape, data)
@@ -180,7 +180,7 @@ def _reshape(name: str, array: np.ndarray, shape: Any) -> np.ndarray:
 
 
 def array_from_bytes(
-    name: str, datatype: str, shape: list[int], raw: bytes | memoryview
+    name: str, datatype: str, shape: Any, raw: bytes | memoryview
 ) -> np.ndarray:
     """A numpy array from raw little-endian tensor bytes (binary extension, gRPC raw contents)."""
     if datatype == "BYTES":

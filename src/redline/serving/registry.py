@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from redline.config import Settings
 from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
@@ -72,9 +72,8 @@ class ModelRegistry:
             if handle is not None:
                 return handle
         self._raise_missing(name, version)
-        raise AssertionError  # unreachable
 
-    def _raise_missing(self, name: str, version: str | None) -> None:
+    def _raise_missing(self, name: str, version: str | None) -> NoReturn:
         known = self._versions.get(name)
         if known is None:
             served = ", ".join(sorted(self._versions)) or "none"
