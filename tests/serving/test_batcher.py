@@ -223,3 +223,23 @@ def test_overload_maps_to_429_and_resource_exhausted(served: ServerThread) -> No
             t.join(30)
     stats = httpx.get(f"{served.http}/v2/models/slow/stats", timeout=10).json()
     assert stats["shed_budget"] >= 1
+
+
+async def test_queue_delay_holds_a_partial_batch_once_concurrency_is_seen(
+    repo: ModelRepository,
+) -> None:
+    handle = handle_for(repo, "affine", inline_max_us=0, max_batch_size=8,
+                        max_queue_delay_us=200_000)
+    x = np.ones((1, 4), np.float32)
+    # A lone request never waits for company: no concurrency seen yet.
+    await handle.infer({"x": x})
+    assert handle.stats.batches == 1
+    await asyncio.gather(*(handle.infer({"x": x}) for _ in range(2)))  # concurrency seen
+    before = handle.stats.batches
+    first = asyncio.ensure_future(handle.infer({"x": x}))
+    await asyncio.sleep(0.02)  # well inside the 200 ms delay: the first request still waits
+    assert not first.done()
+    rest = [asyncio.ensure_future(handle.infer({"x": x})) for _ in range(7)]
+    await asyncio.gather(first, *rest)
+    assert handle.stats.batches == before + 1, "the late requests did not join the held batch"
+    await handle.retire(1)
