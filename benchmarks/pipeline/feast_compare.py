@@ -6,8 +6,11 @@ The workload is the Feast peer's (``../shared/peers/feast/``): 100,000 cards, 5 
 event per card carries the 40 values), read by its pipeline in one Lua call; Feast reads its own
 materialized hashes (a pipeline of 5 HMGETs) inside the peer's FastAPI app.
 
-Both servers run one at a time pinned to CPU 0; each has its own redis-server pinned to CPU 1,
-where the load generator (redline's open-loop ``redline.bench``, the same for both) also runs.
+Both servers run at the same time pinned to CPU 0, each with its own redis-server pinned to
+CPU 1, where the load generator (redline's open-loop ``redline.bench``, the same for both) also
+runs. Every measurement is **interleaved**: short slices alternate between the two servers
+(A B B A ...) and each side's slices are merged into one latency histogram, so noise from other
+work on this shared machine lands on both sides alike instead of on whichever ran second.
 
 Setup of the peer (its own venv, never a redline dependency): follow
 ``../shared/peers/feast/README.md`` (``setup.sh``, ``make_repo.py``, ``train_model.py``), then
@@ -78,37 +81,74 @@ def start_redis(port: int, workdir: Path) -> subprocess.Popen:
     return proc
 
 
-def measure(label: str, url: str, model: str, body: bytes, path: str | None,
-            duration: float) -> dict:
+class Target:
+    def __init__(self, label: str, url: str, model: str, body: bytes, path: str | None) -> None:
+        self.label, self.url, self.model, self.body, self.path = label, url, model, body, path
+
+
+def interleaved(targets: list[Target], rounds: int, slice_s: float, **load: object) -> dict:
+    """Alternate short slices between targets; merge each target's slices into one result."""
+    from hdrh.histogram import HdrHistogram
+
     from redline.bench.runner import LoadSpec, run_load
 
-    base = dict(url=url, model=model, protocol="json", duration_s=duration, warmup_s=2.0,
-                v1_body=body, path=path)
-    out = {"c1": run_load(LoadSpec(**base, connections=1)).to_dict(),
-           "c8": run_load(LoadSpec(**base, connections=8)).to_dict(),
-           "open_500": run_load(LoadSpec(**base, rate=500.0, connections=64)).to_dict()}
-    # The rate ladder: every step is run (a single noisy step on a shared machine does not end
-    # the search); the answer is the highest rate whose p99 <= 5 ms with no errors.
-    ladder = []
-    misses = 0
-    for rate in LADDER:
-        r = run_load(LoadSpec(**{**base, "duration_s": min(duration, 5.0)}, rate=rate,
-                              connections=64))
-        ok = (r.percentile_ms(99) <= 5.0 and not r.errors and r.throughput >= 0.95 * rate)
-        ladder.append({"rate": rate, "p50_ms": r.percentile_ms(50), "p99_ms": r.percentile_ms(99),
-                       "rps": round(r.throughput, 1), "errors": dict(r.errors), "ok": ok})
-        misses = 0 if ok else misses + 1
-        if misses == 2:
-            break
-    out["ladder"] = ladder
-    out["max_rate_p99_le_5ms"] = max([s["rate"] for s in ladder if s["ok"]], default=0.0)
-    print(f"{label}: c1 p50 {out['c1']['latency_ms']['p50']} p99 {out['c1']['latency_ms']['p99']}"
-          f" | 500/s p99 {out['open_500']['latency_ms']['p99']} | max {out['max_rate_p99_le_5ms']}",
-          file=sys.stderr)
+    runs: dict[str, list] = {t.label: [] for t in targets}
+    for r in range(rounds):
+        for t in (targets if r % 2 == 0 else targets[::-1]):
+            spec = LoadSpec(url=t.url, model=t.model, protocol="json", duration_s=slice_s,
+                            warmup_s=0.5, v1_body=t.body, path=t.path, **load)  # type: ignore
+            runs[t.label].append(run_load(spec))
+    out = {}
+    for label, results in runs.items():
+        hist = HdrHistogram(1, 120_000_000, 3)
+        errors: dict[str, int] = {}
+        for res in results:
+            hist.add(res.histogram)
+            for k, v in res.errors.items():
+                errors[k] = errors.get(k, 0) + v
+        ok = sum(res.ok for res in results)
+        elapsed = sum(res.elapsed_s for res in results)
+        out[label] = {
+            "rps": round(ok / elapsed, 1) if elapsed else 0.0, "ok": ok, "errors": errors,
+            **{f"p{p:g}_ms": round(hist.get_value_at_percentile(p) / 1000.0, 3)
+               for p in (50, 90, 99, 99.9)},
+            "max_ms": round(hist.get_max_value() / 1000.0, 3),
+            "slices_p99_ms": [round(res.percentile_ms(99), 3) for res in results],
+        }
     return out
 
 
-def redline_side(args: argparse.Namespace, work: Path) -> dict:
+def compare(targets: list[Target], duration: float) -> dict:
+    rounds, slice_s = 4, max(1.0, duration / 4)
+    out: dict = {}
+    for name, load in (("c1", {"connections": 1}), ("c8", {"connections": 8}),
+                       ("open_500", {"rate": 500.0, "connections": 64})):
+        out[name] = interleaved(targets, rounds, slice_s, **load)
+        print(name, {k: (v["rps"], v["p50_ms"], v["p99_ms"]) for k, v in out[name].items()},
+              file=sys.stderr)
+    # The rate ladder, interleaved too; a side stops after two failed steps in a row.
+    ladder: dict[str, list] = {t.label: [] for t in targets}
+    misses = {t.label: 0 for t in targets}
+    for rate in LADDER:
+        live = [t for t in targets if misses[t.label] < 2]
+        if not live:
+            break
+        step = interleaved(live, 2, slice_s, rate=rate, connections=64)
+        for label, res in step.items():
+            ok = res["p99_ms"] <= 5.0 and not res["errors"] and res["rps"] >= 0.95 * rate
+            ladder[label].append({"rate": rate, "p50_ms": res["p50_ms"],
+                                  "p99_ms": res["p99_ms"], "rps": res["rps"],
+                                  "errors": res["errors"], "ok": ok})
+            misses[label] = 0 if ok else misses[label] + 1
+        print("ladder", rate, {k: v["p99_ms"] for k, v in step.items()}, file=sys.stderr)
+    out["ladder"] = ladder
+    out["max_rate_p99_le_5ms"] = {label: max([s["rate"] for s in steps if s["ok"]], default=0.0)
+                                  for label, steps in ladder.items()}
+    return out
+
+
+def start_redline(args: argparse.Namespace, work: Path, procs: list) -> tuple[Target, dict]:
+    """Backfill a fresh redis-server with the peer's values, register the peer's model, serve."""
     from redline.features import load_definitions
     from redline.features.ingest import Ingestor
     from redline.features.online.redis import RedisStore
@@ -118,80 +158,110 @@ def redline_side(args: argparse.Namespace, work: Path) -> dict:
     defs_path.write_text(DEFS)
     defs = load_definitions(defs_path)
     rport, hport = free_port(), free_port()
-    redis = start_redis(rport, work)
-    server = None
-    try:
-        url = f"redis://127.0.0.1:{rport}/0"
-        rng = np.random.default_rng(0)
-        values = rng.standard_normal((args.cards, N_VIEWS * N_FEATS)).astype(np.float32)
-        now = int(time.time() * 1000)
-        fields = [f"fv{v}_f{j}" for v in range(N_VIEWS) for j in range(N_FEATS)]
-        ing = Ingestor(defs, RedisStore(url, timeout_ms=30_000))
-        t0 = time.perf_counter()
-        for lo in range(0, args.cards, 2000):
-            chunk = []
-            for k in range(lo, min(args.cards, lo + 2000)):
-                ev = dict(zip(fields, values[k].tolist(), strict=True))
-                ev["card"] = k
-                ev["ts"] = now - int(rng.integers(60, 7200)) * 1000
-                chunk.append(ev)
-            ing.ingest(chunk, [e["ts"] for e in chunk])
-        load_s = time.perf_counter() - t0
-        repo = ModelRepository(work / "models")
-        repo.add_onnx("feastpeer", args.model, task="classification",
-                      feature_names=[f"fv{v}:fv{v}_f{j}" for v in range(N_VIEWS)
-                                     for j in range(N_FEATS)],
-                      feature_views=defs.versions(), missing_values="allow")
-        config = work / "redline.yaml"
-        config.write_text(yaml.safe_dump({
-            "repository": str(work / "models"),
-            "server": {"watch_repository": False, "grpc_enabled": False},
-            "features": {"definitions": str(defs_path), "store": "redis", "redis_url": url},
-        }))
-        server = subprocess.Popen(
-            ["taskset", "-c", "0", sys.executable, "-m", "redline.cli", "serve", "--config",
-             str(config), "--http-port", str(hport), "--no-grpc"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
-        http = f"http://127.0.0.1:{hport}"
-        wait_http(http, "/v2/health/ready")
-        import httpx
+    procs.append(start_redis(rport, work))
+    url = f"redis://127.0.0.1:{rport}/0"
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((args.cards, N_VIEWS * N_FEATS)).astype(np.float32)
+    now = int(time.time() * 1000)
+    fields = [f"fv{v}_f{j}" for v in range(N_VIEWS) for j in range(N_FEATS)]
+    ing = Ingestor(defs, RedisStore(url, timeout_ms=30_000))
+    t0 = time.perf_counter()
+    for lo in range(0, args.cards, 2000):
+        chunk = []
+        for k in range(lo, min(args.cards, lo + 2000)):
+            ev = dict(zip(fields, values[k].tolist(), strict=True))
+            ev["card"] = k
+            ev["ts"] = now - int(rng.integers(60, 7200)) * 1000
+            chunk.append(ev)
+        ing.ingest(chunk, [e["ts"] for e in chunk])
+    load_s = time.perf_counter() - t0
+    repo = ModelRepository(work / "models")
+    repo.add_onnx("feastpeer", args.model, task="classification",
+                  feature_names=[f"fv{v}:fv{v}_f{j}" for v in range(N_VIEWS)
+                                 for j in range(N_FEATS)],
+                  feature_views=defs.versions(), missing_values="allow")
+    config = work / "redline.yaml"
+    config.write_text(yaml.safe_dump({
+        "repository": str(work / "models"),
+        "server": {"watch_repository": False, "grpc_enabled": False},
+        "features": {"definitions": str(defs_path), "store": "redis", "redis_url": url},
+    }))
+    procs.append(subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, "-m", "redline.cli", "serve", "--config",
+         str(config), "--http-port", str(hport), "--no-grpc"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ}))
+    http = f"http://127.0.0.1:{hport}"
+    wait_http(http, "/v2/health/ready")
+    import httpx
 
-        body = orjson.dumps({"entities": {"card": "7"}, "request": {}})
-        doc = httpx.post(http + "/v1/models/feastpeer/predict", content=body).json()
-        assert doc["path"] == "primary" and not doc["entity_missing"], doc
-        result = measure("redline", http, "feastpeer", body, None, args.duration)
-        # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
-        result["pipeline_stats"] = httpx.get(http + "/v1/pipeline/stats").json()
-        result["load_s"] = round(load_s, 2)
-        result["sample_response"] = doc
-        return result
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(30)
-        redis.kill()
+    body = orjson.dumps({"entities": {"card": "7"}, "request": {}})
+    doc = httpx.post(http + "/v1/models/feastpeer/predict", content=body).json()
+    assert doc["path"] == "primary" and not doc["entity_missing"], doc
+    return Target("redline", http, "feastpeer", body, None), {
+        "backfill_s": round(load_s, 2), "sample_response": doc}
 
 
-def feast_side(args: argparse.Namespace) -> dict:
+FLOOR_APP = '''"""The floor: a bare ASGI callable on uvicorn that answers a canned JSON body."""
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"{}"})
+'''
+
+
+def start_floor(work: Path, procs: list) -> Target:
+    """What any Python HTTP service costs here, under the same noise: no work at all."""
+    (work / "floor_app.py").write_text(FLOOR_APP)
+    hport = free_port()
+    procs.append(subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, "-m", "uvicorn", "floor_app:app", "--host",
+         "127.0.0.1", "--port", str(hport), "--loop", "uvloop", "--http", "httptools",
+         "--no-access-log", "--log-level", "warning"],
+        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    http = f"http://127.0.0.1:{hport}"
+    deadline = time.monotonic() + 30
+    import httpx
+
+    while True:
+        try:
+            httpx.post(http + "/", content=b"{}", timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    return Target("floor", http, "-", b"{}", "/")
+
+
+def start_feast(args: argparse.Namespace, procs: list) -> Target:
     hport = free_port()
     env = {**os.environ, "FEAST_REPO": args.feast_repo, "MODEL_PATH": args.model,
            "FEAST_MODE": "async"}
-    server = subprocess.Popen(
+    procs.append(subprocess.Popen(
         ["taskset", "-c", "0", args.feast_python, "-m", "uvicorn", "app:app", "--host",
          "127.0.0.1", "--port", str(hport), "--loop", "uvloop", "--http", "httptools",
          "--workers", "1", "--no-access-log", "--log-level", "warning"],
-        cwd=args.feast_app_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        http = f"http://127.0.0.1:{hport}"
-        wait_http(http, "/health")
-        body = orjson.dumps({"card": 7})
-        return measure("feast", http, "-", body, "/predict", args.duration)
-    finally:
-        server.terminate()
-        server.wait(30)
+        cwd=args.feast_app_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    http = f"http://127.0.0.1:{hport}"
+    wait_http(http, "/health")
+    return Target("feast", http, "-", orjson.dumps({"card": 7}), "/predict")
 
 
 def main() -> None:
+    import httpx
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--feast-python", required=True)
@@ -199,16 +269,27 @@ def main() -> None:
     parser.add_argument("--feast-repo", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--cards", type=int, default=100_000)
-    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--duration", type=float, default=12.0,
+                        help="seconds measured per side and case (in 4 interleaved slices)")
     parser.add_argument("--skip-feast", action="store_true")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the load generator shares CPU 1 with redis, as in the peer kit
     work = Path(tempfile.mkdtemp(prefix="redline-vs-feast-"))
+    procs: list[subprocess.Popen] = []
     try:
-        out = {"redline": redline_side(args, work)}
+        target, info = start_redline(args, work, procs)
+        targets = [target]
         if not args.skip_feast:
-            out["feast"] = feast_side(args)
+            targets.append(start_feast(args, procs))
+        targets.append(start_floor(work, procs))
+        out = {"redline_setup": info, **compare(targets, args.duration)}
+        # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
+        out["redline_pipeline_stats"] = httpx.get(target.url + "/v1/pipeline/stats").json()
     finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
     print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
 
