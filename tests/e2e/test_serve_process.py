@@ -78,7 +78,7 @@ def test_bench_drives_the_server(server_process) -> None:  # type: ignore[no-unt
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None:  # type: ignore[no-untyped-def]
-    proc, url, _ = server_process
+    proc, url, grpc_target = server_process
     x = np.ones((1, 384), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",
                         "data": x.ravel().tolist()}]}
@@ -89,15 +89,32 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
                        headers={"x-redline-budget-ms": "20000"})
         results.append(r.status_code)
 
+    def grpc_call() -> None:
+        import grpc
+
+        from redline.serving.proto import grpc_service_pb2 as pb
+        from redline.serving.proto import grpc_service_pb2_grpc as pbg
+
+        req = pb.ModelInferRequest(model_name="heavy")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, 384])
+        req.raw_input_contents.append(x.tobytes())
+        with grpc.insecure_channel(grpc_target) as channel:
+            try:
+                pbg.GRPCInferenceServiceStub(channel).ModelInfer(req, timeout=20)
+                results.append(200)
+            except grpc.RpcError as exc:
+                results.append(exc.code().value[0])
+
     threads = [threading.Thread(target=call) for _ in range(3)]
+    threads.append(threading.Thread(target=grpc_call))
     for t in threads:
         t.start()
-    time.sleep(0.1)  # all three are in flight: one running, two queued (max_batch_size 1)
+    time.sleep(0.2)  # all four are in flight: one running, three queued (max_batch_size 1)
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(30)
     assert proc.wait(30) == 0, proc.stdout.read() if proc.stdout else ""
-    assert results == [200, 200, 200]
+    assert results == [200, 200, 200, 200]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/v2/health/live", timeout=2)
 
