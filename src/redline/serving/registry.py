@@ -32,6 +32,7 @@ class _Plan:
 
     versions: list[int] = field(default_factory=list)  # every version on disk
     live: list[int] = field(default_factory=list)
+    aliases: dict[str, int] = field(default_factory=dict)  # incl. "latest"
     default: int | None = None
     error: str | None = None
 
@@ -45,6 +46,7 @@ class ModelRegistry:
         self._handles: dict[str, dict[int, ModelHandle]] = {}
         self._default: dict[str, ModelHandle] = {}
         self._versions: dict[str, list[int]] = {}
+        self._aliases: dict[str, dict[str, int]] = {}
         self.failures: dict[tuple[str, int], str] = {}
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
@@ -64,11 +66,8 @@ class ModelRegistry:
             if handle is not None:
                 return handle
         elif versions is not None:
-            try:
-                number = self.repository.resolve(name, version)
-            except RedlineError:
-                number = -1
-            handle = versions.get(number)
+            # An alias: resolved from the table read at the last sync, not from disk.
+            handle = versions.get(self._aliases.get(name, {}).get(version, -1))
             if handle is not None:
                 return handle
         self._raise_missing(name, version)
@@ -133,6 +132,7 @@ class ModelRegistry:
             if names is None:
                 for gone in set(self._versions) - set(plans):
                     self._versions.pop(gone, None)
+                    self._aliases.pop(gone, None)
                     self._default.pop(gone, None)
                     for handle in self._handles.pop(gone, {}).values():
                         self._retire(handle)
@@ -150,6 +150,7 @@ class ModelRegistry:
                 policy = VersionPolicy.parse(policy_text) if policy_text else None
                 plan.live = repo.live_versions(name, policy)
                 plan.default = repo.resolve(name, None)
+                plan.aliases = {**repo.aliases(name), "latest": plan.versions[-1]}
             except RedlineError as exc:
                 plan.error = exc.message
             plans[name] = plan
@@ -157,6 +158,7 @@ class ModelRegistry:
 
     async def _apply(self, name: str, plan: _Plan) -> None:
         self._versions[name] = plan.versions
+        self._aliases[name] = plan.aliases
         if plan.error is not None:
             log.warning("model %s: cannot read its repository entry: %s", name, plan.error)
             return
