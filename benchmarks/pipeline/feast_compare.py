@@ -39,7 +39,8 @@ import orjson
 import yaml
 
 N_VIEWS, N_FEATS = 5, 8
-LADDER = [125.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0]
+LADDER = [125.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0, 5000.0,
+          6000.0, 8000.0]
 DEFS = '''"""The Feast peer's 5 views x 8 features, as redline feature views of last values."""
 from redline.features import Entity, EventSource, FeatureView, last
 
