@@ -229,9 +229,14 @@ async def _measure(spec: LoadSpec, call: Callable[[], Awaitable[Any]], duration_
             times = send_times(spec.rate, duration_s, spec.schedule, spec.seed) + start
             tasks: set[asyncio.Task[None]] = set()
             for due in times:
+                # uvloop's timers have 1 ms resolution: sleeping the whole gap would send late
+                # and charge the lateness to the server. Sleep most of it, then spin (the loop
+                # still runs I/O between spins; the load tool has its own core).
                 delay = due - now()
-                if delay > 0.0005:
-                    await asyncio.sleep(delay)
+                if delay > 0.002:
+                    await asyncio.sleep(delay - 0.0015)
+                while now() < due:
+                    await asyncio.sleep(0)
                 task = asyncio.ensure_future(one(float(due)))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
