@@ -87,6 +87,7 @@ class RedlineServer:
         config = uvicorn.Config(
             self.app, host=server.host, port=server.http_port, http="httptools", loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
+            server_header=False,
             timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),
             timeout_keep_alive=30,
         )
