@@ -12,7 +12,7 @@ from redline.config import load_settings
 @click.command("serve")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="redline.yaml to read (default: ./redline.yaml if present).")
-@click.option("--repository", type=click.Path(file_okay=False), default=None,
+@click.option("--repository", "-r", type=click.Path(file_okay=False), default=None,
               help="Model repository folder (overrides `repository:` in the config).")
 @click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")
 @click.option("--http-port", type=int, default=None, help="REST port (default 8000; 0 = any).")
