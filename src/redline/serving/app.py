@@ -41,7 +41,7 @@ from redline.serving.deadline import (
     parse_budget,
     parse_priority,
 )
-from redline.serving.protocol import decode_rest, encode_rest, error_body
+from redline.serving.protocol import InferRequest, decode_rest, encode_rest, error_body
 from redline.serving.registry import ModelRegistry
 
 log = logging.getLogger("redline.serving")
@@ -223,6 +223,30 @@ class RestApp:
         body = message.get("body", b"")
         if message.get("more_body"):
             body = await self._read_rest(receive, body)
+        if header_length is None:
+            # The common request (one float input, flat data) skips the general decoder, the
+            # model's input check and the general encoder; anything else, errors included,
+            # falls through to the general path below (serving/fastjson.py says why).
+            try:
+                handle = self.registry.get(name, version)
+            except RedlineError:
+                handle = None  # the general path reports it, after any error in the body
+            fast = handle.json_fast if handle is not None else None
+            if fast is not None and (decoded := fast.decode(body)) is not None:
+                assert handle is not None
+                inputs, rows, rid = decoded
+                deadline = parse_budget(budget, handle.slo_ms, start)
+                level = parse_priority(priority)
+                outputs = handle.batcher.run_now(inputs, rows)
+                if outputs is None:
+                    outputs = await handle.batcher.submit(inputs, rows, deadline, level)
+                payload = fast.encode(outputs, rid)
+                if payload is not None:
+                    return 200, payload, [_JSON]
+                request = InferRequest(inputs, {})
+                request.id = rid
+                payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
+                return 200, payload, [_JSON]
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
         if request.outputs:

@@ -30,6 +30,7 @@ from redline.models.datatypes import V2_TO_NUMPY
 from redline.models.runtime import InferenceSession
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, AdmissionStats, CostModel, now
+from redline.serving.fastjson import JsonFastPath
 
 # The finiteness check below multiplies NaN by 0 on purpose; numpy's warning about it is noise.
 warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning,
@@ -70,6 +71,10 @@ class ModelHandle:
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
         self._zeros: dict[np.dtype, np.ndarray] = {}
+        # REST JSON requests of the common shape skip the general decoder and checks (fastjson).
+        self.json_fast = JsonFastPath.for_model(
+            session.inputs, session.outputs, self.name, self.version_str, self._reject_nan
+        )
         self._fast_specs: dict[str, tuple[np.dtype, tuple[int, ...] | None, bool]] = {}
         for spec in session.inputs:
             fixed = all(d >= 0 for d in spec.shape[1:])
