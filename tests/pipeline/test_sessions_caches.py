@@ -144,6 +144,9 @@ def test_prediction_cache_hits_and_is_dropped_on_version_change(serve, repo_path
         assert after["model_version"] == "2" and after["path"] == "primary"
         stats = c.get("/v1/pipeline/stats").json()["prediction_cache"]
         assert stats["entries"] == 1  # version 1's entries were dropped
+        pinned = c.post("/v1/models/cards/versions/2/predict", json=body).json()
+        assert pinned["model_version"] == "2" and pinned["path"] == "cache"
+        assert c.get("/v1/pipeline/stats").json()["prediction_cache"]["entries"] == 1
 
 
 def test_near_cache_bounded_staleness_and_version_change(serve, repo_path, defs_path):

@@ -465,8 +465,9 @@ class PredictPipeline:
                fb_handle.name if fb_handle else None, id(fb_handle) if fb_handle else None)
         route = self._routes.get(key)
         if route is None:
-            if self.predictions.observe_version(handle.name, handle.version) | \
-                    self.near.observe_version(handle.name, handle.version):
+            if self._is_default(handle) and (
+                    self.predictions.observe_version(handle.name, handle.version)
+                    | self.near.observe_version(handle.name, handle.version)):
                 log.info("model %s: version %s now served, caches dropped its entries",
                          handle.name, handle.version)
             primary = ModelPlan(handle, self.defs)
@@ -481,9 +482,19 @@ class PredictPipeline:
             if route.reader is not None and self._executor is not None:
                 route.fetcher = FeatureFetcher(route.reader.read, self._executor,
                                                route.entity_names)
-            self._routes = {k: r for k, r in self._routes.items() if k[0] != handle.name}
+            # Forget routes of versions no longer loaded (a pinned version stays routed).
+            loaded = {id(h) for h in self.registry.loaded(handle.name)}
+            self._routes = {k: r for k, r in self._routes.items()
+                            if k[0] != handle.name or k[2] in loaded}
             self._routes[key] = route
         return route
+
+    def _is_default(self, handle: ModelHandle) -> bool:
+        """Whether ``handle`` is the version served by default (its change drops caches)."""
+        try:
+            return self.registry.get(handle.name) is handle
+        except RedlineError:
+            return False
 
     def _fallback_handle(self, handle: ModelHandle) -> ModelHandle | None:
         name = self.settings.for_model(handle.name).fallback or handle.metadata.fallback
@@ -659,7 +670,9 @@ class PredictPipeline:
     async def _fetch(fetcher: FeatureFetcher, ids: dict[str, list[str]], n: int,
                      deadline: float, window: LatencyWindow) -> tuple[np.ndarray, np.ndarray]:
         """The coalesced read, waited for no longer than the budget leaves after the model."""
-        reserve = window.p99 + 0.0005
+        # The model's recent p99, plus the event loop's timer resolution (uvloop: 1 ms) and ~1 ms
+        # for assembly and the answer, so a cut-short wait still answers by the deadline.
+        reserve = window.p99 + 0.002
         wait = max(0.0005, deadline - now() - reserve)
         future = fetcher.read(ids, n)
         timer = asyncio.get_running_loop().call_later(wait, _expire, future, wait)
