@@ -51,7 +51,8 @@ class Dataset:
 
 def generate(cards: int = 2000, days: float = 8, seed: int = 7, end_ms: int | None = None,
              merchants: int | None = None, txn_per_day: float = 2.0,
-             stolen_share: float = 0.03, card_testing_attacks: int | None = None) -> Dataset:
+             stolen_share: float = 0.03, card_testing_attacks: int | None = None,
+             recent_bursts: int = 3) -> Dataset:
     """Transactions in ``[end_ms - days, end_ms)`` and the labels known by ``end_ms``."""
     rng = np.random.default_rng(seed)
     end = int(end_ms if end_ms is not None else time.time() * 1000)
@@ -85,11 +86,16 @@ def generate(cards: int = 2000, days: float = 8, seed: int = 7, end_ms: int | No
             merchant = int(rng.choice(usual)) if rng.random() < 0.85 else int(
                 rng.integers(n_merchants))
             add(card, merchant, median * rng.lognormal(0, 0.6), start + int(off), 0, "genuine")
-    # Stolen cards: test charges, then large ones at risky merchants, often at night.
-    for card in rng.choice(cards, int(cards * stolen_share), replace=False):
+    # Stolen cards: test charges, then large ones at risky merchants, often at night. The last
+    # few are in the final hours, so a replay of the most recent transactions meets fraud.
+    stolen = rng.choice(cards, int(cards * stolen_share), replace=False)
+    recent = set(stolen[:recent_bursts].tolist())
+    for card in stolen:
         t0 = start + int(rng.uniform(0.5, days) * DAY_MS) - 3 * HOUR_MS
         if rng.random() < 0.6:  # at night
             t0 = (t0 // DAY_MS) * DAY_MS + int(rng.uniform(0, 5) * HOUR_MS)
+        if card in recent:
+            t0 = end - int(rng.uniform(1.5, 5) * HOUR_MS)
         t0 = max(t0, start)
         ts = t0
         for _ in range(rng.integers(2, 5)):
