@@ -28,11 +28,15 @@ import click
 @click.option("--slo-p99", type=float, default=None, help="p99 objective in ms for --find-max.")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:DATATYPE:SHAPE",
               help="Input to send (e.g. X:FP32:1x30) instead of asking the model's metadata.")
+@click.option("--v1", "v1_body", default=None, metavar="JSON",
+              help="Entity predictions: send this /v1 predict body ({\"entities\": ..., "
+                   "\"request\": ...}) to /v1/models/MODEL/predict, or as a redline.v1 "
+                   "PredictRequest with --protocol grpc.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: int,
           schedule: str, duration: float, warmup: float, rows: int, budget_ms: float | None,
           find_max: bool, slo_p99: float | None, input_specs: tuple[str, ...],
-          as_json: bool) -> None:
+          v1_body: str | None, as_json: bool) -> None:
     """Measure latency and throughput; latency runs from each request's scheduled send time."""
     from redline.bench.runner import LoadSpec, run_load
     from redline.bench.runner import find_max as search
@@ -45,6 +49,8 @@ def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: 
                     connections=concurrency if rate is None else max(concurrency, 64),
                     schedule=schedule, duration_s=duration, warmup_s=warmup, rows=rows,
                     budget_ms=budget_ms)
+    if v1_body is not None:
+        spec.v1_body = _v1_body(v1_body, model, protocol)
     if input_specs:
         from redline.bench.runner import synth_inputs
 
@@ -91,3 +97,29 @@ def _parse_input(text: str) -> dict[str, object]:
         raise click.BadParameter(f"{text!r}: use NAME:DATATYPE:SHAPE like X:FP32:1x30",
                                  param_hint="--input") from None
     return {"name": name, "datatype": datatype.upper(), "shape": dims}
+
+
+def _v1_body(text: str, model: str, protocol: str) -> bytes:
+    """The ``--v1`` body as sent: JSON for REST, a serialised PredictRequest for gRPC."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--v1") from None
+    if protocol == "binary":
+        raise click.BadParameter("--v1 sends JSON (REST) or gRPC, not the binary extension",
+                                 param_hint="--protocol")
+    if protocol != "grpc":
+        return text.encode()
+    from redline.serving.proto import redline_v1_pb2 as v1
+
+    rows = doc.get("instances") or [doc]
+    try:
+        request = v1.PredictRequest(  # type: ignore[attr-defined]
+            model_name=model, session_id=doc.get("session_id", ""),
+            instances=[v1.Instance(  # type: ignore[attr-defined]
+                entities={k: str(v) for k, v in row.get("entities", {}).items()},
+                request=row.get("request", {})) for row in rows])
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot make a redline.v1 PredictRequest: {exc}",
+                                 param_hint="--v1") from None
+    return bytes(request.SerializeToString())
