@@ -138,3 +138,19 @@ def test_flat_requests_with_errors_get_the_general_messages(client: httpx.Client
     r = client.post("/v2/models/nope/infer", content=orjson.dumps(
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}))
     _error(r, 404, "nope")
+
+
+def test_encodes_like_the_general_encoder() -> None:
+    from redline.serving.protocol import InferRequest, encode_rest
+
+    fast = JsonFastPath.for_model([X], OUTS, "m", "3", True)
+    assert fast is not None
+    outputs = {"y": np.arange(8, dtype=np.float32).reshape(2, 4),
+               "s": np.array([6.0, 22.0], np.float32)}
+    for rid in (None, "q"):
+        request = InferRequest({}, {})
+        request.id = rid
+        assert fast.encode(outputs, rid) == encode_rest("m", "3", outputs, request)[0]
+    # An output of another dtype than declared, or a missing one: the general encoder answers.
+    assert fast.encode({**outputs, "s": outputs["s"].astype(np.float64)}, None) is None
+    assert fast.encode({"y": outputs["y"]}, None) is None

@@ -232,8 +232,8 @@ class RestApp:
             except RedlineError:
                 handle = None  # the general path reports it, after any error in the body
             fast = handle.json_fast if handle is not None else None
-            if fast is not None and (decoded := fast.decode(body)) is not None:
-                assert handle is not None
+            decoded = fast.decode(body) if fast is not None else None
+            if decoded is not None and fast is not None and handle is not None:
                 inputs, rows, rid = decoded
                 deadline = parse_budget(budget, handle.slo_ms, start)
                 level = parse_priority(priority)
@@ -241,11 +241,10 @@ class RestApp:
                 if outputs is None:
                     outputs = await handle.batcher.submit(inputs, rows, deadline, level)
                 payload = fast.encode(outputs, rid)
-                if payload is not None:
-                    return 200, payload, [_JSON]
-                request = InferRequest(inputs, {})
-                request.id = rid
-                payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
+                if payload is None:  # the model returned an undeclared dtype: general encoder
+                    request = InferRequest(inputs, {})
+                    request.id = rid
+                    payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
                 return 200, payload, [_JSON]
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
