@@ -134,15 +134,17 @@ def _serve_in_thread(settings: object) -> tuple[object, threading.Thread]:
     return server, thread
 
 
-def _bench(example: Path, url: str, body: bytes, concurrency: int, seconds: float) -> dict:
+def _bench(url: str, body: bytes, concurrency: int, seconds: float) -> dict:
+    """``redline bench --v1`` in its own process (never sharing the server's interpreter)."""
     out = subprocess.run(
-        [sys.executable, str(example / "bench.py"), "--url", url, "--body", body.decode(),
-         "--concurrency", str(concurrency), "--duration", str(seconds), "--warmup", "1"],
+        [sys.executable, "-m", "redline.cli", "bench", "--url", url, "--model", "fraud",
+         "--v1", body.decode(), "--concurrency", str(concurrency), "--duration", str(seconds),
+         "--warmup", "1", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     if out.returncode != 0:
         raise SystemExit(f"benchmark failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def fraud_step(root: Path, cards: int, days: float, replay_n: int, bench_s: float
@@ -204,10 +206,10 @@ def fraud_step(root: Path, cards: int, days: float, replay_n: int, bench_s: floa
     console.print(f"replayed {len(records)} transactions ({sum(labels)} fraud) through /v1: "
                   f"{degraded} degraded, {auc_text}")
     body = orjson.dumps({k: v for k, v in fx.request_of(recent[-1]).items() if k != "request_id"})
-    with console.status(f"measuring /v1/models/fraud/predict with redline's load generator "
+    with console.status(f"measuring /v1/models/fraud/predict with `redline bench --v1` "
                         f"({bench_s:g} s at concurrency 1, then 8)…"):
-        one = _bench(example, url, body, 1, bench_s)
-        many = _bench(example, url, body, 8, bench_s)
+        one = _bench(url, body, 1, bench_s)
+        many = _bench(url, body, 8, bench_s)
     server.stop()  # type: ignore[attr-defined]
     thread.join(30)
     table = Table(title="/v1/models/fraud/predict (features + transforms + model), one process")
