@@ -437,7 +437,8 @@ def _floor32_thresholds(node: dict[str, Any]) -> None:
             current.get("threshold"), (int, float)
         ):
             t = float(current["threshold"])
-            f = np.float32(t)
+            with np.errstate(over="ignore"):  # thresholds beyond float32 floor to its max below
+                f = np.float32(t)
             if float(f) > t:
                 f = np.nextafter(f, np.float32(-np.inf))
             current["threshold"] = float(f)
