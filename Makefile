@@ -10,9 +10,9 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-# Runtime + converters: what the demo needs.
+# Runtime + converters + offline builder + an HTTP client: what the demo needs.
 $(VENV)/.demo-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[convert,offline]'
+	$(PIP) install -e '.[demo]'
 	@touch $@
 
 # Everything the test suite needs, torch included (CPU build, pinned).
