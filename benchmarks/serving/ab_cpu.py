@@ -1,0 +1,92 @@
+"""Server CPU per request, interleaved: the bare ASGI floor, redline, and optionally an older
+redline, on the demo forest (REST JSON, one FP32 row of 30 features).
+
+Why a separate script: on a shared 2-core machine throughput and latency swing with other
+people's work, while the server process's CPU time per request barely moves. All servers run
+at once (pinned to CPU 0, the load tool to CPU 1) and are measured in short alternating runs,
+so noise hits each alike; the median over rounds is reported.
+
+Usage (from the repository root; ``$KIT`` is a scratch copy of ../shared/peers/ where its
+setup.sh and train.py ran, ``$KIT_VENV`` the venv setup.sh made)::
+
+    git archive <rev> src | tar -x -C "$BEFORE"      # optional: an older redline to compare
+    .venv/bin/python benchmarks/serving/ab_cpu.py --kit "$KIT" --kit-venv "$KIT_VENV" \
+        --before "$BEFORE/src" -c 8 --rounds 9 --duration 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import PY, ROOT, cpu_seconds, wait_http  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kit", required=True, type=Path)
+    ap.add_argument("--kit-venv", required=True, type=Path)
+    ap.add_argument("--before", type=Path, help="src/ of another redline tree (PYTHONPATH)")
+    ap.add_argument("-c", "--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--duration", type=float, default=2.0)
+    args = ap.parse_args()
+    kit = args.kit.resolve()
+    scratch = Path(tempfile.mkdtemp(prefix="redline-ab-"))
+    subprocess.run([PY, "-c", "import sys; from redline.models import ModelRepository; "
+                    "ModelRepository(sys.argv[2]).add_onnx('rf', sys.argv[1])",
+                    str(kit / "models/rf.onnx"), str(scratch / "repo")], check=True)
+    uv = ["-m", "uvicorn", "--http", "httptools", "--loop", "uvloop", "--no-access-log"]
+    serve = [PY, "-m", "redline.cli", "serve", "--no-watch", "--repository", str(scratch / "repo")]
+    servers: dict[str, tuple[list[str], Path, int, dict[str, str]]] = {
+        "raw_asgi": ([str(args.kit_venv / "bin/python"), *uv, "raw_asgi:app", "--port", "8097"],
+                     kit, 8097, {"MODEL": str(kit / "models/rf.onnx")}),
+        "redline": ([*serve, "--http-port", "8300", "--grpc-port", "8301"], ROOT, 8300, {}),
+    }
+    if args.before:
+        servers["redline_before"] = ([*serve, "--http-port", "8350", "--grpc-port", "8351"],
+                                     scratch, 8350, {"PYTHONPATH": str(args.before.resolve())})
+    procs = {}
+    try:
+        for name, (cmd, cwd, port, env) in servers.items():
+            procs[name] = subprocess.Popen(["taskset", "-c", "0", *cmd], cwd=cwd,
+                                           env={**os.environ, **env},
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_http(port, "/v2/health/live")
+        time.sleep(2)
+        rows: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in servers}
+        for _ in range(args.rounds):
+            for name, (_, _, port, _) in servers.items():
+                before = cpu_seconds(procs[name].pid)
+                done = subprocess.run(
+                    ["taskset", "-c", "1", PY, "-m", "redline.cli", "bench", "--url",
+                     f"http://127.0.0.1:{port}", "--model", "rf", "--input", "X:FP32:1x30",
+                     "-c", str(args.concurrency), "--duration", str(args.duration),
+                     "--warmup", "0.3", "--json"],
+                    capture_output=True, text=True, check=True, cwd=ROOT)
+                cpu = cpu_seconds(procs[name].pid) - before
+                r = json.loads(done.stdout)
+                rows[name].append((r["throughput_rps"], r["latency_ms"]["p50"],
+                                   r["latency_ms"]["p99"], cpu * 1e6 / max(1, r["ok"])))
+    finally:
+        for p in procs.values():
+            p.terminate()
+    print(f"medians of {args.rounds} rounds of {args.duration} s\n"
+          "| server | c | req/s | p50 ms | p99 ms | server CPU µs/req |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    for name, rs in rows.items():
+        med = [statistics.median(r[i] for r in rs) for i in range(4)]
+        print(f"| {name} | {args.concurrency} | {med[0]:,.0f} | {med[1]:.3f} | {med[2]:.3f} | "
+              f"{med[3]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
