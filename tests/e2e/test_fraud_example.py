@@ -38,9 +38,18 @@ def test_fraud_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     assert result["holdout_fraud"] > 0
     assert result["roc_auc"] > 0.8  # the patterns are learnable from point-in-time features
     table = result["table"]
-    # Point in time: a transaction's own event is not in its features.
-    first = table.groupby("card_id").head(1)
-    assert (first["card_activity:count_1m"] == 0).all()
+    # Point in time: a transaction's own event is not in its features. For every card whose very
+    # first transaction is in the table (rows are as of 1 ms before each transaction), nothing
+    # of that card can have been seen yet. (The builder's row order is not the event order.)
+    first_ts: dict[str, int] = {}
+    for t in data.transactions:
+        first_ts.setdefault(t["card_id"], t["ts"])
+    earliest = table.sort_values("ts").groupby("card_id").head(1)
+    fresh = earliest[[ts + 1 == first_ts[c] for c, ts in zip(earliest["card_id"], earliest["ts"],
+                                                             strict=True)]]
+    assert len(fresh) > 10
+    assert (fresh["card_activity:count_1m"] == 0).all()
+    assert (fresh["card_activity:count_1d"] == 0).all()
 
     from redline.models import ModelRepository
     from tests.pipeline.conftest import make_settings
