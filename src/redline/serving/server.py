@@ -16,6 +16,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import uvicorn
 
 from redline.config import Settings
@@ -64,6 +65,9 @@ class RedlineServer:
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
         gc.collect()
         gc.freeze()
+        # A value beyond a float's range becomes inf and is refused by the finite-value check
+        # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
+        np.seterr(over="ignore", invalid="ignore")
         loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
