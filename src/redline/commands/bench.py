@@ -37,7 +37,21 @@ def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: 
           schedule: str, duration: float, warmup: float, rows: int, budget_ms: float | None,
           find_max: bool, slo_p99: float | None, input_specs: tuple[str, ...],
           v1_body: str | None, as_json: bool) -> None:
-    """Measure latency and throughput; latency runs from each request's scheduled send time."""
+    """Measure latency and throughput; latency runs from each request's scheduled send time.
+
+    Open loop (--rate) sends on a schedule whatever the server does, so a stall shows up in the
+    percentiles instead of silently slowing the sender (no coordinated omission). Without
+    --rate it runs closed loop at --concurrency.
+
+    \b
+    Examples:
+      redline bench --model breast_cancer --rate 500 --duration 10     # open loop, REST JSON
+      redline bench --model breast_cancer -c 8 --protocol binary       # closed loop, 8 in flight
+      redline bench --model breast_cancer --protocol grpc --url grpc://127.0.0.1:8001 --rate 200
+      redline bench --model breast_cancer --find-max --slo-p99 5   # top rate with p99 <= 5 ms
+      redline bench --model fraud --rate 500 --v1 '{"entities": {"card_id": "c1"}, ...}'
+      redline bench --model breast_cancer --rate 1000 --json > run.json
+    """
     from redline.bench.runner import LoadSpec, run_load
     from redline.bench.runner import find_max as search
 
