@@ -20,11 +20,10 @@ $(VENV)/.dev-installed: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e '.[dev,torch]'
 	@touch $@ $(VENV)/.demo-installed
 
-# redis-server is started by the test fixtures themselves (free port, killable); make sure it exists.
+# What the tests need outside Python: one small script per service in tools/services.d/ (each
+# checks before it installs, so a warm machine pays nothing).
 services:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server (tests start their own on free ports)"; \
-	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+	@for f in tools/services.d/*.sh; do bash "$$f" || exit 1; done
 
 demo: $(VENV)/.demo-installed
 	$(PY) -m redline.demo

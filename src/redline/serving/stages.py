@@ -1,0 +1,103 @@
+"""The named stages of a request and the record each request leaves behind.
+
+Every stage of both APIs (V2 and ``/v1``, REST and gRPC) is timed once, here: the Prometheus
+histograms, the trace spans, the slow-request log and ``/v1``'s ``timings_us`` all read the same
+``RequestRecord``. Observers (``monitoring``) receive finished records; the serving code never
+imports them, the server wires them in.
+
+Times are ``time.perf_counter_ns()`` values; ``wall_ns`` anchors them to the wall clock
+(``time.time_ns()`` at the start) so trace spans can be exported with real timestamps after the
+request has finished (tail sampling decides then whether to keep them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+# The stages, in the order a request meets them. A request records only the ones it passes.
+DECODE = "decode"
+ADMISSION = "admission"
+FEATURES = "features"
+SESSIONS = "sessions"
+QUEUE = "queue"
+INFERENCE = "inference"
+ENCODE = "encode"
+STAGES = (DECODE, ADMISSION, FEATURES, SESSIONS, QUEUE, INFERENCE, ENCODE)
+
+_perf_ns = time.perf_counter_ns
+_wall_ns = time.time_ns
+
+
+class RequestRecord:
+    """What one request did: which API and model, which path served it, and each stage's span."""
+
+    __slots__ = (
+        "api", "transport", "model", "version", "path", "status", "request_id",
+        "traceparent", "start_ns", "wall_ns", "end_ns", "spans", "rows", "inputs",
+        "outputs", "entity_key", "attributes",
+    )
+
+    def __init__(self, api: str, transport: str, start_ns: int | None = None) -> None:
+        self.api = api                      # "v2" | "v1"
+        self.transport = transport          # "rest" | "grpc"
+        self.model = ""
+        self.version = ""
+        self.path = "primary"               # primary | fallback | cache | default
+        self.status = "ok"                  # "ok" or a RedlineError code
+        self.request_id = ""
+        self.traceparent: str | None = None  # W3C header as received, if any
+        self.start_ns = _perf_ns() if start_ns is None else start_ns
+        self.wall_ns = _wall_ns() - (_perf_ns() - self.start_ns)
+        self.end_ns = 0
+        self.spans: list[tuple[str, int, int]] = []   # (stage, start_ns, end_ns)
+        self.rows = 0
+        self.inputs: Any = None             # decoded model inputs (for drift), when kept
+        self.outputs: Any = None            # model outputs (for drift/quality), when kept
+        self.entity_key: str | None = None
+        self.attributes: dict[str, Any] | None = None
+
+    def add(self, stage: str, start_ns: int, end_ns: int) -> None:
+        self.spans.append((stage, start_ns, end_ns))
+
+    def finish(self, status: str = "ok", end_ns: int | None = None) -> None:
+        self.status = status
+        self.end_ns = _perf_ns() if end_ns is None else end_ns
+
+    @property
+    def total_us(self) -> float:
+        end = self.end_ns or _perf_ns()
+        return (end - self.start_ns) / 1000.0
+
+    def timings_us(self) -> dict[str, int]:
+        """Microseconds per stage (summed if a stage ran twice) plus ``total``."""
+        out: dict[str, int] = {}
+        for name, start, end in self.spans:
+            out[name] = out.get(name, 0) + (end - start) // 1000
+        out["total"] = int(self.total_us)
+        return out
+
+
+class RequestObserver(Protocol):
+    """Receives every finished request. Must be cheap: it runs on the event loop."""
+
+    def request_finished(self, record: RequestRecord) -> None: ...
+
+
+class Observers:
+    """The observers a server was started with; empty means nothing to do."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[RequestObserver] | None = None) -> None:
+        self._items: tuple[RequestObserver, ...] = tuple(items or ())
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def add(self, observer: RequestObserver) -> None:
+        self._items = (*self._items, observer)
+
+    def finished(self, record: RequestRecord) -> None:
+        for observer in self._items:
+            observer.request_finished(record)
