@@ -89,7 +89,7 @@ class CacheSettings:
 
 @dataclass
 class PipelineSettings:
-    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
+    """Entity predictions under ``/v1`` (see ``serving/predict/``)."""
 
     breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
     breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
@@ -97,6 +97,9 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
+    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age, F1)
+    probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
+                                      # runs the primary anyway, so a recovered model is seen
 
 
 @dataclass
