@@ -8,8 +8,6 @@ app with its public :meth:`RestApp.add_route`. The budget is the body's ``budget
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from redline.errors import RedlineError
@@ -29,7 +27,6 @@ class V1Rest:
     def __init__(self, pipeline: PredictPipeline, app: RestApp) -> None:
         self.pipeline = pipeline
         self.observers = app.observers
-        self._ingestor: Any = None
 
     def install(self, app: RestApp) -> None:
         app.add_route("POST", "/v1/models/{name}/predict", self.predict)
@@ -79,11 +76,7 @@ class V1Rest:
         return HttpResponse.json(self.pipeline.stats())
 
     async def events(self, request: HttpRequest) -> HttpResponse:
-        from redline.features.ingest import Ingestor, handle_events
+        from redline.features.ingest import handle_events
 
-        defs, store = self.pipeline.defs, self.pipeline.store
-        assert defs is not None and store is not None  # the route is mounted only with both
-        if self._ingestor is None:
-            self._ingestor = Ingestor(defs, store)
-        status, body = await handle_events(self._ingestor, request.body)
+        status, body = await handle_events(self.pipeline.ingestor, request.body)
         return HttpResponse(status, body)

@@ -24,8 +24,15 @@ import numpy as np
 import orjson
 
 from redline.config import Settings
-from redline.errors import DeadlineExceeded, ModelNotReady, Overloaded, RedlineError
+from redline.errors import (
+    DeadlineExceeded,
+    FeatureNotFound,
+    ModelNotReady,
+    Overloaded,
+    RedlineError,
+)
 from redline.features.definitions import FeatureDefinitions
+from redline.features.ingest import Ingestor
 from redline.features.online.base import OnlineStore
 from redline.serving.deadline import Budget
 from redline.serving.handle import ModelHandle
@@ -71,10 +78,22 @@ class PredictPipeline:
         self._latency: dict[tuple[str, int], LatencyWindow] = {}
         self.paths = {PRIMARY: 0, FALLBACK: 0, CACHE: 0, DEFAULT: 0}
         self.degraded = 0
+        self._ingestor: Ingestor | None = None
 
     @property
     def near(self) -> FeatureNearCache:
         return self.features.near
+
+    @property
+    def ingestor(self) -> Ingestor:
+        """The features package's ingest into this pipeline's store (``POST /v1/events``,
+        ``redline serve --replay``); needs feature definitions and a store."""
+        if self._ingestor is None:
+            if self.defs is None or self.store is None:
+                raise FeatureNotFound("no feature definitions are loaded; set "
+                                      "features.definitions in redline.yaml")
+            self._ingestor = Ingestor(self.defs, self.store)
+        return self._ingestor
 
     # ------------------------------------------------------------------ the request
     async def predict(self, name: str, req: PredictRequest, budget_of: Any,
