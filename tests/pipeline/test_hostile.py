@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from redline.config import BatchingSettings, ModelSettings
-from redline.serving.proto import redline_v1_pb2 as v1
-from redline.serving.proto import redline_v1_pb2_grpc as v1g
+from redline.proto import redline_v1_pb2 as v1
+from redline.proto import redline_v1_pb2_grpc as v1g
 from redline.serving.stages import RequestRecord
 from tests.pipeline.conftest import make_settings
 from tests.pipeline.test_degradation import score
