@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -179,6 +180,7 @@ class Supervisor:
             code = proc.poll()
             if code is None:
                 continue
+            _metrics_worker_exited(proc.pid)
             if worker.retiring:
                 del self.workers[slot]
                 continue
@@ -215,6 +217,10 @@ class Supervisor:
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         self._bind()
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Every worker writes its metrics files here; any worker's /metrics merges them all.
+            self._metrics_dir = tempfile.TemporaryDirectory(prefix="redline-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir.name
         self.board = LoadBoard.create()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
@@ -263,6 +269,15 @@ class Supervisor:
                 proc.kill()
                 proc.wait(5)
         log.warning("redline workers stopped")
+
+
+def _metrics_worker_exited(pid: int) -> None:
+    """A dead worker's live gauges leave the merged scrape (monitoring's multiprocess files)."""
+    try:
+        from redline.monitoring.metrics import worker_exited
+    except ImportError:  # pragma: no cover - monitoring not installed in this build
+        return
+    worker_exited(pid)
 
 
 def _describe(code: int) -> str:
