@@ -193,14 +193,18 @@ def create_grpc_server(
     servicer: InferenceServicer,
     settings: Settings,
     extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with the V2 service (not started; bind a port, then ``start()``)."""
+    """A grpc.aio server with the V2 service (not started; bind a port, then ``start()``).
+
+    ``reuse_port`` lets worker processes bind one port together (SO_REUSEPORT, scaling/).
+    """
     limit = settings.server.max_body_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
         handlers=[inference_handler(servicer), *extra_handlers],
     )

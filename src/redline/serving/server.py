@@ -68,6 +68,10 @@ class RedlineServer:
         self.started = asyncio.Event()
         self._stop = asyncio.Event()
         self._http: _Uvicorn | None = None
+        # Set by a worker process (scaling/worker.py): the listening socket it shares with its
+        # siblings, and the ASGI app uvicorn runs (the REST app, possibly wrapped by a meter).
+        self.http_socket: socket.socket | None = None
+        self.asgi: Any = self.app
 
     async def serve(self, install_signals: bool = True) -> None:
         """Load models, serve until ``stop()`` or a signal, then drain."""
@@ -85,12 +89,13 @@ class RedlineServer:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        sock = _bind(server.host, server.http_port)
+        sock = self.http_socket or _bind(server.host, server.http_port)
         self.http_port = sock.getsockname()[1]
         grpc_server = None
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
-                                             self._v1_grpc.handlers())
+                                             self._v1_grpc.handlers(),
+                                             reuse_port=self.http_socket is not None)
             try:
                 self.grpc_port = grpc_server.add_insecure_port(
                     f"{server.host}:{server.grpc_port}")
@@ -102,7 +107,7 @@ class RedlineServer:
                 ) from None
             await grpc_server.start()
         config = uvicorn.Config(
-            self.app, host=server.host, port=server.http_port, http=JsonErrorHttpProtocol,
+            self.asgi, host=server.host, port=server.http_port, http=JsonErrorHttpProtocol,
             loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
             server_header=False,
