@@ -129,6 +129,12 @@ class FeatureSettings:
     ingest_batch: int = 1000  # events per atomic write
     claim_idle_ms: int = 30000  # pending entries idle this long are claimed from dead consumers
     http_port: int = 8010  # `redline ingest http` (POST /v1/events)
+    # `redline ingest kafka` (redline[kafka]): messages keyed by entity id, JSON values
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_topic: str = "redline-events"
+    kafka_group: str = "redline-ingest"
+    # any librdkafka setting, e.g. security.protocol, sasl.mechanism, sasl.username, ssl.ca.location
+    kafka_config: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
