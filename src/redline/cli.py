@@ -101,19 +101,72 @@ def cli() -> None:
     """
 
 
+# Optional dependency (top-level module name) -> the extra that installs it.
+EXTRAS: dict[str, str] = {
+    "redis": "redis", "hiredis": "redis",
+    "sklearn": "convert", "skl2onnx": "convert", "onnxmltools": "convert", "lightgbm": "convert",
+    "xgboost": "convert", "joblib": "convert", "onnxconverter_common": "convert",
+    "torch": "torch",
+    "duckdb": "offline", "pyarrow": "offline", "pandas": "offline",
+    "httpx": "demo", "tritonclient": "dev",
+}
+
+
+def error_line(code: str, message: str) -> str:
+    """The one shape every user error is printed in."""
+    return f"error [{code}]: {message}"
+
+
+def _fail(code: str, message: str) -> None:
+    click.echo(error_line(code, message), err=True)
+    sys.exit(2)
+
+
+def _usage_hint(ctx: click.Context | None) -> str:
+    if ctx is None:
+        return "redline --help"
+    return f"{ctx.command_path} --help"
+
+
+def missing_dependency_message(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra to install, or None when the module is not an optional one."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return (f"this needs the optional package '{top}', which is not installed; install it with "
+            f"pip install 'redline[{extra}]' (or `make demo`, which installs the demo extras)")
+
+
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point: user errors print one clear line and exit 2, never a traceback."""
+    """Entry point: every user error prints one line ``error [code]: message`` and exits 2.
+
+    Click's own usage errors (unknown option, missing argument) are printed the same way. Set
+    ``REDLINE_DEBUG=1`` to see the traceback of an unexpected error instead.
+    """
+    import os
+
     try:
         return cli.main(args=argv, prog_name="redline", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        _fail("usage", f"{exc.format_message()} (see `{_usage_hint(exc.ctx)}`)")
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail("invalid_input", exc.format_message())
     except RedlineError as exc:
-        click.echo(f"error [{exc.code}]: {exc.message}", err=True)
-        sys.exit(2)
+        _fail(exc.code, exc.message)
+    except ModuleNotFoundError as exc:
+        message = missing_dependency_message(exc)
+        if message is None or os.environ.get("REDLINE_DEBUG"):
+            raise
+        _fail("missing_dependency", message)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        if os.environ.get("REDLINE_DEBUG"):
+            raise
+        name = f" {exc.filename}" if exc.filename else ""
+        _fail("file_error", f"cannot use{name}: {exc.strerror or exc}")
 
 
 if __name__ == "__main__":

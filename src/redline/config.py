@@ -3,6 +3,17 @@
 Loading is strict: an unknown key or a value of the wrong type is a :class:`ConfigError` that
 names the key path and the line of the file, because a typo in a latency setting silently falling
 back to a default is worse than a refusal to start.
+
+Three layers, later ones win: the defaults here, ``redline.yaml``, then environment variables
+``REDLINE_<SECTION>__<KEY>`` (``REDLINE_SERVER__HTTP_PORT=9000``,
+``REDLINE_FEATURES__REDIS_URL=...``, ``REDLINE_MODELS__FRAUD__SLO_MS=20``; a top-level key is
+``REDLINE_REPOSITORY``); values are read as YAML, so ``[1, 8]`` is a list. Command-line options
+win over all three.
+
+Paths (fields whose metadata says ``path``) in a ``redline.yaml`` resolve relative to that file,
+so ``redline serve --config examples/fraud/redline.yaml`` works from any folder. The model
+repository and the feature registry default to ``models/`` and ``features/`` in one project
+folder, ``.redline`` next to the file (or in the current folder without one).
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ class RuntimeSettings:
     graph_optimization: str = "all"  # disable | basic | extended | all
     execution_mode: str = "sequential"  # sequential | parallel
     providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
-    optimized_model_dir: str | None = None  # save the optimized graph here when set
+    # save the optimized graph here when set
+    optimized_model_dir: str | None = field(default=None, metadata={"path": True})
     warmup_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     warmup_runs: int = 3
 
@@ -100,8 +112,26 @@ class CacheSettings:
 
 
 @dataclass
+class ScalingSettings:
+    """Worker processes, the local autoscaler and rollouts (see ``scaling/``)."""
+
+    workers: int = 0  # 0 = one per core (1 when the store is in-process memory or admin is on)
+    min_workers: int = 0  # autoscale between min and max when max > min (0 = off)
+    max_workers: int = 0
+    restart_backoff_s: float = 0.5  # first wait before restarting a crash-looping worker
+    max_restart_backoff_s: float = 10.0
+    crash_window_s: float = 30.0  # crashes closer than this count as a loop
+    autoscale_interval_s: float = 1.0
+    queue_high: float = 4.0  # in-flight requests per worker that ask for one more
+    queue_low: float = 0.5  # ... and below which a worker may go
+    scale_up_cooldown_s: float = 5.0
+    scale_down_cooldown_s: float = 30.0
+    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+
+
+@dataclass
 class PipelineSettings:
-    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
+    """Entity predictions under ``/v1`` (see ``serving/predict/``)."""
 
     breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
     breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
@@ -109,16 +139,24 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
+    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age, F1)
+    probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
+                                      # runs the primary anyway, so a recovered model is seen
 
 
 @dataclass
 class FeatureSettings:
-    definitions: str | None = None  # python module or file that declares entities/sources/views
+    # python module or file that declares entities/sources/views
+    definitions: str | None = field(default=None, metadata={"path": "module-or-file"})
     store: str = "memory"  # memory | redis
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout_ms: float = 50.0
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster
-    registry: str = ".redline/features"
+    # feature-view versions on disk (default: <project>/features)
+    registry: str = field(default=".redline/features", metadata={"path": True})
+    # events replayed into the online store when `redline serve` starts (the embedded memory
+    # store's history; see `redline serve --preload`)
+    preload: str | None = field(default=None, metadata={"path": True})
     stream: str = "redline:events"  # Redis Stream that `redline ingest redis-stream` consumes
     consumer_group: str = "redline-ingest"
     ingest_batch: int = 1000  # events per atomic write
@@ -127,10 +165,42 @@ class FeatureSettings:
 
 
 @dataclass
+class MonitoringSettings:
+    """Metrics, traces, drift, quality, review and alerts (``redline/monitoring``)."""
+
+    enabled: bool = True  # the request observers and /metrics; off = nothing on the request path
+    tick_s: float = 1.0  # how often time series, gauges, drift and alerts are brought up to date
+    # Tracing: spans are built after the request from its record; export only when configured.
+    otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318/v1/traces (needs [otel])
+    trace_sample_ratio: float = 0.01  # head sampling; a sampled traceparent is always kept
+    trace_slow_ms: float | None = None  # tail keep: slower than this (default: the model's SLO)
+    trace_queue_size: int = 2048  # records waiting for export; beyond it they are dropped, counted
+    slow_log_size: int = 20  # the N slowest requests of the last minute (/v1/debug/slow)
+    # Drift and quality: bounded rolling windows per model version.
+    drift_window_rows: int = 5000
+    drift_min_rows: int = 200  # below this a window is reported but never alarms
+    quality_join_capacity: int = 100_000  # predictions kept for a label to join (oldest go first)
+    quality_join_ttl_s: float = 7 * 24 * 3600.0
+    quality_window: int = 5000  # labelled predictions the rolling quality is computed over
+    quality_tolerance: float = 0.05  # alarm when quality is worse than validation by this fraction
+    # Human review: uncertain / out-of-range / drifted requests, at a bounded rate.
+    review_per_minute: float = 30.0
+    review_capacity: int = 1000
+    review_margin: float = 0.1  # |p - 0.5| below this counts as uncertain
+    # Alerts for those who run no Prometheus: a webhook with back-off.
+    alert_webhook_url: str | None = None
+    alert_min_interval_s: float = 60.0  # repeats of a firing alert back off from here...
+    alert_max_interval_s: float = 3600.0  # ...doubling up to here
+
+
+@dataclass
 class Settings:
     """The whole configuration. ``Settings()`` is the embedded default: no services needed."""
 
-    repository: str = ".redline/models"
+    # one project folder: the repository and the feature registry default to models/ and
+    # features/ in it
+    project: str = field(default=".redline", metadata={"path": True})
+    repository: str = field(default=".redline/models", metadata={"path": True})
     server: ServerSettings = field(default_factory=ServerSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
@@ -138,6 +208,8 @@ class Settings:
     features: FeatureSettings = field(default_factory=FeatureSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
     optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
     source: str | None = None  # the file these settings came from, if any
 
@@ -148,14 +220,27 @@ class Settings:
         return self.for_model(name).batching or self.batching
 
 
-def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
-    """Load settings from ``path``, or ``./redline.yaml`` if it exists, or the defaults."""
+ENV_PREFIX = "REDLINE_"
+# REDLINE_* variables that are not settings overrides.
+_NOT_SETTINGS = {"REDLINE_CONFIG", "REDLINE_ADMIN_TOKEN", "REDLINE_DEBUG"}
+
+
+def load_settings(path: str | os.PathLike[str] | None = None,
+                  environ: typing.Mapping[str, str] | None = None) -> Settings:
+    """Load settings from ``path``, or ``./redline.yaml`` if it exists, or the defaults; then
+    apply ``REDLINE_<SECTION>__<KEY>`` environment overrides."""
+    env = os.environ if environ is None else environ
     if path is None:
-        env_path = os.environ.get("REDLINE_CONFIG")
+        env_path = env.get("REDLINE_CONFIG")
         path = env_path or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None)
-    if path is None:
-        return Settings()
-    file = Path(path)
+    settings = Settings() if path is None else _load_file(Path(path))
+    explicit = _explicit_keys(settings)
+    overridden = apply_env(settings, env)
+    _default_project_paths(settings, explicit | overridden)
+    return settings
+
+
+def _load_file(file: Path) -> Settings:
     try:
         text = file.read_text()
     except OSError as exc:
@@ -165,10 +250,113 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
     if node is None:
-        return Settings(source=str(file))
-    settings = _build(Settings, node, str(file), "")
+        settings = Settings()
+    else:
+        settings = _build(Settings, node, str(file), "")
+        settings._explicit = _mapping_keys(node, "")  # type: ignore[attr-defined]
     settings.source = str(file)
+    # Every path the file names (and the default project folder) is relative to the file.
+    _resolve_paths(settings, file.parent)
     return settings
+
+
+def _mapping_keys(node: yaml.Node, prefix: str) -> set[str]:
+    keys: set[str] = set()
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            path = f"{prefix}.{k.value}" if prefix else str(k.value)
+            keys.add(path)
+            keys |= _mapping_keys(v, path)
+    return keys
+
+
+def _explicit_keys(settings: Settings) -> set[str]:
+    return set(getattr(settings, "_explicit", set()))
+
+
+def _resolve_paths(obj: Any, base: Path) -> None:
+    """Make every relative path field of ``obj`` (recursively) relative to ``base``."""
+    if base == Path(""):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        kind = f.metadata.get("path")
+        if kind and isinstance(value, str) and value and not os.path.isabs(value):
+            if kind == "module-or-file" and not _looks_like_file(value):
+                continue  # a module name (pkg.features) stays as it is
+            setattr(obj, f.name, os.path.normpath(base / value))
+        elif dataclasses.is_dataclass(value):
+            _resolve_paths(value, base)
+        elif isinstance(value, dict):
+            for item in value.values():
+                if dataclasses.is_dataclass(item):
+                    _resolve_paths(item, base)
+
+
+def _looks_like_file(value: str) -> bool:
+    return value.endswith(".py") or "/" in value or os.sep in value
+
+
+def _default_project_paths(settings: Settings, explicit: set[str]) -> None:
+    """The repository and the registry live in one project folder unless named on their own."""
+    if "repository" not in explicit:
+        settings.repository = os.path.join(settings.project, "models")
+    if "features.registry" not in explicit:
+        settings.features.registry = os.path.join(settings.project, "features")
+
+
+def apply_env(settings: Settings, environ: typing.Mapping[str, str]) -> set[str]:
+    """Apply ``REDLINE_<SECTION>__<KEY>=value`` overrides; returns the dotted keys it set.
+
+    An unknown ``REDLINE_X__Y`` is an error (a typo must not silently do nothing).
+    """
+    done: set[str] = set()
+    top = {f.name for f in dataclasses.fields(Settings) if f.name != "source"}
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in _NOT_SETTINGS:
+            continue
+        parts = var[len(ENV_PREFIX):].lower().split("__")
+        if len(parts) == 1 and parts[0] not in top:
+            continue  # another tool's REDLINE_* variable, not a setting
+        _set_from_env(settings, parts, environ[var], var)
+        done.add(".".join(parts))
+    return done
+
+
+def _set_from_env(settings: Settings, parts: list[str], raw: str, var: str) -> None:
+    obj: Any = settings
+    cls: Any = Settings
+    where = f"environment variable {var}"
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        path = ".".join(parts[: i + 1])
+        if isinstance(obj, dict):
+            # models.<name>.<key>: a per-model section, made on first use
+            item_cls = typing.get_args(cls)[1]
+            if last:
+                raise ConfigError(f"{where}: '{path}' needs a key after the name")
+            if part not in obj:
+                obj[part] = item_cls()
+            obj, cls = obj[part], item_cls
+            continue
+        names = {f.name for f in dataclasses.fields(obj) if f.name != "source"}
+        if part not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"{where}: unknown key '{path}' (known: {known})")
+        hint = typing.get_type_hints(type(obj))[part]
+        if last:
+            node = yaml.compose(raw) if raw.strip() else yaml.compose("''")
+            try:
+                setattr(obj, part, _convert(hint, node, var, path))
+            except ConfigError as exc:
+                raise ConfigError(exc.message.replace(f"{var}:1:", f"{where}:")) from None
+            return
+        child = getattr(obj, part)
+        if child is None:  # an optional section (models.x.batching): start from its defaults
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            child = inner[0]()
+            setattr(obj, part, child)
+        obj, cls = child, hint
 
 
 def _where(file: str, node: yaml.Node) -> str:

@@ -42,6 +42,11 @@ class InvalidInput(RedlineError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class InvalidBudget(InvalidInput):
+    """A request's latency budget is not a usable number of milliseconds (code: invalid_input,
+    the same on every API and transport; the message names where the budget came from)."""
+
+
 class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
     http_status = 413
@@ -148,3 +153,19 @@ class VersionMismatch(RedlineError):
     code = "feature_version_mismatch"
     http_status = 409
     grpc_status = "FAILED_PRECONDITION"
+
+
+class MissingDependency(RedlineError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+    code = "missing_dependency"
+    http_status = 500
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class Unreachable(RedlineError):
+    """A server or service the command talks to does not answer (nothing listens, wrong URL)."""
+
+    code = "unreachable"
+    http_status = 503
+    grpc_status = "UNAVAILABLE"

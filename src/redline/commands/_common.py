@@ -33,9 +33,62 @@ def repository_option(func: F) -> F:
     )(func)
 
 
+def model_option(func: F) -> F:
+    """The model is ``-m/--model NAME`` in every command."""
+    return click.option("--model", "-m", "model", default=None, metavar="NAME",
+                        help="Model name in the repository.")(func)
+
+
+def json_options(func: F) -> F:
+    """``--json`` prints JSON to stdout; ``--json-out FILE`` writes it to a file."""
+    func = click.option("--json-out", "json_out", type=click.Path(dir_okay=False), default=None,
+                        metavar="FILE", help="Also write the JSON result to FILE.")(func)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as JSON on stdout instead of text.")(func)
+
+
+def store_options(func: F) -> F:
+    """``--store`` and ``--redis-url`` wherever an online store is used."""
+    func = click.option("--store", type=click.Choice(["memory", "redis"]), default=None,
+                        help="Online store (default: features.store, memory).")(func)
+    return click.option("--redis-url", default=None, metavar="URL",
+                        help="Redis URL, e.g. redis://127.0.0.1:6379/0 (implies --store redis; "
+                             "default: features.redis_url).")(func)
+
+
+def take_model(model: str | None, args: tuple[str, ...] | list[str],
+               usage: str) -> tuple[str, list[str]]:
+    """The model from ``-m/--model``, or from the older positional form (``NAME`` first).
+
+    Returns the name and the positional arguments left after it.
+    """
+    rest = list(args)
+    if model:
+        return model, rest
+    if rest:
+        return rest[0], rest[1:]
+    raise click.UsageError(f"name the model with -m/--model NAME, e.g. `{usage}`")
+
+
+def no_more(rest: list[str], usage: str) -> None:
+    if rest:
+        raise click.UsageError(f"unexpected argument(s) {' '.join(rest)}; usage: `{usage}`")
+
+
 def settings_and_repo(config_path: str | None, repository: str | None) -> tuple[Settings, Path]:
     settings = load_settings(config_path)
     return settings, Path(repository or settings.repository)
+
+
+def emit_json(doc: Any, as_json: bool, json_out: str | None) -> None:
+    """Print ``doc`` as JSON when ``--json``; write it to ``--json-out FILE`` when given."""
+    import json
+
+    text = json.dumps(doc, indent=2, default=str)
+    if json_out:
+        Path(json_out).write_text(text + "\n")
+    if as_json:
+        click.echo(text)
 
 
 def load_table(path: str, label: str | None = None) -> tuple[Any, Any, list[str] | None]:

@@ -8,7 +8,17 @@ from typing import Any
 
 import click
 
-from redline.commands._common import config_option, load_table, repository_option, settings_and_repo
+from redline.commands._common import (
+    config_option,
+    emit_json,
+    json_options,
+    load_table,
+    model_option,
+    no_more,
+    repository_option,
+    settings_and_repo,
+    take_model,
+)
 from redline.errors import InvalidInput
 
 PICKLE_WARNING = (
@@ -23,17 +33,18 @@ def models() -> None:
 
     \b
     Examples:
-      redline models add fraud model.onnx --labels 0,1 --feature-names amount,hour
-      redline models add fraud clf.joblib --from-pickle --trust-pickle --sample val.npz
+      redline models add -m breast_cancer .redline/demo/breast_cancer.onnx --labels 0,1
+      redline models add -m bc .redline/demo/forest.joblib --from-pickle --trust-pickle \\
+          --sample .redline/demo/val.npz
       redline models list
-      redline models promote fraud 3            # alias 'production' -> version 3
-      redline models rollback fraud             # back to the previous production version
+      redline models promote -m breast_cancer --version 2   # alias production -> version 2
+      redline models rollback -m breast_cancer              # back to the previous production
     """
 
 
 @models.command("add")
-@click.argument("name")
-@click.argument("source", type=click.Path(exists=True, dir_okay=False))
+@model_option
+@click.argument("args", nargs=-1, metavar="SOURCE")
 @click.option(
     "--from-pickle",
     is_flag=True,
@@ -53,7 +64,8 @@ def models() -> None:
     show_default=True,
     help="Largest allowed difference between the original and the ONNX model.",
 )
-@click.option("--task", type=click.Choice(["classification", "regression"]))
+@click.option("--task", type=click.Choice(["classification", "regression"]),
+              help="What the model does (default: read from the ONNX outputs).")
 @click.option("--labels", help="Comma-separated class labels, in probability-column order.")
 @click.option("--feature-names", help="Comma-separated feature names in input order.")
 @click.option(
@@ -61,13 +73,14 @@ def models() -> None:
     type=click.Choice(["reject", "allow"]),
     help="Whether the model handles NaN inputs itself (default: reject NaN).",
 )
-@click.option("--version", "version", type=int, help="Version number (default: next).")
+@click.option("--version", "version", metavar="VERSION",
+              help="Version number to create (default: the next one).")
 @click.option("--description", default="", help="Free text stored in metadata.json.")
 @repository_option
 @config_option
 def add(
-    name: str,
-    source: str,
+    model: str | None,
+    args: tuple[str, ...],
     from_pickle: bool,
     trust_pickle: bool,
     sample: str | None,
@@ -76,14 +89,34 @@ def add(
     labels: str | None,
     feature_names: str | None,
     missing_values: str | None,
-    version: int | None,
+    version: str | None,
     description: str,
     repository: str | None,
     config_path: str | None,
 ) -> None:
-    """Add SOURCE (an .onnx file, or a pickled estimator) as a new version of model NAME."""
+    """Add SOURCE (an .onnx file, or a pickled estimator) as a new version of model NAME.
+
+    \b
+    Examples:
+      redline models add -m breast_cancer .redline/demo/breast_cancer.onnx --labels 0,1
+      redline models add -m bc .redline/demo/forest.joblib --from-pickle --trust-pickle \\
+          --sample .redline/demo/val.npz
+    """
     from redline.models import ModelRepository
 
+    usage = "redline models add -m NAME SOURCE"
+    name, rest = take_model(model, args, usage)
+    if not rest:
+        raise click.UsageError(f"name the model file to add: `{usage}`")
+    source, rest = rest[0], rest[1:]
+    no_more(rest, usage)
+    if not Path(source).is_file():
+        raise InvalidInput(f"model file {source} does not exist")
+    number: int | None = None
+    if version is not None:
+        if not version.isdigit() or int(version) < 1:
+            raise InvalidInput(f"--version must be a positive whole number, got {version!r}")
+        number = int(version)
     _, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
     names = [s.strip() for s in feature_names.split(",")] if feature_names else None
@@ -105,7 +138,7 @@ def add(
             x,
             tolerance=tolerance,
             feature_names=names,
-            version=version,
+            version=number,
             description=description,
             **({"missing_values": missing_values} if missing_values else {}),
         )
@@ -118,7 +151,7 @@ def add(
         meta = repo.add_onnx(
             name,
             source,
-            version=version,
+            version=number,
             task=task,
             class_labels=label_list,
             feature_names=names,
@@ -133,11 +166,26 @@ def add(
 
 
 @models.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_options
 @repository_option
 @config_option
-def list_models(as_json: bool, repository: str | None, config_path: str | None) -> None:
-    """List models, their versions, aliases and live versions."""
+def list_models(as_json: bool, json_out: str | None, repository: str | None,
+                config_path: str | None) -> None:
+    """List models, their versions, aliases and live versions.
+
+    \b
+    Columns:
+      versions  every version on disk
+      aliases   alias=version (promote sets 'production'; it is what a request gets by default)
+      policy    which versions a server keeps loaded: latest:N, all or specific:1,3
+                (set with `redline models policy`)
+      live      the versions a server loads: those the policy picks, plus every alias target
+
+    \b
+    Examples:
+      redline models list
+      redline models list --json
+    """
     from redline.models import ModelRepository
 
     _, root = settings_and_repo(config_path, repository)
@@ -152,11 +200,11 @@ def list_models(as_json: bool, repository: str | None, config_path: str | None) 
         }
         for n in repo.list_models()
     ]
+    emit_json(rows, as_json, json_out)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no models in {root}; add one with `redline models add NAME model.onnx`")
+        click.echo(f"no models in {root}; add one with `redline models add -m NAME model.onnx`")
         return
     click.echo(f"{'model':<24} {'versions':<16} {'aliases':<24} {'policy':<12} live")
     for r in rows:
@@ -169,16 +217,30 @@ def list_models(as_json: bool, repository: str | None, config_path: str | None) 
 
 
 @models.command("show")
-@click.argument("name")
-@click.argument("version", required=False)
+@model_option
+@click.argument("args", nargs=-1, metavar="")
+@click.option("--version", "version_opt", metavar="VERSION",
+              help="Version number or alias (default: production, else the latest).")
 @click.option("--verify", is_flag=True, help="Also check the model file against its sha256.")
 @repository_option
 @config_option
 def show(
-    name: str, version: str | None, verify: bool, repository: str | None, config_path: str | None
+    model: str | None, args: tuple[str, ...], version_opt: str | None, verify: bool,
+    repository: str | None, config_path: str | None
 ) -> None:
-    """Show the metadata of a version (default: production alias, else latest)."""
+    """Show the metadata of a version (default: production alias, else latest) as JSON.
+
+    \b
+    Examples:
+      redline models show -m breast_cancer
+      redline models show -m breast_cancer --version 1 --verify
+    """
     from redline.models import ModelRepository
+
+    usage = "redline models show -m NAME [--version V]"
+    name, rest = take_model(model, args, usage)
+    version = version_opt or (rest.pop(0) if rest else None)
+    no_more(rest, usage)
 
     _, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
@@ -192,16 +254,31 @@ def show(
 
 
 @models.command("remove")
-@click.argument("name")
-@click.argument("version")
+@model_option
+@click.argument("args", nargs=-1, metavar="")
+@click.option("--version", "version_opt", metavar="VERSION", help="Version number to remove.")
 @click.option("--force", is_flag=True, help="Remove even if an alias points at it.")
 @repository_option
 @config_option
 def remove(
-    name: str, version: str, force: bool, repository: str | None, config_path: str | None
+    model: str | None, args: tuple[str, ...], version_opt: str | None, force: bool,
+    repository: str | None, config_path: str | None
 ) -> None:
-    """Remove one version of a model."""
+    """Remove one version of a model.
+
+    \b
+    Examples:
+      redline models remove -m breast_cancer --version 1
+      redline models remove -m breast_cancer --version 2 --force   # even if an alias points at it
+    """
     from redline.models import ModelRepository
+
+    usage = "redline models remove -m NAME --version V"
+    name, rest = take_model(model, args, usage)
+    version = version_opt or (rest.pop(0) if rest else None)
+    no_more(rest, usage)
+    if version is None:
+        raise click.UsageError(f"name the version to remove: `{usage}`")
 
     _, root = settings_and_repo(config_path, repository)
     number = ModelRepository(root).remove(name, version, force=force)
@@ -209,30 +286,64 @@ def remove(
 
 
 @models.command("promote")
-@click.argument("name")
-@click.argument("version")
-@click.option("--alias", default="production", show_default=True)
+@model_option
+@click.argument("args", nargs=-1, metavar="")
+@click.option("--version", "version_opt", metavar="VERSION",
+              help="Version number (or another alias) to point the alias at.")
+@click.option("--alias", default="production", show_default=True,
+              help="Alias to move; 'production' is what requests without a version get.")
 @repository_option
 @config_option
 def promote(
-    name: str, version: str, alias: str, repository: str | None, config_path: str | None
+    model: str | None, args: tuple[str, ...], version_opt: str | None, alias: str,
+    repository: str | None, config_path: str | None
 ) -> None:
-    """Point ALIAS (default production) at VERSION; the previous target is remembered."""
+    """Point ALIAS (default production) at VERSION; the previous target is remembered.
+
+    A running server picks the change up within server.watch_interval_s (hot swap).
+
+    \b
+    Examples:
+      redline models promote -m breast_cancer --version 2
+      redline models promote -m breast_cancer --version 3 --alias canary
+    """
     from redline.models import ModelRepository
 
-    _, root = settings_and_repo(config_path, repository)
-    number = ModelRepository(root).promote(name, version, alias)
+    usage = "redline models promote -m NAME --version V"
+    name, rest = take_model(model, args, usage)
+    version = version_opt or (rest.pop(0) if rest else None)
+    no_more(rest, usage)
+    if version is None:
+        raise click.UsageError(f"name the version to promote: `{usage}`")
+    repo = ModelRepository(settings_and_repo(config_path, repository)[1])
+    before = repo.aliases(name).get(alias)
+    number = repo.promote(name, version, alias)
+    if before == number:
+        click.echo(f"{name}: {alias} already points at version {number}; nothing changed")
+        return
     click.echo(f"{name}: {alias} -> version {number}")
 
 
 @models.command("rollback")
-@click.argument("name")
-@click.option("--alias", default="production", show_default=True)
+@model_option
+@click.argument("args", nargs=-1, metavar="")
+@click.option("--alias", default="production", show_default=True, help="Alias to move back.")
 @repository_option
 @config_option
-def rollback(name: str, alias: str, repository: str | None, config_path: str | None) -> None:
-    """Move ALIAS back to the version it pointed at before the last promote."""
+def rollback(model: str | None, args: tuple[str, ...], alias: str, repository: str | None,
+             config_path: str | None) -> None:
+    """Move ALIAS back to the version it pointed at before the last promote.
+
+    \b
+    Examples:
+      redline models rollback -m breast_cancer
+      redline models rollback -m breast_cancer --alias canary
+    """
     from redline.models import ModelRepository
+
+    usage = "redline models rollback -m NAME"
+    name, rest = take_model(model, args, usage)
+    no_more(rest, usage)
 
     _, root = settings_and_repo(config_path, repository)
     number = ModelRepository(root).rollback(name, alias)
@@ -240,13 +351,27 @@ def rollback(name: str, alias: str, repository: str | None, config_path: str | N
 
 
 @models.command("policy")
-@click.argument("name")
-@click.argument("policy")
+@model_option
+@click.argument("args", nargs=-1, metavar="POLICY")
 @repository_option
 @config_option
-def policy(name: str, policy: str, repository: str | None, config_path: str | None) -> None:
-    """Set which versions a server keeps live: latest:N, all, or specific:1,3."""
+def policy(model: str | None, args: tuple[str, ...], repository: str | None,
+           config_path: str | None) -> None:
+    """Set which versions a server keeps live: latest:N, all, or specific:1,3.
+
+    \b
+    Examples:
+      redline models policy -m breast_cancer latest:2
+      redline models policy -m breast_cancer specific:1,3
+    """
     from redline.models import ModelRepository, VersionPolicy
+
+    usage = "redline models policy -m NAME POLICY"
+    name, rest = take_model(model, args, usage)
+    if not rest:
+        raise click.UsageError(f"name the policy (latest:N, all, specific:1,3): `{usage}`")
+    policy = rest.pop(0)
+    no_more(rest, usage)
 
     _, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
@@ -284,7 +409,8 @@ def parse_predict_input(text: str, session: Any) -> dict[str, Any]:
 
 
 @click.command("predict")
-@click.option("--model", "-m", "name", required=True, help="Model name in the repository.")
+@click.option("--model", "-m", "name", required=True, metavar="NAME",
+              help="Model name in the repository.")
 @click.option(
     "--version", "version", default=None, help="Version or alias (default: production/latest)."
 )
@@ -304,8 +430,9 @@ def predict(
     """Run one local prediction through ONNX Runtime and print the outputs as JSON.
 
     \b
-    Example:
-      redline predict -m breast_cancer -i '[[17.99, 10.38, ...]]'
+    Examples:
+      redline predict -m breast_cancer -i @.redline/demo/row.json
+      redline predict -m breast_cancer --version 1 -i "$(cat .redline/demo/row.json)"
     """
     import numpy as np
 
@@ -313,7 +440,10 @@ def predict(
 
     settings, root = settings_and_repo(config_path, repository)
     if input_text.startswith("@"):
-        input_text = Path(input_text[1:]).read_text()
+        file = Path(input_text[1:])
+        if not file.is_file():
+            raise InvalidInput(f"--input file {file} does not exist")
+        input_text = file.read_text()
     session = InferenceSession.load(ModelRepository(root), name, version, settings.runtime)
     outputs = session.run(session.validate(parse_predict_input(input_text, session)))
     result: dict[str, Any] = {

@@ -3,31 +3,89 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import click
 
-from redline.config import load_settings
+from redline.commands._common import config_option, repository_option, store_options
+from redline.config import Settings, load_settings
+from redline.errors import InvalidInput
 
 
 @click.command("serve")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="redline.yaml to read (default: ./redline.yaml if present).")
-@click.option("--repository", "-r", type=click.Path(file_okay=False), default=None,
-              help="Model repository folder (overrides `repository:` in the config).")
-@click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")
+@config_option
+@repository_option
+@click.option("--host", default=None,
+              help="Address to bind (default: server.host, 127.0.0.1; 0.0.0.0 = every address).")
 @click.option("--http-port", type=int, default=None, help="REST port (default 8000; 0 = any).")
 @click.option("--grpc-port", type=int, default=None, help="gRPC port (default 8001; 0 = any).")
 @click.option("--no-grpc", is_flag=True, help="Serve REST only.")
 @click.option("--no-watch", is_flag=True, help="Do not poll the repository for new versions.")
+@store_options
+@click.option("--definitions", "-d", default=None, metavar="FILE",
+              help="Feature definitions for /v1 entity predictions (default: "
+                   "features.definitions).")
+@click.option("--preload", default=None, metavar="FILE",
+              help="Replay this event file (.jsonl/.csv/.parquet) into the online store before "
+                   "serving (default: features.preload) - how the embedded memory store starts "
+                   "with history.")
 @click.option("--admin-token", envvar="REDLINE_ADMIN_TOKEN", default=None,
               help="Enable the admin API (load/unload/index) behind this bearer token.")
-@click.option("--log-level", default="warning", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--workers", type=int, default=None, metavar="N",
+              help="Worker processes sharing the ports, each with its own models (default: "
+                   "scaling.workers; 0 = one per core, or 1 with the in-memory store).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Startup, model loads and swaps are logged at info; requests never are.")
 def serve(config_path: str | None, repository: str | None, host: str | None,
           http_port: int | None, grpc_port: int | None, no_grpc: bool, no_watch: bool,
-          admin_token: str | None, log_level: str) -> None:
-    """Serve every model in the repository over HTTP and gRPC until SIGTERM (then drain)."""
+          store: str | None, redis_url: str | None, definitions: str | None,
+          preload: str | None, admin_token: str | None, workers: int | None,
+          log_level: str) -> None:
+    """Serve every model in the repository over HTTP and gRPC until SIGTERM (then drain).
+
+    Settings come from redline.yaml (--config), then REDLINE_<SECTION>__<KEY> environment
+    variables, then these options.
+
+    \b
+    Examples:
+      redline serve                                        # REST :8000, gRPC :8001
+      redline serve --config .redline/demo/redline.yaml    # what `make demo` built
+      redline serve --http-port 0 --grpc-port 0            # any free ports (logged)
+      redline serve --config redline.yaml --redis-url redis://127.0.0.1:6390/0
+      redline serve --no-grpc --no-watch --admin-token "$TOKEN"
+      redline serve --workers 2 --redis-url redis://127.0.0.1:6379/0   # 2 processes, 1 port
+    """
     settings = load_settings(config_path)
+    options = dict(repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
+                   no_grpc=no_grpc, no_watch=no_watch, store=store, redis_url=redis_url,
+                   definitions=definitions, preload=preload, admin_token=admin_token)
+    apply_serve_options(settings, **options)  # type: ignore[arg-type]
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    from redline.scaling.workers import resolve_workers, run_supervised
+
+    count = resolve_workers(settings, workers)
+    if count > 1 or settings.scaling.max_workers > 1:
+        run_supervised(settings, {"config": config_path, "options": options,
+                                  "log_level": log_level}, count)
+        return
+    from redline.serving.server import RedlineServer
+
+    server = RedlineServer(settings)
+    if settings.features.preload:
+        preload_store(server, settings.features.preload)
+    import uvloop
+
+    uvloop.run(server.serve())
+
+
+def apply_serve_options(settings: Settings, *, repository: str | None = None,
+                        host: str | None = None, http_port: int | None = None,
+                        grpc_port: int | None = None, no_grpc: bool = False,
+                        no_watch: bool = False, store: str | None = None,
+                        redis_url: str | None = None, definitions: str | None = None,
+                        preload: str | None = None, admin_token: str | None = None) -> None:
+    """Command-line options win over the file and the environment."""
     server = settings.server
     if repository is not None:
         settings.repository = repository
@@ -41,10 +99,31 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
         server.grpc_enabled = False
     if no_watch:
         server.watch_repository = False
+    if store:
+        settings.features.store = store
+    if redis_url:
+        settings.features.redis_url = redis_url
+        settings.features.store = store or "redis"
+    if definitions:
+        settings.features.definitions = definitions
+    if preload:
+        settings.features.preload = preload
     if admin_token:
         server.admin_enabled = True
         server.admin_token = admin_token
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-    from redline.serving.server import run
 
-    run(settings)
+
+def preload_store(server: object, path: str) -> None:
+    """Replay an event file into the server's own online store before it opens its ports."""
+    from redline.features.ingest import replay_file
+
+    if not Path(path).is_file():
+        raise InvalidInput(f"features.preload file {path} does not exist")
+    pipeline = getattr(server, "pipeline", None)
+    if pipeline is None or getattr(pipeline, "defs", None) is None:
+        raise InvalidInput("--preload needs feature definitions (features.definitions or "
+                           "--definitions)")
+    result = replay_file(pipeline.ingestor, path)
+    logging.getLogger("redline.serving").info(
+        "preloaded %s events from %s into the %s store (%s dead letters)", result.accepted, path,
+        server.settings.features.store, len(result.rejected))  # type: ignore[attr-defined]

@@ -1,0 +1,179 @@
+"""One shape for the CLI: every command documents every option and shows examples, and every
+command given bad arguments answers one line ``error [code]: message`` with exit 2, never a
+traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+
+from redline.cli import COMMANDS, cli, main
+
+
+def all_commands() -> list[tuple[str, click.Command]]:
+    """Every command and subcommand, by its full name (``models add``)."""
+    out: list[tuple[str, click.Command]] = []
+    ctx = click.Context(cli)
+    for name in sorted(COMMANDS):
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        out.append((name, command))
+        if isinstance(command, click.Group):
+            for sub in sorted(command.commands):
+                out.append((f"{name} {sub}", command.commands[sub]))
+    return out
+
+
+COMMAND_NAMES = [name for name, _ in all_commands()]
+# Commands in files other issues are rewriting now (features: 10, optimize: 11); their help and
+# renames land after those rewrites. Strict: the mark fails as soon as one is fixed.
+PENDING = {"features apply", "features list", "features plan", "features training-set",
+           "features verify", "gate", "ingest file", "ingest http", "ingest redis-stream",
+           "optimize"}
+
+
+def pending(names: list[str], only: set[str] = PENDING) -> list[object]:
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="lands after issue 10/11"))
+            if n in only else n for n in names]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("name", pending(COMMAND_NAMES))
+def test_every_option_has_help_and_every_command_examples(name: str) -> None:
+    command = dict(all_commands())[name]
+    undocumented = [p.name for p in command.params
+                    if isinstance(p, click.Option) and not p.hidden and not p.help]
+    assert not undocumented, f"`redline {name}`: options without help text: {undocumented}"
+    assert "Examples:" in (command.help or ""), f"`redline {name} --help` shows no examples"
+
+
+@pytest.mark.parametrize("name", pending(COMMAND_NAMES, {"gate", "ingest http", "optimize"}))
+def test_conventions(name: str) -> None:
+    """-m/--model names the model; ports are --http-port/--grpc-port; --json is a flag."""
+    command = dict(all_commands())[name]
+    for p in command.params:
+        if not isinstance(p, click.Option):
+            continue
+        if "--model" in p.opts:
+            assert "-m" in p.opts, f"`redline {name}`: --model without -m"
+        assert "--port" not in p.opts, f"`redline {name}`: --port (use --http-port/--grpc-port)"
+        if "--json" in p.opts:
+            assert p.is_flag, f"`redline {name}`: --json takes a file (use --json-out FILE)"
+
+
+@pytest.mark.parametrize("name", COMMAND_NAMES)
+def test_bad_arguments_give_one_error_line(name: str, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no redline.yaml, an empty repository
+    code, out, err = run(capsys, *name.split(), "--no-such-option")
+    assert code == 2
+    assert err.startswith("error [usage]: No such option"), err
+    assert "Traceback" not in err + out
+
+
+# Each command with arguments a user could plausibly get wrong (in an empty folder).
+BAD_CALLS = [
+    ["models", "add"],
+    ["models", "add", "-m", "x", "missing.onnx"],
+    ["models", "add", "-m", "x", "model.onnx", "--version", "two"],
+    ["models", "show", "-m", "nosuch"],
+    ["models", "remove", "-m", "nosuch", "--version", "1"],
+    ["models", "promote", "-m", "nosuch", "--version", "1"],
+    ["models", "promote", "-m", "x"],
+    ["models", "rollback", "-m", "nosuch"],
+    ["models", "policy", "-m", "nosuch", "sometimes"],
+    ["models", "list", "--config", "missing.yaml"],
+    ["predict", "-m", "nosuch", "-i", "[[1, 2]]"],
+    ["predict", "-m", "nosuch", "-i", "@missing.json"],
+    ["serve", "--config", "missing.yaml"],
+    ["serve", "--http-port", "http"],
+    ["bench", "-m", "x", "--url", "127.0.0.1:9"],
+    ["bench", "-m", "x", "--v1", "{not json"],
+    ["bench", "-m", "x", "--input", "X"],
+    ["features", "list"],
+    ["features", "plan", "-d", "missing.py"],
+    ["features", "apply", "-d", "missing.py"],
+    ["features", "training-set", "-d", "missing.py", "--events", "e.jsonl", "--labels", "l.csv",
+     "--out", "o.parquet"],
+    ["features", "verify"],
+    ["ingest", "file", "missing.jsonl"],
+    ["ingest", "http", "-d", "missing.py"],
+    ["ingest", "redis-stream", "-d", "missing.py"],
+    ["optimize", "-m", "nosuch", "--data", "val.npz"],
+    ["gate", "-m", "nosuch", "--candidate", "2", "--data", "val.npz"],
+    ["init", "."],
+]
+
+
+@pytest.mark.parametrize("args", BAD_CALLS, ids=" ".join)
+def test_user_errors_have_codes_not_tracebacks(args, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.onnx").write_bytes(b"not onnx")
+    if args[0] == "init":
+        (tmp_path / "redline.yaml").write_text("# already a project\n")
+    code, out, err = run(capsys, *args)
+    assert code == 2, (code, out, err)
+    assert err.startswith("error ["), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err + out
+
+
+def test_missing_optional_dependency_names_the_extra(capsys, monkeypatch) -> None:
+    import redline.cli as cli_module
+
+    def no_redis(*_a: object, **_k: object) -> None:
+        raise ModuleNotFoundError("No module named 'redis'", name="redis")
+
+    monkeypatch.setattr(cli_module.cli, "main", no_redis)
+    code, _, err = run(capsys, "serve")
+    assert code == 2
+    assert err.strip() == (
+        "error [missing_dependency]: this needs the optional package 'redis', which is not "
+        "installed; install it with pip install 'redline[redis]' (or `make demo`, which "
+        "installs the demo extras)")
+
+
+def test_usage_error_from_a_real_process() -> None:
+    """The installed entry point, not just ``main``: one line, exit 2."""
+    done = subprocess.run([sys.executable, "-m", "redline.cli", "models", "add"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error [usage]: name the model with -m/--model NAME")
+    assert "Traceback" not in done.stderr
+
+
+def tiny_onnx() -> bytes:
+    """A two-feature regressor (y = x0 + x1) made with onnx.helper: no converter needed."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((2, 1), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["variable"])], "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, [None, 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def test_legacy_positional_model_still_works(capsys, tmp_path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_onnx())
+    repo = str(tmp_path / "repo")
+    assert run(capsys, "models", "add", "bc", str(model), "-r", repo)[0] == 0
+    assert run(capsys, "models", "add", "-m", "bc", str(model), "-r", repo)[0] == 0
+    assert "production -> version 1" in run(capsys, "models", "promote", "bc", "1", "-r", repo)[1]
+    code, out, _ = run(capsys, "models", "promote", "-m", "bc", "--version", "1", "-r", repo)
+    assert code == 0 and "already points at version 1; nothing changed" in out
