@@ -75,6 +75,18 @@ class ModelSettings:
 
 
 @dataclass
+class OptimizeSettings:
+    """Defaults of ``redline optimize`` (each also a command-line option)."""
+
+    tolerance: float = 0.01  # largest relative metric loss, by the worse end of the 95% interval
+    guard_tolerance: float = 0.10  # largest relative loss in the guard metric (log loss)
+    calibration_rows: int = 512  # rows that calibrate static int8 activation ranges
+    passes: int = 5  # interleaved latency passes, one session alive at a time
+    rounds: int = 300  # timed calls per candidate and batch size
+    bootstrap: int = 500  # bootstrap resamples behind every interval
+
+
+@dataclass
 class ServerSettings:
     host: str = "127.0.0.1"
     http_port: int = 8000
@@ -204,6 +216,7 @@ class Settings:
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     scaling: ScalingSettings = field(default_factory=ScalingSettings)
+    optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
     source: str | None = None  # the file these settings came from, if any
 
     def for_model(self, name: str) -> ModelSettings:
