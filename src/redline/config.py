@@ -100,8 +100,26 @@ class CacheSettings:
 
 
 @dataclass
+class ScalingSettings:
+    """Worker processes, the local autoscaler and rollouts (see ``scaling/``)."""
+
+    workers: int = 0  # 0 = one per core (1 when the store is in-process memory or admin is on)
+    min_workers: int = 0  # autoscale between min and max when max > min (0 = off)
+    max_workers: int = 0
+    restart_backoff_s: float = 0.5  # first wait before restarting a crash-looping worker
+    max_restart_backoff_s: float = 10.0
+    crash_window_s: float = 30.0  # crashes closer than this count as a loop
+    autoscale_interval_s: float = 1.0
+    queue_high: float = 4.0  # in-flight requests per worker that ask for one more
+    queue_low: float = 0.5  # ... and below which a worker may go
+    scale_up_cooldown_s: float = 5.0
+    scale_down_cooldown_s: float = 30.0
+    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+
+
+@dataclass
 class PipelineSettings:
-    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
+    """Entity predictions under ``/v1`` (see ``serving/predict/``)."""
 
     breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
     breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
@@ -109,6 +127,9 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
+    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age, F1)
+    probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
+                                      # runs the primary anyway, so a recovered model is seen
 
 
 @dataclass
@@ -132,6 +153,35 @@ class FeatureSettings:
 
 
 @dataclass
+class MonitoringSettings:
+    """Metrics, traces, drift, quality, review and alerts (``redline/monitoring``)."""
+
+    enabled: bool = True  # the request observers and /metrics; off = nothing on the request path
+    tick_s: float = 1.0  # how often time series, gauges, drift and alerts are brought up to date
+    # Tracing: spans are built after the request from its record; export only when configured.
+    otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:4318/v1/traces (needs [otel])
+    trace_sample_ratio: float = 0.01  # head sampling; a sampled traceparent is always kept
+    trace_slow_ms: float | None = None  # tail keep: slower than this (default: the model's SLO)
+    trace_queue_size: int = 2048  # records waiting for export; beyond it they are dropped, counted
+    slow_log_size: int = 20  # the N slowest requests of the last minute (/v1/debug/slow)
+    # Drift and quality: bounded rolling windows per model version.
+    drift_window_rows: int = 5000
+    drift_min_rows: int = 200  # below this a window is reported but never alarms
+    quality_join_capacity: int = 100_000  # predictions kept for a label to join (oldest go first)
+    quality_join_ttl_s: float = 7 * 24 * 3600.0
+    quality_window: int = 5000  # labelled predictions the rolling quality is computed over
+    quality_tolerance: float = 0.05  # alarm when quality is worse than validation by this fraction
+    # Human review: uncertain / out-of-range / drifted requests, at a bounded rate.
+    review_per_minute: float = 30.0
+    review_capacity: int = 1000
+    review_margin: float = 0.1  # |p - 0.5| below this counts as uncertain
+    # Alerts for those who run no Prometheus: a webhook with back-off.
+    alert_webhook_url: str | None = None
+    alert_min_interval_s: float = 60.0  # repeats of a firing alert back off from here...
+    alert_max_interval_s: float = 3600.0  # ...doubling up to here
+
+
+@dataclass
 class Settings:
     """The whole configuration. ``Settings()`` is the embedded default: no services needed."""
 
@@ -146,6 +196,8 @@ class Settings:
     features: FeatureSettings = field(default_factory=FeatureSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
     source: str | None = None  # the file these settings came from, if any
 
     def for_model(self, name: str) -> ModelSettings:

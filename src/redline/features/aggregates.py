@@ -4,8 +4,18 @@ A tile of a window holds partial aggregates; a read merges the tiles it covers. 
 integers; sums use Neumaier compensated summation; the variance is Welford's ``m2`` merged with
 Chan's formula, so numbers do not drift however events are split into tiles.
 
-The Redis store's Lua code (``online/redis_lua.py``) mirrors :class:`NumericTile` operation for
-operation; the skew tests hold the two (and the offline builder) to the same answers.
+This module is the one definition of a merge in Python: :class:`NumericTile` (the record a tile
+keeps: count, sum, mean, m2, min, max, last) is built from the same primitives as the single
+statistics below, and both the memory store and the offline builder run it. The Redis store's Lua
+(``online/redis_lua.py``) is the only other implementation; a hypothesis property test
+(``tests/features/test_merge_property.py``) holds it to this one.
+
+Overflow follows IEEE double arithmetic in event order: a sum beyond the double range is
+``±inf`` (its compensation is not allowed to turn it into NaN), and the mean then comes from a
+running mean that cannot overflow (two events of 1e308: sum inf, mean 1e308, stddev 0).
+
+``last`` picks the event with the greatest (event time, arrival time, stable id): a total order,
+so the answer does not depend on the order in which updates or tiles are applied.
 """
 
 from __future__ import annotations
@@ -19,13 +29,35 @@ INF = float("inf")
 
 
 def _neumaier(s: float, c: float, x: float) -> tuple[float, float]:
-    """Add ``x`` to the compensated sum ``(s, c)``."""
+    """Add ``x`` to the compensated sum ``(s, c)``; once ``s`` leaves the double range it stays
+    ``±inf`` and the compensation is left alone (``(s - t) + x`` would be NaN)."""
     t = s + x
+    if t == INF or t == -INF:
+        return t, c
     if abs(s) >= abs(x):
         c += (s - t) + x
     else:
         c += (x - t) + s
     return t, c
+
+
+def _mean_of(n: float, s: float, c: float, mu: float) -> float:
+    """The mean of a partial: the compensated sum over n, or the running mean when the sum
+    overflowed (``mu`` is a convex combination of the values, so it is always finite)."""
+    m = (s + c) / n
+    if m == INF or m == -INF or m != m:
+        return mu
+    return m
+
+
+def _running_mean(mu: float, n: float, x: float) -> float:
+    """``mu`` after the ``n``-th value ``x``; each term is at most the largest value."""
+    return x if n == 1 else mu + (x / n - mu / n)
+
+
+def _last_wins(ts: float, ar: float, sid: float, lt: float, la: float, li: float) -> bool:
+    """Does (ts, arrival, stable id) come after the held (lt, la, li)? The tie rule of ``last``."""
+    return ts > lt or (ts == lt and (ar > la or (ar == la and sid > li)))
 
 
 class Count:
@@ -43,6 +75,9 @@ class Count:
     def update(self, x: Any = None) -> None:
         self.n += 1
 
+    def revert(self, x: Any = None) -> None:
+        self.n -= 1
+
     def merge(self, other: Count) -> None:
         self.n += other.n
 
@@ -57,6 +92,8 @@ class Sum:
     >>> for x in (1e16, 1.0, -1e16): s.update(x)
     >>> s.get()
     1.0
+    >>> big = Sum(); big.update(1e308); big.update(1e308); big.get()
+    inf
     """
 
     def __init__(self) -> None:
@@ -65,6 +102,9 @@ class Sum:
 
     def update(self, x: float) -> None:
         self.s, self.c = _neumaier(self.s, self.c, x)
+
+    def revert(self, x: float) -> None:
+        self.update(-x)
 
     def merge(self, other: Sum) -> None:
         self.s, self.c = _neumaier(self.s, self.c, other.s)
@@ -75,28 +115,36 @@ class Sum:
 
 
 class Mean:
-    """Arithmetic mean as (count, compensated sum); NaN when empty.
+    """Arithmetic mean as (count, compensated sum, running mean); NaN when empty.
 
     >>> m = Mean()
     >>> for x in (1.0, 2.0, 6.0): m.update(x)
     >>> m.get()
     3.0
+    >>> big = Mean(); big.update(1e308); big.update(1e308); big.get()
+    1e+308
     """
 
     def __init__(self) -> None:
         self.n = 0
         self.sum = Sum()
+        self.mu = 0.0
 
     def update(self, x: float) -> None:
         self.n += 1
         self.sum.update(x)
+        self.mu = _running_mean(self.mu, self.n, x)
 
     def merge(self, other: Mean) -> None:
-        self.n += other.n
+        if other.n == 0:
+            return
+        n = self.n + other.n
+        self.mu = self.mu * (self.n / n) + other.mu * (other.n / n)
+        self.n = n
         self.sum.merge(other.sum)
 
     def get(self) -> float:
-        return self.sum.get() / self.n if self.n else math.nan
+        return _mean_of(self.n, self.sum.s, self.sum.c, self.mu) if self.n else math.nan
 
 
 class Min:
@@ -142,24 +190,26 @@ class Max:
 
 
 class Last:
-    """Value with the latest event time; on equal times the later arrival wins.
+    """Value of the event with the greatest (event time, arrival, stable id); NaN when empty.
 
     >>> last = Last(); last.update(5.0, ts=20); last.update(7.0, ts=10); last.get()
     5.0
+    >>> tie = Last(); tie.update(1.0, ts=5, arrival=9); tie.update(2.0, ts=5, arrival=8); tie.get()
+    1.0
     """
 
     def __init__(self) -> None:
         self.ts = -INF
+        self.arrival = -INF
+        self.sid = -INF
         self.v = math.nan
 
-    def update(self, x: float, ts: float) -> None:
-        if ts >= self.ts:
-            self.ts, self.v = ts, x
+    def update(self, x: float, ts: float, arrival: float = 0.0, sid: float = 0.0) -> None:
+        if _last_wins(ts, arrival, sid, self.ts, self.arrival, self.sid):
+            self.ts, self.arrival, self.sid, self.v = ts, arrival, sid, x
 
     def merge(self, other: Last) -> None:
-        # Partials merge in tile order; a tie in time can only come from one tile, already resolved.
-        if other.ts > self.ts:
-            self.ts, self.v = other.ts, other.v
+        self.update(other.v, other.ts, other.arrival, other.sid)
 
     def get(self) -> float:
         return self.v
@@ -177,45 +227,51 @@ class Stddev:
     """
 
     def __init__(self) -> None:
-        self.n = 0
-        self.sum = Sum()
-        self.m2 = 0.0
+        self.tile = NumericTile()
 
     def update(self, x: float) -> None:
-        mean_old = self.sum.get() / self.n if self.n else 0.0
-        self.sum.update(x)
-        self.n += 1
-        self.m2 += (x - mean_old) * (x - self.sum.get() / self.n)
+        self.tile.update(x, 0.0)
 
     def merge(self, other: Stddev) -> None:
-        if other.n == 0:
-            return
-        if self.n == 0:
-            self.n, self.m2 = other.n, other.m2
-            self.sum.s, self.sum.c = other.sum.s, other.sum.c
-            return
-        n = self.n + other.n
-        delta = other.sum.get() / other.n - self.sum.get() / self.n
-        self.m2 = self.m2 + other.m2 + delta * delta * self.n * other.n / n
-        self.n = n
-        self.sum.merge(other.sum)
+        self.tile.merge(other.tile)
 
     def get(self) -> float:
-        return math.sqrt(max(self.m2, 0.0) / self.n) if self.n else math.nan
+        return self.tile.value("stddev", math.nan)
 
 
 HLL_PRECISION = 8
 
 
-def hll_hash(value: Any) -> int:
-    """Stable 64-bit hash of a value's text (Python's ``hash`` differs between processes)."""
-    data = value if isinstance(value, bytes) else str(value).encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+def value_identity(value: Any, typ: str | None = None) -> bytes:
+    """What a distinct count counts, defined once per field type and hashed the same everywhere.
+
+    ``int`` fields count integers (``3`` and ``3.0`` are one value, ``"3"``), ``float`` fields
+    count doubles by their shortest repr (``3`` and ``3.0`` are one value, ``"3.0"``), ``bool``
+    fields ``true``/``false``, ``str`` fields the text. The decoder has already coerced a value to
+    its field's type, so one field never mixes representations.
+
+    >>> value_identity(3, "int"), value_identity(3.0, "float"), value_identity(True, "bool")
+    (b'3', b'3.0', b'true')
+    """
+    if typ is None:
+        typ = {bool: "bool", int: "int", float: "float"}.get(type(value), "str")
+    if typ == "bool":
+        return b"true" if value else b"false"
+    if typ == "int":
+        return str(int(value)).encode()
+    if typ == "float":
+        return repr(float(value)).encode()
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
-def hll_position(value: Any, p: int = HLL_PRECISION) -> tuple[int, int]:
+def hll_hash(identity: bytes) -> int:
+    """Stable 64-bit hash of a value's identity (Python's ``hash`` differs between processes)."""
+    return int.from_bytes(hashlib.blake2b(identity, digest_size=8).digest(), "little")
+
+
+def hll_position(value: Any, p: int = HLL_PRECISION, typ: str | None = None) -> tuple[int, int]:
     """(register, rank) of a value: low ``p`` bits pick the register, the rest give the rank."""
-    h = hll_hash(value)
+    h = hll_hash(value_identity(value, typ))
     w = h >> p
     return h & ((1 << p) - 1), (64 - p) - w.bit_length() + 1
 
@@ -249,8 +305,10 @@ class HyperLogLog:
         self.p = p
         self.registers = bytearray(1 << p)
 
-    def update(self, x: Any) -> None:
-        reg, rank = hll_position(x, self.p)
+    def update(self, x: Any, typ: str | None = None) -> None:
+        self.add(*hll_position(x, self.p, typ))
+
+    def add(self, reg: int, rank: int) -> None:
         if rank > self.registers[reg]:
             self.registers[reg] = rank
 
@@ -264,55 +322,83 @@ class HyperLogLog:
         return hll_estimate(self.registers, len(self.registers))
 
 
-# Layout of one numeric tile record, shared by the memory store, the Redis Lua code and tests.
-N, S, C, M2, MN, MX, LT, LV = range(8)
-RECORD_LEN = 8
-EMPTY_RECORD = (0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, math.nan)
+# Layout of one numeric tile record, shared by the memory store, the Redis Lua code and tests:
+# count, compensated sum (s, c), running mean, Welford m2, min, max, and last as
+# (event time, arrival, stable id, value).
+N, S, C, MU, M2, MN, MX, LT, LA, LI, LV = range(11)
+RECORD_LEN = 11
+EMPTY_RECORD = (0.0, 0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, -INF, -INF, math.nan)
 
 
-def record_update(rec: list[float], x: float, ts: float) -> None:
-    """Fold one value into a tile record in place (the Lua ``upd`` does the same, step by step)."""
-    n = rec[N]
-    s = rec[S]
-    c = rec[C]
-    mean_old = (s + c) / n if n else 0.0
-    t = s + x
-    if abs(s) >= abs(x):
-        c += (s - t) + x
-    else:
-        c += (x - t) + s
-    n += 1
-    rec[N], rec[S], rec[C] = n, t, c
-    rec[M2] += (x - mean_old) * (x - (t + c) / n)
-    if x < rec[MN]:
-        rec[MN] = x
-    if x > rec[MX]:
-        rec[MX] = x
-    if ts >= rec[LT]:
-        rec[LT], rec[LV] = ts, x
+class NumericTile(list):  # type: ignore[type-arg]
+    """The partial aggregate of one tile (or of a merged window): every numeric statistic at once,
+    as a flat list of :data:`RECORD_LEN` doubles in the layout the Lua code packs.
+
+    >>> a, b = NumericTile(), NumericTile()
+    >>> for i, x in enumerate((2.0, 4.0, 4.0, 4.0)): a.update(x, ts=i)
+    >>> for i, x in enumerate((5.0, 5.0, 7.0, 9.0)): b.update(x, ts=10 + i)
+    >>> a.merge(b); [a.value(k, math.nan) for k in ("count", "sum", "mean", "stddev", "last")]
+    [8.0, 40.0, 5.0, 2.0, 9.0]
+    """
+
+    __slots__ = ()
+
+    def __init__(self, rec: Iterable[float] = EMPTY_RECORD) -> None:
+        super().__init__(rec)
+
+    def update(self, x: float, ts: float, arrival: float = 0.0, sid: float = 0.0) -> None:
+        """Fold one event in (the Lua ``upd`` does the same, step by step)."""
+        n = self[N]
+        mean_old = _mean_of(n, self[S], self[C], self[MU]) if n else 0.0
+        s, c = _neumaier(self[S], self[C], x)
+        n += 1
+        mu = _running_mean(self[MU], n, x)
+        self[N], self[S], self[C], self[MU] = n, s, c, mu
+        self[M2] += (x - mean_old) * (x - _mean_of(n, s, c, mu))
+        if x < self[MN]:
+            self[MN] = x
+        if x > self[MX]:
+            self[MX] = x
+        if _last_wins(ts, arrival, sid, self[LT], self[LA], self[LI]):
+            self[LT], self[LA], self[LI], self[LV] = ts, arrival, sid, x
+
+    def merge(self, rec: Any) -> None:
+        """Merge another partial in (Chan for m2, Neumaier for the sum; the Lua ``merge``)."""
+        nb = rec[N]
+        if nb == 0:
+            return
+        na = self[N]
+        if na == 0:
+            self[:] = rec
+            return
+        n = na + nb
+        delta = _mean_of(nb, rec[S], rec[C], rec[MU]) - _mean_of(na, self[S], self[C], self[MU])
+        self[M2] = self[M2] + rec[M2] + delta * delta * na * nb / n
+        self[MU] = self[MU] * (na / n) + rec[MU] * (nb / n)
+        self[N] = n
+        s, c = _neumaier(self[S], self[C], rec[S])
+        self[S], self[C] = _neumaier(s, c, rec[C])
+        if rec[MN] < self[MN]:
+            self[MN] = rec[MN]
+        if rec[MX] > self[MX]:
+            self[MX] = rec[MX]
+        if _last_wins(rec[LT], rec[LA], rec[LI], self[LT], self[LA], self[LI]):
+            self[LT], self[LA], self[LI], self[LV] = rec[LT], rec[LA], rec[LI], rec[LV]
+
+    def value(self, kind: str, default: float) -> float:
+        """Aggregation ``kind`` of this partial; ``default`` when it holds no events."""
+        return record_value(self, kind, default)
+
+
+def record_update(rec: list[float], x: float, ts: float, arrival: float = 0.0,
+                  sid: float = 0.0) -> None:
+    """:meth:`NumericTile.update` on a plain list record."""
+    NumericTile.update(rec, x, ts, arrival, sid)  # type: ignore[arg-type]
 
 
 def record_merge(acc: list[float], rec: Any) -> None:
-    """Merge tile record ``rec`` into ``acc`` in place (Chan for m2, Neumaier for the sum)."""
-    nb = rec[N]
-    if nb == 0:
-        return
-    na = acc[N]
-    if na == 0:
-        acc[:] = list(rec)
-        return
-    n = na + nb
-    delta = (rec[S] + rec[C]) / nb - (acc[S] + acc[C]) / na
-    acc[M2] = acc[M2] + rec[M2] + delta * delta * na * nb / n
-    acc[N] = n
-    s, c = _neumaier(acc[S], acc[C], rec[S])
-    acc[S], acc[C] = _neumaier(s, c, rec[C])
-    if rec[MN] < acc[MN]:
-        acc[MN] = rec[MN]
-    if rec[MX] > acc[MX]:
-        acc[MX] = rec[MX]
-    if rec[LT] > acc[LT]:
-        acc[LT], acc[LV] = rec[LT], rec[LV]
+    """:meth:`NumericTile.merge` on a plain list record."""
+    NumericTile.merge(acc, rec)  # type: ignore[arg-type]
 
 
 def record_value(rec: Any, kind: str, default: float) -> float:
@@ -325,7 +411,7 @@ def record_value(rec: Any, kind: str, default: float) -> float:
     if n == 0:
         return default
     if kind == "mean":
-        return (rec[S] + rec[C]) / n
+        return _mean_of(n, rec[S], rec[C], rec[MU])
     if kind == "min":
         return float(rec[MN])
     if kind == "max":

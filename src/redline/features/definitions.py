@@ -200,8 +200,8 @@ class FeatureView:
                 "timestamp": self.source.timestamp,
                 "lateness_ms": self.source.lateness_ms,
                 "skew_ms": self.source.skew_ms,
-                "fields": {a.field: types.get(a.field, "?")
-                           for a in self.features if a.field},
+                # every schema field: admission checks them all, so they change values
+                "fields": types,
             },
             "features": [
                 [a.feature_name, a.kind, a.field, a.window_ms, a.tile_ms, repr(a.default_value)]

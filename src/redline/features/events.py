@@ -1,21 +1,28 @@
 """Event validation and the tile updates an event makes: the one path every store ingests by.
 
-An event is a JSON object (or a flat map of strings, as Redis Stream fields arrive) of one
-source. :class:`EventDecoder` checks it against the source schema and returns a reason instead
-of raising, so a bad event is dead-lettered and ingestion goes on.
+An event is a JSON object (or a flat map of strings, as Redis Stream fields and CSV rows arrive)
+of one source. :class:`EventDecoder` checks it against the source schema and returns a reason
+instead of raising, so a bad event is dead-lettered and ingestion goes on.
+
+This is the one decoder: stream ingest, HTTP push, file replay and the offline training-set
+builder all run it, so they agree on types, on which events are admitted (the event time, the
+entity id and *every* field of the source schema must be valid: the same rule whichever views
+share the source), on what a distinct count counts (``aggregates.value_identity``, per field), and
+on the stable id that breaks ``last`` ties after event time and arrival.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from redline.features.aggregates import hll_position
+from redline.features.aggregates import hll_hash, value_identity
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
 from redline.features.tiles import admit, place
 
@@ -41,15 +48,16 @@ class Rejected:
 class UpdateBatch:
     """Tile updates for a batch of events, columnar so stores can apply them without objects.
 
-    ``ops`` rows: (key index, group id, tile index, ring slot, event ts, value, register, rank,
-    event tag). ``value`` is used by numeric groups, ``register``/``rank`` by distinct groups
-    (``register`` is -1 for numeric ops).
+    ``ops`` rows: (key index, group id, tile index, ring slot, event ts, arrival, stable id,
+    value, register, rank, event tag). ``value`` is used by numeric groups, ``register``/``rank``
+    by distinct groups (``register`` is -1 for numeric ops).
     """
 
     keys: list[str] = field(default_factory=list)
     key_ttl_ms: list[int] = field(default_factory=list)
     key_index: dict[str, int] = field(default_factory=dict)
-    ops: list[tuple[int, int, int, int, int, float, int, int, int]] = field(default_factory=list)
+    ops: list[tuple[int, int, int, int, int, int, int, float, int, int, int]] = field(
+        default_factory=list)
     accepted: list[int] = field(default_factory=list)  # tags of accepted events
     event_ts: list[int] = field(default_factory=list)  # their event times (for freshness)
     rejected: list[Rejected] = field(default_factory=list)
@@ -63,31 +71,60 @@ class UpdateBatch:
         return i
 
 
-def _to_ms(value: Any) -> int | None:
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+MIN_TS_MS = -62_135_596_800_000  # 0001-01-01: the range ISO-8601 and datetime share
+MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999
+
+
+def to_ms(value: Any) -> int | None:
+    """Event time in epoch milliseconds, the same way on every path and under any pandas: an
+    integer, an integral-or-not float (floored), a numeric string, an ISO-8601 string (no zone:
+    UTC), or a ``datetime`` (pandas ``Timestamp`` included); ``None`` when it is none of those or
+    outside years 1-9999.
+
+    >>> to_ms(1700000000123), to_ms("1700000000123"), to_ms("2023-11-14T22:13:20.123Z")
+    (1700000000123, 1700000000123, 1700000000123)
+    """
+    ms: int | None = None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) else None
-    if isinstance(value, str | bytes):
-        text = value.decode() if isinstance(value, bytes) else value
+        ms = value
+    elif isinstance(value, float):
+        ms = math.floor(value) if math.isfinite(value) else None
+    elif isinstance(value, datetime):
+        ms = _datetime_ms(value)
+    elif isinstance(value, str | bytes):
+        text = (value.decode(errors="replace") if isinstance(value, bytes) else value).strip()
         try:
-            return int(text)
+            ms = int(text)
         except ValueError:
-            pass
-        try:
-            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return int(dt.timestamp() * 1000)
-    return None
+            try:
+                dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                return None
+            ms = _datetime_ms(dt)
+    elif hasattr(value, "item"):  # a numpy scalar
+        return to_ms(value.item())
+    if ms is None or not MIN_TS_MS <= ms <= MAX_TS_MS:
+        return None
+    return ms
+
+
+def _datetime_ms(dt: datetime) -> int:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - _EPOCH) // _MS
+
+
+_to_ms = to_ms  # the old private name
 
 
 def _coerce(value: Any, typ: str, flat: bool) -> Any:
     """Value of a schema type, or ``None`` when it is not one (strings only from flat maps)."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes | float | int):
+        value = value.item()  # a numpy scalar (events from a DataFrame)
     if flat and isinstance(value, bytes | str):
         text = value.decode() if isinstance(value, bytes) else value
         try:
@@ -115,6 +152,13 @@ def _coerce(value: Any, typ: str, flat: bool) -> Any:
     return value if isinstance(value, str) else None
 
 
+def stable_id(parts: Sequence[bytes]) -> int:
+    """A 53-bit id of an event (exact as a double, so Lua and Python compare it alike): the last
+    tie-breaker of ``last``, after event time and arrival."""
+    digest = hashlib.blake2b(b"\x1f".join(parts), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 11
+
+
 class _SourcePlan:
     """Per source: the fields to check and, per view, the tile groups an event updates."""
 
@@ -123,10 +167,16 @@ class _SourcePlan:
         types = source.field_types()
         self.join_key = source.entity.join_key
         self.entity = source.entity.name
-        used = {a.field for v in views for a in v.features if a.field}
-        self.fields = [(f, types[f]) for f in sorted(used)]
+        # admission checks every schema field (not only the views' own), so a view version
+        # counts the same events whichever other views share the source
+        self.fields = [(f, t) for f, t in sorted(types.items())
+                       if f not in (self.join_key, source.timestamp)]
+        self.types = dict(self.fields)
         self.lateness_ms = source.lateness_ms
         self.skew_ms = source.skew_ms
+        self.name_bytes = source.name.encode()
+        # one value -> (register, rank) cache per field: 3, 3.0 and True are equal dict keys
+        self.hll_cache: dict[str, dict[Any, tuple[int, int]]] = {f: {} for f, _ in self.fields}
         # distinct tile grids (tile size, tiles, ring): an event is placed once per grid
         self.grids = sorted({(g.tile_ms, g.tiles, g.ring) for v in views
                              for g in v.layout().groups})
@@ -139,35 +189,57 @@ class _SourcePlan:
             for v in views
         ]
 
+    def hll(self, name: str, value: Any) -> tuple[int, int]:
+        cache = self.hll_cache[name]
+        pos = cache.get(value)
+        if pos is None:
+            if len(cache) > 100_000:
+                cache.clear()
+            h = hll_hash(value_identity(value, self.types[name]))
+            w = h >> 8
+            pos = cache[value] = (h & 255, 56 - w.bit_length() + 1)
+        return pos
+
+    def stable_id(self, ts: int, eid: str, values: Mapping[str, Any]) -> int:
+        parts = [self.name_bytes, str(ts).encode(), eid.encode()]
+        parts += [value_identity(values[f], t) for f, t in self.fields]
+        return stable_id(parts)
+
 
 class EventDecoder:
-    """Turns raw events into an :class:`UpdateBatch` (accepted) plus dead letters (rejected)."""
+    """Turns raw events into an :class:`UpdateBatch` (accepted) plus dead letters (rejected).
 
-    def __init__(self, defs: FeatureDefinitions, default_source: str | None = None) -> None:
+    ``views`` limits the tile updates to those views (the offline builder asks for the ones it
+    computes); admission does not depend on it."""
+
+    def __init__(self, defs: FeatureDefinitions, default_source: str | None = None,
+                 views: Sequence[FeatureView] | None = None) -> None:
         self.defs = defs
         by_source: dict[str, list[FeatureView]] = {}
-        for view in defs.views.values():
+        for view in (defs.views.values() if views is None else views):
             by_source.setdefault(view.source.name, []).append(view)
         self.plans = {name: _SourcePlan(defs.sources[name], vs) for name, vs in by_source.items()}
         if default_source is None and len(self.plans) == 1:
             default_source = next(iter(self.plans))
         self.default_source = default_source
-        self._hll_cache: dict[Any, tuple[int, int]] = {}
 
     def decode(
         self, raws: Sequence[Any], arrivals_ms: Sequence[int] | int,
-        tags: Sequence[int] | None = None,
+        tags: Sequence[int] | None = None, flat: bool | None = None,
     ) -> UpdateBatch:
-        """Validate ``raws`` (JSON bytes, dicts, flat string maps) arriving at ``arrivals_ms``."""
+        """Validate ``raws`` (JSON bytes, dicts, flat string maps) arriving at ``arrivals_ms``.
+
+        ``flat=True`` says every value may arrive as a string (CSV rows); by default a map with
+        bytes keys (a Redis Stream entry) is flat and anything else is JSON-typed."""
         batch = UpdateBatch()
         n = len(raws)
         arrivals = [arrivals_ms] * n if isinstance(arrivals_ms, int) else arrivals_ms
         for i in range(n):
             tag = tags[i] if tags is not None else i
             raw = raws[i]
-            event, flat, reason = self._parse(raw)
+            event, is_flat, reason = self._parse(raw)
             if event is not None:
-                reason = self._add(batch, event, flat, arrivals[i], tag)
+                reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag)
             if reason:
                 batch.rejected.append(Rejected(reason, _raw_bytes(raw), tag))
         return batch
@@ -199,21 +271,26 @@ class EventDecoder:
              tag: int) -> str:
         src_name = ev.get("source", self.default_source)
         if isinstance(src_name, bytes):
-            src_name = src_name.decode()
+            src_name = src_name.decode(errors="replace")
         plan = self.plans.get(src_name) if isinstance(src_name, str) else None
         if plan is None:
+            if isinstance(src_name, str) and src_name in self.defs.sources:
+                return ""  # a source the chosen views do not read: not an error, nothing to do
             known = ", ".join(sorted(self.plans))
             return f"unknown source {src_name!r} (known: {known}); set 'source' in the event"
         src = plan.source
-        ts = _to_ms(ev.get(src.timestamp))
+        ts = to_ms(ev.get(src.timestamp))
         if ts is None:
             if src.timestamp not in ev:
                 return f"missing field '{src.timestamp}' (event time, epoch ms or ISO-8601)"
             got = ev[src.timestamp]
-            return f"field '{src.timestamp}' must be epoch milliseconds or ISO-8601, got {got!r}"
+            return (f"field '{src.timestamp}' must be epoch milliseconds or ISO-8601 (years "
+                    f"1-9999), got {got!r}")
         eid = ev.get(plan.join_key)
         if isinstance(eid, bytes):
-            eid = eid.decode()
+            eid = eid.decode(errors="replace")
+        if eid is not None and hasattr(eid, "item") and not isinstance(eid, str):
+            eid = eid.item()  # a numpy scalar (events from a DataFrame)
         if isinstance(eid, int) and not isinstance(eid, bool):
             eid = str(eid)
         if not isinstance(eid, str) or not eid:
@@ -235,8 +312,8 @@ class EventDecoder:
         if why == "future":
             return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
                     f"{plan.skew_ms} ms")
+        sid = plan.stable_id(ts, eid, values)
         ops = batch.ops
-        hll_cache = self._hll_cache  # distinct values repeat (merchants, devices): hash once
         spots = [place(ts, arrival, tile_ms, tiles, ring) for tile_ms, tiles, ring in plan.grids]
         for head, tail, ttl, groups in plan.views:
             k = -1
@@ -248,17 +325,13 @@ class EventDecoder:
                 if k < 0:
                     k = batch.key(head + eid + tail, ttl)
                 if fld is None:
-                    ops.append((k, gid, idx, slot, ts, 0.0, -1, 0, tag))
+                    ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, -1, 0, tag))
                 elif hll:
-                    val = values[fld]
-                    pos = hll_cache.get(val)
-                    if pos is None:
-                        if len(hll_cache) > 100_000:
-                            hll_cache.clear()
-                        pos = hll_cache[val] = hll_position(val)
-                    ops.append((k, gid, idx, slot, ts, 0.0, pos[0], pos[1], tag))
+                    reg, rank = plan.hll(fld, values[fld])
+                    ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, reg, rank, tag))
                 else:
-                    ops.append((k, gid, idx, slot, ts, float(values[fld]), -1, 0, tag))
+                    ops.append((k, gid, idx, slot, ts, arrival, sid, float(values[fld]), -1, 0,
+                                tag))
         batch.accepted.append(tag)
         batch.event_ts.append(ts)
         return ""

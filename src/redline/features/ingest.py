@@ -273,49 +273,33 @@ class StreamConsumer:
 
 def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
                 arrival_column: str = "_arrival_ms") -> IngestResult:
-    """Backfill from JSONL/CSV/Parquet; arrival = ``arrival_column`` or the event time itself."""
-    from redline.features.offline import read_table
+    """Backfill from JSONL/CSV/Parquet, read exactly as ``training-set`` reads it (the same
+    ``offline.read_events``); arrival = ``arrival_column`` or the event time itself."""
+    from redline.features.offline import arrival_of, read_events
 
-    p = Path(path)
-    if p.suffix.lower() in (".jsonl", ".ndjson"):
-        lines = [ln for ln in p.read_bytes().splitlines() if ln.strip()]
-        raws: list[Any] = lines
-        arrivals = []
-        for raw in lines:
+    log = read_events(path)
+    raws: list[Any] = []
+    arrivals = []
+    for raw in log.raws:
+        obj = raw
+        if isinstance(raw, bytes):
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 obj = None
-            arrivals.append(_arrival_of(ingestor, obj, arrival_column))
-    else:
-        df = read_table(p)
-        raws = [{k: v for k, v in r.items() if k != arrival_column and v == v}
-                for r in df.to_dict("records")]
-        arrivals = [_arrival_of(ingestor, r, arrival_column) for r in df.to_dict("records")]
+        raws.append(raw)
+        ms = arrival_of(obj, ingestor.decoder, arrival_column)
+        arrivals.append(ms or now_ms())
     accepted = 0
     rejected: list[Rejected] = []
     for i in range(0, len(raws), batch):
-        res = ingestor.ingest(raws[i:i + batch], arrivals[i:i + batch])
-        accepted += res.accepted
-        for r in res.rejected:
+        chunk = raws[i:i + batch]
+        decoded = ingestor.decoder.decode(chunk, arrivals[i:i + batch], flat=log.flat)
+        ingestor.apply(decoded, measure=False)
+        accepted += len(decoded.accepted)
+        for r in decoded.rejected:
             rejected.append(Rejected(r.reason, r.raw, r.tag + i))
     return IngestResult(accepted, rejected)
-
-
-def _arrival_of(ingestor: Ingestor, obj: Any, arrival_column: str) -> int:
-    from redline.features.events import _to_ms
-
-    if isinstance(obj, dict):
-        if arrival_column in obj:
-            ms = _to_ms(obj[arrival_column])
-            if ms is not None:
-                return ms
-        src = ingestor.decoder.plans.get(str(obj.get("source", ingestor.decoder.default_source)))
-        if src is not None:
-            ms = _to_ms(obj.get(src.source.timestamp))
-            if ms is not None:
-                return ms
-    return now_ms()
 
 
 # --- HTTP push -------------------------------------------------------------------------------

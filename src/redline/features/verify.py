@@ -7,6 +7,7 @@ Counts must be equal exactly; other values within 1e-9 relative (NaN equals NaN)
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +55,13 @@ def random_events(source: EventSource, n: int, seed: int, start_ms: int,
             ts = arrival - lateness - rng.randint(1, max(2, 2 * lateness))
         else:
             ts = arrival + rng.randint(0, 3 * max(skew, 1))
-        ev: dict[str, Any] = {source.timestamp: ts, ARRIVAL: arrival}
+        # the join key is the entity's, whether or not the schema lists it
+        ev: dict[str, Any] = {"source": source.name, source.timestamp: ts, ARRIVAL: arrival,
+                              source.entity.join_key: f"{id_prefix}{rng.randrange(entities)}"}
         for name, typ in types.items():
-            if name == source.entity.join_key:
-                ev[name] = f"{id_prefix}{rng.randrange(entities)}"
-            elif typ == "float":
+            if name in (source.entity.join_key, source.timestamp):
+                continue
+            if typ == "float":
                 ev[name] = round(rng.uniform(-50, 500), rng.choice([0, 2, 6]))
             elif typ == "int":
                 ev[name] = rng.randrange(100)
@@ -126,9 +129,13 @@ def compare(defs: FeatureDefinitions, view: FeatureView, events: pd.DataFrame,
 
 def verify_store(store: Any, defs: FeatureDefinitions, *, events_per_view: int = 1500,
                  seed: int = 0, start_ms: int = 1_767_225_600_000,
-                 id_prefix: str = "__redline_verify__") -> dict[str, VerifyReport]:
-    """Random-stream skew check of every view against ``store``. Its entity ids start with
-    ``id_prefix`` so a shared store's real entities are never touched (the keys expire)."""
+                 id_prefix: str | None = None) -> dict[str, VerifyReport]:
+    """Random-stream skew check of every view against ``store``. Entity ids start with
+    ``id_prefix`` (default: ``__redline_verify__`` and a fresh random token per run), so a shared
+    store's real entities are never touched and a second run never meets the first run's keys
+    (they expire)."""
+    if id_prefix is None:
+        id_prefix = f"__redline_verify__{secrets.token_hex(6)}_"
     reports = {}
     for name, view in sorted(defs.views.items()):
         events = random_events(view.source, events_per_view, seed, start_ms, id_prefix=id_prefix)

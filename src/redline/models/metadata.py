@@ -64,7 +64,9 @@ class ModelMetadata:
         return cls(**values)
 
 
-def profile_inputs(sample: Any, feature_names: list[str] | None, bins: int = 10) -> dict[str, Any]:
+def profile_inputs(
+    sample: Any, feature_names: list[str] | None, bins: int = 10, max_categories: int = 20
+) -> dict[str, Any]:
     """Per-feature quantiles and a histogram of the training inputs, kept for drift detection."""
     import numpy as np
 
@@ -91,4 +93,11 @@ def profile_inputs(sample: Any, feature_names: list[str] | None, bins: int = 10)
             "histogram": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
             "missing_share": float(1 - finite.size / col.size),
         }
+        # A low-cardinality integer column is taken as categorical: drift compares its shares.
+        values, value_counts = np.unique(finite, return_counts=True)
+        if values.size <= max_categories and np.all(values == np.round(values)):
+            shares = value_counts / finite.size
+            profile["features"][name]["categories"] = {
+                str(int(v)): float(c) for v, c in zip(values, shares, strict=True)
+            }
     return profile

@@ -15,12 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from redline.features.aggregates import (
-    EMPTY_RECORD,
-    hll_estimate,
-    record_update,
-    record_value,
-)
+from redline.features.aggregates import NumericTile, hll_estimate
 from redline.features.definitions import FeatureView, ViewLayout
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
@@ -40,11 +35,8 @@ class _KeyState:
 
 
 def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
-    """Merge the tiles covering ``now`` for each window into ``state.merged``.
-
-    The numeric merge is ``aggregates.record_merge`` inlined on locals (same operations, same
-    order): this loop is the memory store's cold read path and a call per tile doubled it.
-    """
+    """Merge the tiles covering ``now`` for each window into ``state.merged`` with the partial
+    aggregates' own ``merge`` (``aggregates.NumericTile``: the one definition of a merge)."""
     merged: list[Any] = []
     ranges = []
     for w in layout.windows:
@@ -60,42 +52,11 @@ def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
                             regs[i] = r
             merged.append(regs)
             continue
-        n, s, c, m2, mn, mx, lt, lv = EMPTY_RECORD
+        acc = NumericTile()
         for entry in ring:
-            if entry is None or not lo <= entry[0] <= hi:
-                continue
-            rec = entry[1]
-            nb = rec[0]
-            if nb == 0:
-                continue
-            if n == 0:
-                n, s, c, m2, mn, mx, lt, lv = rec
-                continue
-            tot = n + nb
-            delta = (rec[1] + rec[2]) / nb - (s + c) / n
-            m2 = m2 + rec[3] + delta * delta * n * nb / tot
-            n = tot
-            x = rec[1]
-            t = s + x
-            if abs(s) >= abs(x):
-                c += (s - t) + x
-            else:
-                c += (x - t) + s
-            s = t
-            x = rec[2]
-            t = s + x
-            if abs(s) >= abs(x):
-                c += (s - t) + x
-            else:
-                c += (x - t) + s
-            s = t
-            if rec[4] < mn:
-                mn = rec[4]
-            if rec[5] > mx:
-                mx = rec[5]
-            if rec[6] > lt:
-                lt, lv = rec[6], rec[7]
-        merged.append([n, s, c, m2, mn, mx, lt, lv])
+            if entry is not None and lo <= entry[0] <= hi:
+                acc.merge(entry[1])
+        merged.append(acc)
     state.merged, state.ranges, state.out = merged, ranges, None
 
 
@@ -108,7 +69,7 @@ def outputs(state: _KeyState, layout: ViewLayout) -> np.ndarray:
             if o.kind == "distinct":
                 out[i] = hll_estimate(m, len(m)) if any(m) else 0.0
             else:
-                out[i] = record_value(m, o.kind, o.default)
+                out[i] = m.value(o.kind, o.default)
         state.out = out
     return out
 
@@ -185,6 +146,8 @@ class MemoryStore:
         return st
 
     def write(self, batch: UpdateBatch, wall_ms: int | None = None) -> None:
+        """Apply a batch; ``wall_ms`` is the clock TTLs run on (the offline builder replays in
+        event time and passes the batch's arrival)."""
         wall = now_ms() if wall_ms is None else wall_ms
         if wall >= self._next_sweep:
             self._next_sweep = wall + 60_000
@@ -195,7 +158,7 @@ class MemoryStore:
                 st = self._state(key)
                 st.expires = max(st.expires, wall + ttl)
                 states.append(st)
-            for k, gid, idx, slot, ts, x, reg, rank, _tag in batch.ops:
+            for k, gid, idx, slot, ts, arrival, sid, x, reg, rank, _tag in batch.ops:
                 st = states[k]
                 ring = st.rings.get(gid)
                 if ring is None:
@@ -204,7 +167,7 @@ class MemoryStore:
                     ring.extend([None] * (slot + 1 - len(ring)))
                 entry = ring[slot]
                 if entry is None or entry[0] < idx:
-                    entry = [idx, bytearray(256) if reg >= 0 else list(EMPTY_RECORD)]
+                    entry = [idx, bytearray(256) if reg >= 0 else NumericTile()]
                     ring[slot] = entry
                 elif entry[0] > idx:
                     continue  # the slot already holds a newer tile: this one left every window
@@ -213,12 +176,13 @@ class MemoryStore:
                     if rank > regs[reg]:
                         regs[reg] = rank
                 else:
-                    record_update(entry[1], x, ts)
+                    entry[1].update(x, ts, arrival, sid)
                 if st.cache_at is not None:
-                    self._fold(st, gid, idx, ts, x, reg, rank)
+                    self._fold(st, gid, idx, ts, arrival, sid, x, reg, rank)
 
     @staticmethod
-    def _fold(st: _KeyState, gid: int, idx: int, ts: int, x: float, reg: int, rank: int) -> None:
+    def _fold(st: _KeyState, gid: int, idx: int, ts: int, arrival: int, sid: int, x: float,
+              reg: int, rank: int) -> None:
         """Add one update to the cached merged windows that cover its tile."""
         assert st.layout is not None
         for w in st.layout.windows:
@@ -231,7 +195,7 @@ class MemoryStore:
                     if rank > m[reg]:
                         m[reg] = rank
                 else:
-                    record_update(m, x, ts)
+                    m.update(x, ts, arrival, sid)
                 st.out = None
 
     def expire(self, wall_ms: int | None = None) -> int:

@@ -1,9 +1,11 @@
 """Lua run inside Redis: the atomic tile writer and the generated per-reader tile merger.
 
-Both mirror ``aggregates.record_update`` / ``record_merge`` operation for operation. A hash
-field ``pack('<HH', group, slot)`` (4 bytes) holds one tile: ``pack('<dd', group, tile)``
-followed by eight doubles (n, sum, compensation, m2, min, max, last_ts, last_value) or 256
-HyperLogLog registers.
+:data:`PARTIALS` is the Lua twin of ``aggregates.NumericTile`` (``upd`` = ``update``, ``merge`` =
+``merge``, operation for operation, same evaluation order) and the only other implementation of
+a merge; ``tests/features/test_merge_property.py`` holds the two together with hypothesis. A hash
+field ``pack('<HH', group, slot)`` (4 bytes) holds one tile: ``pack('<dd', group, tile)`` followed
+by eleven doubles (n, sum, compensation, running mean, m2, min, max, last ts, last arrival, last
+stable id, last value) or 256 HyperLogLog registers.
 Reads send back one packed string of doubles per entity, so the reply stays small however many
 tiles were merged (measured against a pipeline of HMGETs in ``benchmarks/features``).
 """
@@ -12,34 +14,55 @@ from __future__ import annotations
 
 from redline.features.definitions import FeatureView
 
-_COMMON = r"""
+NUMERIC_TILE_BYTES = 8 * 13  # group, tile, then the eleven doubles of a record
+
+PARTIALS = r"""
 local INF = math.huge
-local function merge(a, n2, s2, c2, m22, mn2, mx2, lt2, lv2)
-  if n2 == 0 then return end
-  local na = a[1]
-  if na == 0 then
-    a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8] = n2, s2, c2, m22, mn2, mx2, lt2, lv2
-    return
-  end
-  local n = na + n2
-  local delta = (s2 + c2) / n2 - (a[2] + a[3]) / na
-  a[4] = a[4] + m22 + delta * delta * na * n2 / n
-  a[1] = n
-  local s, c = a[2], a[3]
-  local t = s + s2
-  if math.abs(s) >= math.abs(s2) then c = c + ((s - t) + s2) else c = c + ((s2 - t) + s) end
-  s = t
-  t = s + c2
-  if math.abs(s) >= math.abs(c2) then c = c + ((s - t) + c2) else c = c + ((c2 - t) + s) end
-  a[2], a[3] = t, c
-  if mn2 < a[5] then a[5] = mn2 end
-  if mx2 > a[6] then a[6] = mx2 end
-  if lt2 > a[7] then a[7], a[8] = lt2, lv2 end
+local abs = math.abs
+local function neu(s, c, x)
+  local t = s + x
+  if t == INF or t == -INF then return t, c end
+  if abs(s) >= abs(x) then c = c + ((s - t) + x) else c = c + ((x - t) + s) end
+  return t, c
+end
+local function meanof(n, s, c, mu)
+  local m = (s + c) / n
+  if m == INF or m == -INF or m ~= m then return mu end
+  return m
+end
+local function wins(ts, ar, id, lt, la, li)
+  return ts > lt or (ts == lt and (ar > la or (ar == la and id > li)))
+end
+local function upd(n, s, c, mu, m2, mn, mx, lt, la, li, lv, x, ts, ar, id)
+  local mean_old = 0.0
+  if n > 0 then mean_old = meanof(n, s, c, mu) end
+  s, c = neu(s, c, x)
+  n = n + 1
+  if n == 1 then mu = x else mu = mu + (x / n - mu / n) end
+  m2 = m2 + (x - mean_old) * (x - meanof(n, s, c, mu))
+  if x < mn then mn = x end
+  if x > mx then mx = x end
+  if wins(ts, ar, id, lt, la, li) then lt, la, li, lv = ts, ar, id, x end
+  return n, s, c, mu, m2, mn, mx, lt, la, li, lv
+end
+local function merge(n, s, c, mu, m2, mn, mx, lt, la, li, lv,
+                     n2, s2, c2, mu2, m22, mn2, mx2, lt2, la2, li2, lv2)
+  if n2 == 0 then return n, s, c, mu, m2, mn, mx, lt, la, li, lv end
+  if n == 0 then return n2, s2, c2, mu2, m22, mn2, mx2, lt2, la2, li2, lv2 end
+  local nn = n + n2
+  local delta = meanof(n2, s2, c2, mu2) - meanof(n, s, c, mu)
+  m2 = m2 + m22 + delta * delta * n * n2 / nn
+  mu = mu * (n / nn) + mu2 * (n2 / nn)
+  s, c = neu(s, c, s2)
+  s, c = neu(s, c, c2)
+  if mn2 < mn then mn = mn2 end
+  if mx2 > mx then mx = mx2 end
+  if wins(lt2, la2, li2, lt, la, li) then lt, la, li, lv = lt2, la2, li2, lv2 end
+  return nn, s, c, mu, m2, mn, mx, lt, la, li, lv
 end
 """
 
-WRITE_SCRIPT = r"""
-local INF = math.huge
+WRITE_SCRIPT = PARTIALS + r"""
 local mode = tonumber(ARGV[1])
 local p = 2
 local nfixed = 0
@@ -72,7 +95,7 @@ if mode == 1 then
   acked = #ids
 end
 -- ARGV tail: accepted tags (packed doubles), dead letters (count, then tag, class, reason, raw
--- each), TTL per key (packed doubles), tile updates (9 packed doubles each). Packed numbers
+-- each), TTL per key (packed doubles), tile updates (11 packed doubles each). Packed numbers
 -- cost one C call to read instead of a tonumber per argument (measured: 2x the write rate).
 local pack, unpack_ = struct.pack, struct.unpack
 local accblob = ARGV[p]; p = p + 1
@@ -107,24 +130,29 @@ local ops = ARGV[p]
 -- One HGET + one HSET per update, all in locals: measured faster than batching a key's fields
 -- through HMGET/HSET, whose per-op Lua tables cost more than the calls they save.
 local touched = {}
-local abs = math.abs
-for pos = 1, #ops, 72 do
-  local k, gid, idx, slot, ts, x, reg, rank, tag = unpack_('<ddddddddd', ops, pos)
+for pos = 1, #ops, 88 do
+  local k, gid, idx, slot, ts, ar, id, x, reg, rank, tag = unpack_('<ddddddddddd', ops, pos)
   k = k + 1
   if ok == nil or ok[tag] then
     local key = KEYS[nfixed + k]
     touched[k] = true
     local f = pack('<HH', gid, slot)  -- field name: group and ring slot, 4 bytes
     local cur = redis.call('HGET', key, f)
-    local cidx, n, s, c, m2, mn, mx, lt, lv = nil, 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0
+    local cidx = nil
+    local n, s, c, mu, m2, mn, mx, lt, la, li, lv =
+      0, 0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, -INF, -INF, 0/0
     if cur then
       if reg >= 0 then
         local _g
         _g, cidx = unpack_('<dd', cur)
       else
-        local _g, i, n2, s2, c2, m22, mn2, mx2, lt2, lv2 = unpack_('<dddddddddd', cur)
+        local _g, i, n2, s2, c2, mu2, m22, mn2, mx2, lt2, la2, li2, lv2 =
+          unpack_('<ddddddddddddd', cur)
         cidx = i
-        if cidx == idx then n, s, c, m2, mn, mx, lt, lv = n2, s2, c2, m22, mn2, mx2, lt2, lv2 end
+        if cidx == idx then
+          n, s, c, mu, m2, mn, mx, lt, la, li, lv =
+            n2, s2, c2, mu2, m22, mn2, mx2, lt2, la2, li2, lv2
+        end
       end
     end
     if cidx == nil or cidx <= idx then
@@ -138,17 +166,10 @@ for pos = 1, #ops, 72 do
           redis.call('HSET', key, f, pack('<dd', gid, idx) .. regs)
         end
       else
-        local mean_old = 0.0
-        if n > 0 then mean_old = (s + c) / n end
-        local t = s + x
-        if abs(s) >= abs(x) then c = c + ((s - t) + x) else c = c + ((x - t) + s) end
-        n = n + 1
-        s = t
-        m2 = m2 + (x - mean_old) * (x - (t + c) / n)
-        if x < mn then mn = x end
-        if x > mx then mx = x end
-        if ts >= lt then lt, lv = ts, x end
-        redis.call('HSET', key, f, pack('<dddddddddd', gid, idx, n, s, c, m2, mn, mx, lt, lv))
+        n, s, c, mu, m2, mn, mx, lt, la, li, lv =
+          upd(n, s, c, mu, m2, mn, mx, lt, la, li, lv, x, ts, ar, id)
+        redis.call('HSET', key, f, pack('<ddddddddddddd', gid, idx, n, s, c, mu, m2, mn, mx,
+                                        lt, la, li, lv))
       end
     end
     -- else: the slot holds a newer tile; this one has left every window
@@ -162,35 +183,11 @@ return {acked, accepted, dead}
 """
 
 
+_FIELDS = ("n", "s", "c", "mu", "m2", "mn", "mx", "lt", "la", "li", "lv")
+
+
 def _acc(w: int) -> str:
-    return ", ".join(f"{v}{w}" for v in ("n", "s", "c", "m2", "mn", "mx", "lt", "lv"))
-
-
-def _merge_inline(w: int) -> str:
-    """``merge`` of the record in locals n, s, c, ... into window ``w``'s locals, inlined: the
-    read merges ~25 tiles per view and a Lua call per tile was a fifth of its time."""
-    return f"""\
-            if n > 0 then
-              if n{w} == 0 then
-                {_acc(w)} = n, s, c, m2, mn, mx, lt, lv
-              else
-                local nn = n{w} + n
-                local delta = (s + c) / n - (s{w} + c{w}) / n{w}
-                m2{w} = m2{w} + m2 + delta * delta * n{w} * n / nn
-                n{w} = nn
-                local t = s{w} + s
-                if abs(s{w}) >= abs(s) then c{w} = c{w} + ((s{w} - t) + s)
-                else c{w} = c{w} + ((s - t) + s{w}) end
-                s{w} = t
-                t = s{w} + c
-                if abs(s{w}) >= abs(c) then c{w} = c{w} + ((s{w} - t) + c)
-                else c{w} = c{w} + ((c - t) + s{w}) end
-                s{w} = t
-                if mn < mn{w} then mn{w} = mn end
-                if mx > mx{w} then mx{w} = mx end
-                if lt > lt{w} then lt{w}, lv{w} = lt, lv end
-              end
-            end"""
+    return ", ".join(f"{v}{w}" for v in _FIELDS)
 
 
 def read_script(views: list[FeatureView], cache: bool = True) -> str:
@@ -204,7 +201,7 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
     changes the signature, so a hit returns exactly what merging the tiles would.
     """
     nv = len(views)
-    lines = [_COMMON, "local unpack_, pack = struct.unpack, struct.pack", "local abs = math.abs",
+    lines = [PARTIALS, "local unpack_, pack = struct.unpack, struct.pack",
              f"local nv = {nv}", "local A = {}",
              "for i = 1, #ARGV do A[i] = tonumber(ARGV[i]) end",
              "local replies = {}",
@@ -238,12 +235,13 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 lines.append(f"    local h{w.wid} = {{}}")
                 lines.append(f"    for i = 1, 256 do h{w.wid}[i] = 0 end")
             else:
-                lines.append(f"    local {_acc(w.wid)} = 0, 0.0, 0.0, 0.0, INF, -INF, -INF, 0/0")
+                lines.append(f"    local {_acc(w.wid)} = "
+                             "0, 0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, -INF, -INF, 0/0")
         lines.append("    for _, v in ipairs(vals) do")
-        # numeric tiles are 80 bytes: one unpack gives group, tile and the record
-        lines.append("      if #v == 80 then")
-        lines.append("        local gid, idx, n, s, c, m2, mn, mx, lt, lv = "
-                     "unpack_('<dddddddddd', v)")
+        # numeric tiles are 104 bytes: one unpack gives group, tile and the record
+        lines.append(f"      if #v == {NUMERIC_TILE_BYTES} then")
+        lines.append("        local gid, idx, n, s, c, mu, m2, mn, mx, lt, la, li, lv = "
+                     "unpack_('<ddddddddddddd', v)")
         first = True
         for g in lay.groups:
             wins = [w for w in lay.windows if w.gid == g.gid]
@@ -253,7 +251,8 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
             first = False
             for w in wins:
                 lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
-                lines.append(_merge_inline(w.wid))
+                lines.append(f"            {_acc(w.wid)} = merge({_acc(w.wid)}, "
+                             "n, s, c, mu, m2, mn, mx, lt, la, li, lv)")
                 lines.append("          end")
         if not first:
             lines.append("        end")
@@ -287,7 +286,7 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 expr = f"hll(h{wi})"
             else:
                 val = {
-                    "mean": f"(s{wi} + c{wi}) / n{wi}",
+                    "mean": f"meanof(n{wi}, s{wi}, c{wi}, mu{wi})",
                     "min": f"mn{wi}", "max": f"mx{wi}", "last": f"lv{wi}",
                     "stddev": f"math.sqrt(math.max(m2{wi}, 0.0) / n{wi})",
                 }[o.kind]

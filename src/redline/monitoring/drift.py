@@ -1,0 +1,355 @@
+"""Drift that tells a shift from noise: effect sizes against the version's reference profile.
+
+Every model version carries a profile of its training inputs (``metadata.input_profile``: per
+feature quantiles, a decile histogram, the missing share and, for low-cardinality integer
+columns, category shares). The server keeps a bounded rolling window of live rows per version and
+compares each feature with its profile:
+
+- PSI and Jensen-Shannon distance (base 2) over the profile's bins, for every feature;
+- Wasserstein-1 distance (1% tails trimmed) in reference standard deviations, for numeric ones;
+- category shares (and the share of categories never seen in training), for categorical ones;
+- the missing-value rate and the out-of-range rate (outside the training min..max).
+
+No p-values: a test's p-value shrinks with the sample, so a large window of unchanged data
+alarms on differences too small to matter. Instead each statistic has a threshold that is an
+*effect size*: the larger of a floor (a shift small enough to ignore) and the 99.5th percentile
+of the statistic on windows of the same size drawn from the reference profile itself (the
+statistic's own noise at that size). So a small window does not alarm on noise and a large one
+does not alarm on a trivial difference.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Effect-size floors: below these a shift is not worth an alarm however sure we are of it.
+PSI_FLOOR = 0.1
+JS_FLOOR = 0.1
+WASSERSTEIN_FLOOR = 0.1  # in reference standard deviations
+RATE_FLOOR = 0.05  # missing / out-of-range rate increase
+NULL_QUANTILE = 99.5
+NULL_DRAWS = 400
+_EPS = 1e-4
+# Quantile levels for Wasserstein, the outer 1% of each tail left out: the profile knows the
+# extremes only as one min and one max, too coarse to compare tails against.
+_GRID = 0.01 + 0.98 * (np.arange(200) + 0.5) / 200
+
+
+# ---------------------------------------------------------------------- statistics
+def psi(p: np.ndarray, q: np.ndarray) -> float:
+    """Population stability index of live shares ``p`` against reference shares ``q``."""
+    p = np.clip(p, _EPS, None)
+    q = np.clip(q, _EPS, None)
+    return float(np.sum((p - q) * np.log(p / q)))
+
+
+def js_distance(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon distance, base 2 (0 = same, 1 = disjoint)."""
+    m = 0.5 * (p + q)
+
+    def kl(a: np.ndarray, b: np.ndarray) -> float:
+        mask = a > 0
+        return float(np.sum(a[mask] * np.log2(a[mask] / b[mask])))
+
+    return math.sqrt(max(0.0, 0.5 * kl(p, m) + 0.5 * kl(q, m)))
+
+
+# ---------------------------------------------------------------------- the reference
+@dataclass
+class FeatureReference:
+    """One feature's training distribution, as the profile stores it."""
+
+    name: str
+    kind: str  # numeric | categorical
+    ref_p: np.ndarray  # shares per bin (numeric) or per category + "other" (categorical)
+    inner_edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    u_points: np.ndarray = field(default_factory=lambda: np.zeros(0))  # quantile function knots
+    v_points: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    categories: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    lo: float = -math.inf
+    hi: float = math.inf
+    scale: float = 1.0
+    missing_share: float = 0.0
+    _thresholds: dict[int, dict[str, float]] = field(default_factory=dict)
+    _w1000: float | None = None
+
+    @classmethod
+    def from_profile(cls, name: str, prof: dict[str, Any], levels: list[float]) -> FeatureReference:
+        missing = float(prof.get("missing_share", 0.0))
+        cats = prof.get("categories")
+        if cats:
+            values = np.array([float(k) for k in cats])
+            shares = np.array([float(v) for v in cats.values()])
+            order = np.argsort(values)
+            ref_p = np.append(shares[order] / shares.sum(), 0.0)  # last: unseen categories
+            return cls(name, "categorical", ref_p, categories=values[order],
+                       lo=float(values.min()), hi=float(values.max()), missing_share=missing)
+        hist = prof["histogram"]
+        edges = np.asarray(hist["edges"], dtype=np.float64)
+        counts = np.asarray(hist["counts"], dtype=np.float64)
+        ref_p = counts / counts.sum() if counts.sum() else np.ones(1)
+        # The quantile function, piecewise linear through the profile's quantiles and the
+        # histogram's cumulative shares (more knots, more faithful Wasserstein).
+        u = list(levels) + list(np.concatenate([[0.0], np.cumsum(ref_p)]))
+        v = list(prof["quantiles"]) + list(edges if edges.size == ref_p.size + 1
+                                           else [edges[0]] * (ref_p.size + 1))
+        order = np.lexsort((np.asarray(v), np.asarray(u)))
+        u_arr, v_arr = np.asarray(u)[order], np.maximum.accumulate(np.asarray(v)[order])
+        std = float(prof.get("std", 0.0))
+        q = prof["quantiles"]
+        iqr = float(np.interp(0.75, levels, q) - np.interp(0.25, levels, q))
+        scale = std if std > 0 else (iqr if iqr > 0 else 1.0)
+        return cls(name, "numeric", ref_p, inner_edges=edges[1:-1], u_points=u_arr,
+                   v_points=v_arr, lo=float(edges[0]), hi=float(edges[-1]), scale=scale,
+                   missing_share=missing)
+
+    # ------------------------------------------------------------------ live values -> shares
+    def shares(self, x: np.ndarray) -> np.ndarray:
+        if self.kind == "numeric":
+            idx = np.searchsorted(self.inner_edges, x, side="right")
+            counts = np.bincount(idx, minlength=self.ref_p.size).astype(np.float64)
+        else:
+            pos = np.searchsorted(self.categories, x)
+            pos = np.clip(pos, 0, self.categories.size - 1)
+            known = self.categories[pos] == x
+            counts = np.bincount(np.where(known, pos, self.categories.size),
+                                 minlength=self.ref_p.size).astype(np.float64)
+        return counts / max(1.0, counts.sum())
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` values drawn from the reference (for the threshold calibration)."""
+        if self.kind == "numeric":
+            return np.interp(rng.random(n), self.u_points, self.v_points)
+        idx = rng.choice(self.categories.size, size=n, p=self.ref_p[:-1] / self.ref_p[:-1].sum())
+        return self.categories[idx]
+
+    def wasserstein(self, x: np.ndarray) -> float:
+        live = np.quantile(x, _GRID)
+        ref = np.interp(_GRID, self.u_points, self.v_points)
+        return float(np.mean(np.abs(live - ref)) / self.scale)
+
+    def statistics(self, x: np.ndarray) -> dict[str, float]:
+        p = self.shares(x)
+        out = {"psi": psi(p, self.ref_p), "js": js_distance(p, self.ref_p)}
+        if self.kind == "numeric":
+            out["wasserstein"] = self.wasserstein(x)
+        return out
+
+    def thresholds(self, n: int) -> dict[str, float]:
+        """Effect-size thresholds for a window of ``n`` rows (cached per size class).
+
+        The noise part is the 99.5th percentile of the statistic over windows of that size drawn
+        from the reference itself: bin shares by multinomial draws (exact for PSI and JS), and
+        Wasserstein from 1,000-row draws scaled by sqrt(1000 / n), as its noise shrinks so.
+        """
+        size = _size_class(n)
+        cached = self._thresholds.get(size)
+        if cached is not None:
+            return cached
+        rng = np.random.default_rng(size)
+        q = self.ref_p / self.ref_p.sum()
+        p = rng.multinomial(size, q, size=NULL_DRAWS) / size
+        pc, qc = np.clip(p, _EPS, None), np.clip(q, _EPS, None)
+        psis = np.sum((pc - qc) * np.log(pc / qc), axis=1)
+        m = 0.5 * (p + q)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl_p = np.nansum(np.where(p > 0, p * np.log2(p / m), 0.0), axis=1)
+            kl_q = np.nansum(np.where(q > 0, q * np.log2(q / m), 0.0), axis=1)
+        jss = np.sqrt(np.maximum(0.0, 0.5 * kl_p + 0.5 * kl_q))
+        out = {"psi": max(PSI_FLOOR, float(np.percentile(psis, NULL_QUANTILE))),
+               "js": max(JS_FLOOR, float(np.percentile(jss, NULL_QUANTILE)))}
+        if self.kind == "numeric":
+            if self._w1000 is None:
+                draws = self.sample(rng, NULL_DRAWS * 1000).reshape(NULL_DRAWS, 1000)
+                live = np.quantile(draws, _GRID, axis=1).T
+                ref = np.interp(_GRID, self.u_points, self.v_points)
+                ws = np.mean(np.abs(live - ref), axis=1) / self.scale
+                self._w1000 = float(np.percentile(ws, NULL_QUANTILE))
+            out["wasserstein"] = max(WASSERSTEIN_FLOOR, self._w1000 * math.sqrt(1000 / size))
+        self._thresholds[size] = out
+        return out
+
+
+def _size_class(n: int) -> int:
+    """Window sizes rounded down to 1.5x steps, so calibrations are reused as a window fills."""
+    size = 100
+    while size * 1.5 <= n:
+        size = int(size * 1.5)
+    return size
+
+
+def _rate_threshold(base: float, n: int) -> float:
+    return base + max(RATE_FLOOR, 4.0 * math.sqrt(max(base * (1 - base), 1e-4) / max(n, 1)))
+
+
+# ---------------------------------------------------------------------- the live window
+class RollingWindow:
+    """The last ``capacity`` rows of a fixed width, in a ring buffer (bounded memory)."""
+
+    def __init__(self, width: int, capacity: int) -> None:
+        self.data = np.full((capacity, width), np.nan)
+        self.capacity = capacity
+        self.pos = 0
+        self.size = 0
+        self.seen = 0
+        self.started = time.time()
+
+    def add(self, rows: np.ndarray) -> None:
+        rows = rows[-self.capacity:]
+        n = rows.shape[0]
+        end = self.pos + n
+        if end <= self.capacity:
+            self.data[self.pos:end] = rows
+        else:
+            first = self.capacity - self.pos
+            self.data[self.pos:] = rows[:first]
+            self.data[: n - first] = rows[first:]
+        self.pos = end % self.capacity
+        self.size = min(self.capacity, self.size + n)
+        self.seen += n
+
+    def rows(self) -> np.ndarray:
+        return self.data[: self.size] if self.size < self.capacity else self.data
+
+
+# ---------------------------------------------------------------------- one model version
+class DriftMonitor:
+    """Live inputs (and predictions) of one model version against its reference profile."""
+
+    def __init__(self, model: str, version: str, profile: dict[str, Any],
+                 feature_names: list[str] | None, window_rows: int = 5000,
+                 min_rows: int = 200) -> None:
+        self.model, self.version = model, version
+        self.min_rows = min_rows
+        levels = profile.get("quantile_levels", [])
+        feats = profile.get("features", {})
+        names = feature_names or list(feats)
+        self.names = names
+        self.references: dict[int, FeatureReference] = {}
+        for i, name in enumerate(names):
+            prof = feats.get(name)
+            if prof and "histogram" in prof:
+                self.references[i] = FeatureReference.from_profile(name, prof, levels)
+        self.window = RollingWindow(len(names), window_rows)
+        self.predictions = RollingWindow(1, window_rows)
+        self.prediction_ref: FeatureReference | None = None
+        self._baseline: list[np.ndarray] = []
+        self._baseline_rows = 0
+        self._baseline_target = window_rows
+        self.skipped = 0  # rows whose width did not match the profile
+        self._lock = threading.Lock()
+        self.last_report: dict[str, Any] | None = None
+
+    @property
+    def has_reference(self) -> bool:
+        return bool(self.references)
+
+    def add(self, inputs: np.ndarray | None, scores: np.ndarray | None) -> None:
+        with self._lock:
+            if inputs is not None:
+                if inputs.ndim == 2 and inputs.shape[1] == len(self.names):
+                    self.window.add(inputs.astype(np.float64, copy=False))
+                else:
+                    self.skipped += int(inputs.shape[0]) if inputs.ndim else 1
+            if scores is not None and scores.size:
+                col = scores.reshape(-1, 1).astype(np.float64, copy=False)
+                self.predictions.add(col)
+                if self.prediction_ref is None:
+                    self._baseline.append(col[:, 0])
+                    self._baseline_rows += col.shape[0]
+                    if self._baseline_rows >= min(self._baseline_target, 1000):
+                        self._freeze_prediction_baseline()
+
+    def _freeze_prediction_baseline(self) -> None:
+        """No training profile of predictions exists: the first live ones are the baseline."""
+        from redline.models.metadata import profile_inputs
+
+        base = np.concatenate(self._baseline)
+        prof = profile_inputs(base.reshape(-1, 1), ["prediction"])
+        feat = prof.get("features", {}).get("prediction")
+        if feat and "histogram" in feat:
+            self.prediction_ref = FeatureReference.from_profile("prediction", feat,
+                                                                prof["quantile_levels"])
+        self._baseline = []
+        self.predictions = RollingWindow(1, self.predictions.capacity)
+
+    def report(self) -> dict[str, Any]:
+        """Per feature (and the prediction): statistics, thresholds, rates and the verdict."""
+        with self._lock:
+            rows = self.window.rows().copy()
+            preds = self.predictions.rows()[:, 0].copy()
+            started, seen = self.window.started, self.window.seen
+        features = [self._feature(i, ref, rows[:, i]) for i, ref in sorted(self.references.items())]
+        prediction = None
+        if self.prediction_ref is not None:
+            prediction = self._one(self.prediction_ref, preds, reference="first live window")
+        drifted = [f["feature"] for f in features if f["drift"]]
+        report = {
+            "model": self.model, "version": self.version,
+            "window": {"rows": int(rows.shape[0]), "capacity": self.window.capacity,
+                       "seen": int(seen), "since": round(started, 3),
+                       "min_rows": self.min_rows, "skipped_rows": self.skipped},
+            "reference": "training profile" if self.references else None,
+            "features": features, "prediction": prediction,
+            "drifted": drifted, "drift": bool(drifted or (prediction and prediction["drift"])),
+        }
+        self.last_report = report
+        return report
+
+    def _feature(self, i: int, ref: FeatureReference, col: np.ndarray) -> dict[str, Any]:
+        return self._one(ref, col)
+
+    def _one(self, ref: FeatureReference, col: np.ndarray,
+             reference: str = "training profile") -> dict[str, Any]:
+        n_all = col.size
+        finite = col[np.isfinite(col)]
+        n = finite.size
+        out: dict[str, Any] = {"feature": ref.name, "kind": ref.kind, "rows": int(n_all)}
+        missing = 1.0 - n / n_all if n_all else 0.0
+        out["missing_rate"] = round(missing, 4)
+        out["reference_missing_rate"] = round(ref.missing_share, 4)
+        out_of_range = float(np.mean((finite < ref.lo) | (finite > ref.hi))) if n else 0.0
+        out["out_of_range_rate"] = round(out_of_range, 4)
+        if n < self.min_rows:
+            out.update(statistics={}, thresholds={}, drift=False,
+                       reason=f"window has {n} rows, fewer than min_rows {self.min_rows}")
+            return out
+        stats = ref.statistics(finite)
+        limits = ref.thresholds(n)
+        beyond = [k for k, v in stats.items() if v > limits[k]]
+        if missing > _rate_threshold(ref.missing_share, n_all):
+            beyond.append("missing_rate")
+        if out_of_range > _rate_threshold(0.0, n):
+            beyond.append("out_of_range_rate")
+        out["statistics"] = {k: round(v, 5) for k, v in stats.items()}
+        out["thresholds"] = {k: round(v, 5) for k, v in limits.items()}
+        if ref.kind == "categorical":
+            live = ref.shares(finite)
+            keys = [_fmt(c) for c in ref.categories] + ["unseen"]
+            out["shares"] = {k: round(float(v), 4) for k, v in zip(keys, live, strict=True)}
+            out["reference_shares"] = {k: round(float(v), 4)
+                                       for k, v in zip(keys, ref.ref_p, strict=True)}
+        out["drift"] = bool(beyond)
+        out["beyond"] = beyond
+        if reference != "training profile":
+            out["reference"] = reference
+        return out
+
+    def out_of_range(self, row: np.ndarray) -> list[str]:
+        """Names of the features of one row outside the training range (for review)."""
+        bad = []
+        for i, ref in self.references.items():
+            v = row[i]
+            if math.isfinite(v) and (v < ref.lo or v > ref.hi):
+                bad.append(ref.name)
+        return bad
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

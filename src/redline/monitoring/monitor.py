@@ -1,0 +1,349 @@
+"""The server's monitoring: its request observers, its once-a-second tick, and its routes.
+
+:class:`ServerMonitor` is what the server wires in: ``observers()`` go into the serving
+``Observers``, ``install(app)`` adds the HTTP routes, ``run()`` is the tick task. The tick turns
+what the observers gathered into the time series (``redline top``, ``/dashboard``), the
+Prometheus metrics, the drift and quality figures and the alerts; none of that work happens on a
+request's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from bisect import bisect_left
+from collections import deque
+from typing import Any
+
+from redline.monitoring.metrics import (
+    BREAKER_LEVEL,
+    TOTAL,
+    PrometheusExport,
+    RequestMetrics,
+    SlowLog,
+    latency_buckets,
+)
+from redline.monitoring.review import ReviewQueue
+from redline.monitoring.windows import ModelWindows
+
+log = logging.getLogger("redline.monitoring")
+
+HISTORY_TICKS = 300  # five minutes at one tick a second
+DRIFT_EVERY_TICKS = 5
+OBJECTIVE_SHARE = 0.99  # the latency objective: 99% of requests within slo_ms
+
+
+class ServerMonitor:
+    """Metrics, slow log, traces, drift, quality, review and alerts for one server process."""
+
+    def __init__(self, settings: Any, registry: Any, pipeline: Any = None,
+                 trace_exporter: Any = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.pipeline = pipeline
+        mon = settings.monitoring
+        self.tick_s = mon.tick_s
+        objectives = [settings.server.default_slo_ms] + [
+            m.slo_ms for m in settings.models.values() if m.slo_ms]
+        self.buckets = latency_buckets(objectives)
+        self.metrics = RequestMetrics(self.buckets)
+        self.slow = SlowLog(mon.slow_log_size)
+        self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
+        self.windows = ModelWindows(self._metadata, mon, self.review)
+        self.export = PrometheusExport(self.buckets, self._objective_s)
+        self.tracing: Any = None
+        if trace_exporter is None and mon.otlp_endpoint:
+            from redline.monitoring.tracing import otlp_exporter
+
+            trace_exporter = otlp_exporter(mon.otlp_endpoint)
+        if trace_exporter is not None:
+            self.use_trace_exporter(trace_exporter)
+        self.alerts: Any = None
+        if mon.alert_webhook_url:
+            from redline.monitoring.alerts import AlertWebhook
+
+            self.alerts = AlertWebhook(mon.alert_webhook_url, mon.alert_min_interval_s,
+                                       mon.alert_max_interval_s)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_TICKS)
+        self._objective_window: dict[str, deque[tuple[int, int]]] = {}
+        self._last_counts: dict[tuple[str, str, str], list[int]] = {}
+        self._last_requests: dict[tuple[str, str, str], dict[tuple[str, str, str], int]] = {}
+        self._last_stats: dict[tuple[str, str], dict[str, int]] = {}
+        self._last_tick = time.monotonic()
+        self._ticks = 0
+        self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
+        self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
+        self._observers_extra: list[Any] = []
+
+    # ------------------------------------------------------------------ wiring
+    def observers(self) -> list[Any]:
+        """The request observers, cheapest first."""
+        items: list[Any] = [self.metrics, self.slow, self.windows]
+        if self.tracing is not None:
+            items.append(self.tracing)
+        return items
+
+    def use_trace_exporter(self, exporter: Any) -> Any:
+        """Export spans to ``exporter`` (an OpenTelemetry ``SpanExporter``); returns the observer.
+
+        Call before the observers are wired (or add the returned observer yourself)."""
+        from redline.monitoring.tracing import TraceExport
+
+        mon = self.settings.monitoring
+        self.tracing = TraceExport(exporter, mon.trace_sample_ratio, self._slow_ms,
+                                   mon.trace_queue_size)
+        return self.tracing
+
+    def _slow_ms(self, model: str) -> float:
+        mon = self.settings.monitoring
+        if mon.trace_slow_ms is not None:
+            return float(mon.trace_slow_ms)
+        return float(self.settings.for_model(model).slo_ms or self.settings.server.default_slo_ms)
+
+    def _objective_s(self, model: str) -> float:
+        return float(self.settings.for_model(model).slo_ms
+                     or self.settings.server.default_slo_ms) / 1000.0
+
+    def _metadata(self, model: str, version: str) -> Any:
+        try:
+            return self.registry.get(model, version or None).metadata
+        except Exception:  # noqa: BLE001 - a version gone since the request: no monitors
+            return None
+
+    def install(self, app: Any) -> None:
+        from redline.monitoring.routes import install_routes
+
+        install_routes(app, self)
+
+    async def run(self) -> None:
+        """The tick, until cancelled."""
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - monitoring must never take the server down
+                log.exception("monitoring tick failed")
+
+    def close(self) -> None:
+        if self.tracing is not None:
+            self.tracing.close()
+        if self.alerts is not None:
+            self.alerts.close()
+
+    # ------------------------------------------------------------------ the tick
+    async def tick(self) -> None:
+        now = time.monotonic()
+        dt = max(1e-3, now - self._last_tick)
+        self._last_tick = now
+        self._ticks += 1
+        point = self._series_point(dt)
+        self._sample_server(point)
+        self.export.flush(self.metrics)
+        if self.tracing is not None:
+            self.export.count_to(self.export.trace_dropped, ("trace_dropped",),
+                                 self.tracing.dropped)
+        # numpy work for many requests at once, on a worker thread: the loop keeps serving.
+        evaluate = self._ticks % DRIFT_EVERY_TICKS == 0
+        await asyncio.to_thread(self._windows_work, evaluate)
+        point["drift"] = {f"{m}:{v}": r["drifted"] for (m, v), r in self.drift_reports.items()}
+        self.history.append(point)
+        if self.alerts is not None:
+            self.alerts.update(self._conditions())
+
+    def _series_point(self, dt: float) -> dict[str, Any]:
+        """One second of the time series: rate, errors and p50/p95/p99 per stage, per series."""
+        tick = self.metrics.take_tick()
+        point: dict[str, Any] = {"t": round(time.time(), 3), "dt": round(dt, 3), "series": {}}
+        for key, series in self.metrics.series.items():
+            api, model, version = key
+            last = self._last_requests.setdefault(key, {})
+            n = errors = 0
+            paths: dict[str, int] = {}
+            for rkey, count in series.requests.items():
+                d = count - last.get(rkey, 0)
+                if d:
+                    n += d
+                    if rkey[2] != "ok":
+                        errors += d
+                    paths[rkey[1]] = paths.get(rkey[1], 0) + d
+                last[rkey] = count
+            total = series.timings.get(TOTAL)
+            if total is not None:
+                self._track_objective(key, total.counts)
+            stages = tick.get(key, {})
+            if not n and not stages:
+                continue
+            point["series"][f"{api}:{model}:{version}"] = {
+                "api": api, "model": model, "version": version,
+                "rate": round(n / dt, 1), "errors": errors, "paths": paths, "stages": stages,
+            }
+        return point
+
+    def _track_objective(self, key: tuple[str, str, str], counts: list[int]) -> None:
+        """Requests and requests over the objective, per tick, for the last minute."""
+        slo_s = float(self.settings.for_model(key[1]).slo_ms
+                      or self.settings.server.default_slo_ms) / 1000.0
+        idx = bisect_left(self.buckets, round(slo_s, 9))
+        total, within = sum(counts), sum(counts[: idx + 1])
+        last = self._last_counts.get(key)
+        self._last_counts[key] = [total, within]
+        if last is None:
+            last = [0, 0]
+        window = self._objective_window.setdefault(key[1], deque(maxlen=60))
+        window.append((total - last[0], (total - within) - (last[0] - last[1])))
+
+    def _sample_server(self, point: dict[str, Any]) -> None:
+        """Gauges and counters that live in the serving objects: queues, batches, shedding."""
+        export = self.export
+        models: dict[str, Any] = {}
+        try:
+            names = self.registry.models()
+        except Exception:  # noqa: BLE001
+            names = []
+        for name in names:
+            slo = float(self.settings.for_model(name).slo_ms
+                        or self.settings.server.default_slo_ms)
+            export.objective.labels(name).set(slo / 1000.0)
+            versions = []
+            for handle in _loaded(self.registry, name):
+                v = str(getattr(handle, "version_str", getattr(handle, "version", "")))
+                versions.append(v)
+                batcher = getattr(handle, "batcher", None)
+                queued = int(getattr(batcher, "queued", 0) or 0)
+                export.queue.labels(name, v).set(queued)
+                export.batch_cap.labels(name, v).set(float(getattr(batcher, "cap", 0) or 0))
+                export.model_info.labels(name, v).set(1)
+                stats = _stats_dict(handle)
+                last = self._last_stats.get((name, v), {})
+                self._last_stats[(name, v)] = stats
+                kv = (name, v)
+                export.count_to(export.batches, ("b", *kv), stats.get("batches", 0), *kv)
+                export.count_to(export.batch_rows, ("r", *kv), stats.get("rows", 0), *kv)
+                export.count_to(export.shed, ("sq", *kv), stats.get("shed_queue_full", 0), *kv,
+                                "queue_full")
+                export.count_to(export.shed, ("sb", *kv), stats.get("shed_budget", 0), *kv,
+                                "budget")
+                export.count_to(export.expired, ("e", *kv), stats.get("expired", 0), *kv)
+                d_batches = stats.get("batches", 0) - last.get("batches", 0)
+                d_rows = stats.get("rows", 0) - last.get("rows", 0)
+                shed = sum(stats.get(k, 0) - last.get(k, 0)
+                           for k in ("shed_queue_full", "shed_budget", "expired"))
+                models[f"{name}:{v}"] = {
+                    "model": name, "version": v, "queue": queued, "slo_ms": slo,
+                    "batch_mean": round(d_rows / d_batches, 2) if d_batches else None,
+                    "shed": shed}
+            models.setdefault(name, {"model": name, "versions": versions, "slo_ms": slo})
+            models[name]["versions"] = versions
+        point["models"] = models
+        pstats: Any = _pipeline_stats(self.pipeline)
+        if pstats:
+            breaker: dict[str, Any] = pstats.get("breaker") or {}
+            export.breaker.labels("online_store").set(
+                BREAKER_LEVEL.get(str(breaker.get("state", "closed")), 0))
+            export.count_to(export.breaker_opens, ("opens",), breaker.get("opens", 0) or 0,
+                            "online_store")
+            for cache, label in (("prediction_cache", "prediction"), ("feature_cache", "feature")):
+                c: dict[str, Any] = pstats.get(cache) or {}
+                export.count_to(export.cache_hits, ("h", label), c.get("hits", 0) or 0, label)
+                export.count_to(export.cache_misses, ("m", label), c.get("misses", 0) or 0,
+                                label)
+            export.count_to(export.degraded, ("degraded",), pstats.get("degraded", 0) or 0)
+            point["pipeline"] = {"breaker": breaker.get("state"),
+                                 "degraded": pstats.get("degraded", 0)}
+
+    def _windows_work(self, evaluate: bool) -> None:
+        self.windows.absorb()
+        if not evaluate:
+            return
+        self.evaluate()
+
+    def evaluate(self) -> None:
+        """Drift and quality reports for every version with live traffic, into the gauges."""
+        export = self.export
+        for key, drift in list(self.windows.drift.items()):
+            if not drift.has_reference and drift.prediction_ref is None:
+                continue
+            report = drift.report()
+            self.drift_reports[key] = report
+            items = list(report["features"]) + ([report["prediction"]]
+                                               if report["prediction"] else [])
+            for f in items:
+                for stat, value in f.get("statistics", {}).items():
+                    export.drift_score.labels(*key, f["feature"], stat).set(value)
+                export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
+        for key, quality in list(self.windows.quality.items()):
+            report = quality.report()
+            self.quality_reports[key] = report
+            for kind in ("realised", "estimated"):
+                for metric, value in (report.get(kind) or {}).items():
+                    if value is not None:
+                        export.quality.labels(*key, metric, kind).set(value)
+            for metric, value in report["reference"].items():
+                export.quality.labels(*key, metric, "reference").set(value)
+            export.quality_alarm.labels(*key).set(1 if report["alarm"] else 0)
+
+    def _conditions(self) -> dict[str, dict[str, Any]]:
+        """What is wrong right now, for the webhook."""
+        out: dict[str, dict[str, Any]] = {}
+        for (m, v), r in self.drift_reports.items():
+            if r["drift"]:
+                out[f"drift:{m}:{v}"] = {"kind": "drift", "model": m, "version": v,
+                                         "features": r["drifted"]}
+        for (m, v), r in self.quality_reports.items():
+            if r["alarm"]:
+                out[f"quality:{m}:{v}"] = {"kind": "quality", "model": m, "version": v,
+                                           "metrics": r["alarms"], "realised": r["realised"],
+                                           "reference": r["reference"]}
+        for model, window in self._objective_window.items():
+            n = sum(a for a, _ in window)
+            over = sum(b for _, b in window)
+            if n >= 100 and over / n > 1 - OBJECTIVE_SHARE:
+                slo = self.settings.for_model(model).slo_ms or self.settings.server.default_slo_ms
+                out[f"latency:{model}"] = {"kind": "latency", "model": model, "slo_ms": slo,
+                                           "requests": n, "over_objective": over,
+                                           "share_over": round(over / n, 4)}
+        return out
+
+    # ------------------------------------------------------------------ read side
+    def summary(self, ticks: int = 60) -> dict[str, Any]:
+        history = list(self.history)[-ticks:]
+        return {
+            "now": round(time.time(), 3), "tick_s": self.tick_s, "history": history,
+            "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
+            "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
+            "tracing": self.tracing.stats() if self.tracing is not None else None,
+            "review": self.review.stats(),
+            "alerts": self.alerts.stats() if self.alerts is not None else None,
+        }
+
+
+def _drift_brief(report: dict[str, Any]) -> dict[str, Any]:
+    feats = {f["feature"]: {"drift": f["drift"], **f.get("statistics", {})}
+             for f in report["features"]}
+    if report.get("prediction"):
+        p = report["prediction"]
+        feats["prediction"] = {"drift": p["drift"], **p.get("statistics", {})}
+    return {"rows": report["window"]["rows"], "drifted": report["drifted"], "features": feats}
+
+
+def _loaded(registry: Any, name: str) -> list[Any]:
+    loaded = getattr(registry, "loaded", None)
+    try:
+        return list(loaded(name)) if loaded is not None else [registry.get(name)]
+    except Exception:  # noqa: BLE001 - unloading right now
+        return []
+
+
+def _stats_dict(handle: Any) -> dict[str, int]:
+    stats = getattr(handle, "stats", None)
+    as_dict = getattr(stats, "as_dict", None)
+    return dict(as_dict()) if as_dict is not None else {}
+
+
+def _pipeline_stats(pipeline: Any) -> dict[str, Any]:
+    stats = getattr(pipeline, "stats", None)
+    try:
+        return dict(stats()) if stats is not None else {}
+    except Exception:  # noqa: BLE001
+        return {}

@@ -1,0 +1,185 @@
+"""Live quality: labels that arrive later, joined on request id, against the validation score.
+
+The server keeps each prediction's score under its request id (bounded: the oldest go first,
+and none older than a TTL) until a label arrives (``POST /v1/labels`` or a review), then moves
+the pair into a rolling window and reports ROC AUC, accuracy and log loss (classification) or
+RMSE and MAE (regression), beside the version's validation score from its metadata.
+
+Before labels arrive, a calibrated classifier's own probabilities say how well it should be
+doing: confidence-based performance estimation (CBPE, as NannyML does) takes the expected
+confusion matrix at each threshold from the probabilities themselves. The estimate is computed
+over all recent predictions and, separately, over the labelled ones, so it can be shown beside
+the realised figure and a user sees how well it tracked.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+import numpy as np
+
+HIGHER_IS_BETTER = {"roc_auc": True, "accuracy": True, "log_loss": False, "rmse": False,
+                    "mae": False}
+_P_EPS = 1e-15
+
+
+# ---------------------------------------------------------------------- the metrics
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    """Area under the ROC curve (Mann-Whitney, ties averaged); None with one class only."""
+    pos = labels == 1
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(scores.size)
+    sorted_scores = scores[order]
+    # average ranks over ties
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    avg = first + (counts - 1) / 2.0 + 1
+    ranks[order] = np.repeat(avg, counts)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def classification_metrics(p: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+    pc = np.clip(p, _P_EPS, 1 - _P_EPS)
+    return {
+        "roc_auc": roc_auc(p, y),
+        "accuracy": float(np.mean((p >= 0.5) == (y == 1))),
+        "log_loss": float(-np.mean(y * np.log(pc) + (1 - y) * np.log(1 - pc))),
+    }
+
+
+def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float | None]:
+    err = pred - y
+    return {"rmse": float(np.sqrt(np.mean(err ** 2))), "mae": float(np.mean(np.abs(err)))}
+
+
+def cbpe(p: np.ndarray) -> dict[str, float | None]:
+    """Expected ROC AUC, accuracy and log loss if the probabilities ``p`` are calibrated."""
+    if p.size == 0:
+        return {"roc_auc": None, "accuracy": None, "log_loss": None}
+    pc = np.clip(p, _P_EPS, 1 - _P_EPS)
+    accuracy = float(np.mean(np.maximum(p, 1 - p)))
+    log_loss = float(-np.mean(pc * np.log(pc) + (1 - pc) * np.log(1 - pc)))
+    # Expected ROC: sweep the threshold down the sorted scores; each row counts p_i as a positive
+    # and 1 - p_i as a negative.
+    order = np.argsort(-p, kind="mergesort")
+    ps = p[order]
+    tp = np.concatenate([[0.0], np.cumsum(ps)])
+    fp = np.concatenate([[0.0], np.cumsum(1 - ps)])
+    if tp[-1] <= 0 or fp[-1] <= 0:
+        auc = None
+    else:
+        tpr, fpr = tp / tp[-1], fp / fp[-1]
+        auc = float(np.sum((fpr[1:] - fpr[:-1]) * (tpr[1:] + tpr[:-1]) / 2))
+    return {"roc_auc": auc, "accuracy": accuracy, "log_loss": log_loss}
+
+
+# ---------------------------------------------------------------------- one model version
+class QualityMonitor:
+    """The label join and the rolling quality of one model version."""
+
+    def __init__(self, model: str, version: str, task: str, reference: dict[str, float],
+                 join_capacity: int = 100_000, join_ttl_s: float = 7 * 24 * 3600.0,
+                 window: int = 5000, tolerance: float = 0.05) -> None:
+        self.model, self.version = model, version
+        self.classification = task == "classification"
+        self.reference = {k: float(v) for k, v in reference.items() if k in HIGHER_IS_BETTER}
+        self.join_capacity = join_capacity
+        self.join_ttl_s = join_ttl_s
+        self.tolerance = tolerance
+        self._pending: OrderedDict[str, tuple[float, float]] = OrderedDict()  # id -> (t, score)
+        self._labelled: deque[tuple[float, float]] = deque(maxlen=window)  # (score, label)
+        self._recent: deque[float] = deque(maxlen=window)  # scores, labelled or not
+        self.joined = 0
+        self.evicted = 0
+        self._lock = threading.Lock()
+
+    def predicted(self, request_ids: list[str], scores: np.ndarray) -> None:
+        """Keep each prediction's score until its label arrives (bounded)."""
+        now = time.monotonic()
+        with self._lock:
+            pending = self._pending
+            for rid, score in zip(request_ids, scores.tolist(), strict=False):
+                self._recent.append(score)
+                if not rid:
+                    continue
+                pending[rid] = (now, score)
+                pending.move_to_end(rid)
+            while len(pending) > self.join_capacity:
+                pending.popitem(last=False)
+                self.evicted += 1
+            cutoff = now - self.join_ttl_s
+            while pending:
+                first = next(iter(pending.values()))
+                if first[0] >= cutoff:
+                    break
+                pending.popitem(last=False)
+                self.evicted += 1
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._pending
+
+    def label(self, request_id: str, label: float) -> bool:
+        """Join one label; False if no prediction with that id is kept."""
+        with self._lock:
+            entry = self._pending.pop(request_id, None)
+            if entry is None:
+                return False
+            self._labelled.append((entry[1], float(label)))
+            self.joined += 1
+            return True
+
+    def label_score(self, score: float, label: float) -> None:
+        """A label whose prediction is known directly (a reviewed request)."""
+        with self._lock:
+            self._labelled.append((float(score), float(label)))
+            self.joined += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def report(self) -> dict[str, Any]:
+        with self._lock:
+            labelled = np.asarray(self._labelled, dtype=np.float64).reshape(-1, 2)
+            recent = np.asarray(self._recent, dtype=np.float64)
+        out: dict[str, Any] = {
+            "model": self.model, "version": self.version,
+            "task": "classification" if self.classification else "regression",
+            "labelled": int(labelled.shape[0]), "pending_join": self.pending,
+            "join_capacity": self.join_capacity, "evicted": self.evicted,
+            "reference": self.reference, "tolerance": self.tolerance,
+        }
+        realised: dict[str, float | None] = {}
+        if labelled.shape[0]:
+            s, y = labelled[:, 0], labelled[:, 1]
+            realised = (classification_metrics(s, y) if self.classification
+                        else regression_metrics(s, y))
+        out["realised"] = _round(realised)
+        if self.classification:
+            out["estimated"] = _round(cbpe(recent))  # all recent predictions
+            if labelled.shape[0]:
+                out["estimated_on_labelled"] = _round(cbpe(labelled[:, 0]))
+        alarms = []
+        for metric, ref in self.reference.items():
+            value = realised.get(metric)
+            if value is None:
+                continue
+            if HIGHER_IS_BETTER[metric]:
+                worse = value < ref * (1 - self.tolerance)
+            else:
+                worse = value > ref * (1 + self.tolerance)
+            if worse:
+                alarms.append(metric)
+        out["alarms"] = alarms
+        out["alarm"] = bool(alarms)
+        return out
+
+
+def _round(d: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: (round(v, 5) if v is not None and math.isfinite(v) else None) for k, v in d.items()}

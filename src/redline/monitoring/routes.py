@@ -1,0 +1,145 @@
+"""The monitoring HTTP routes, added to the REST app through its public ``add_route``.
+
+``GET /metrics`` (Prometheus text), ``GET /dashboard`` (the live page) and the JSON it reads,
+``GET /v1/monitoring/summary``; drift and quality per model; ``POST /v1/labels``; and, behind the
+admin token because they show request inputs, ``GET /v1/debug/slow`` and the review queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any
+
+from redline.errors import InvalidInput, NotFound
+
+MAX_LABELS = 10_000
+
+
+def install_routes(app: Any, monitor: Any) -> None:
+    from redline.serving.app import HttpRequest, HttpResponse
+
+    def model_known(name: str) -> None:
+        if name not in monitor.registry.models():
+            raise NotFound(f"model '{name}' is not in the repository; `redline models list` "
+                           "shows the models")
+
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        monitor.export.flush(monitor.metrics)  # this process's latest, not last tick's
+        body, content_type = monitor.export.render()
+        return HttpResponse(200, body, [(b"content-type", content_type.encode())])
+
+    async def dashboard(request: HttpRequest) -> HttpResponse:
+        html = resources.files("redline.monitoring").joinpath("dashboard.html").read_bytes()
+        return HttpResponse(200, html, [(b"content-type", b"text/html; charset=utf-8"),
+                                        (b"cache-control", b"no-store")])
+
+    async def summary(request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json(monitor.summary())
+
+    async def slow(request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json({"window_s": monitor.slow.window_s,
+                                  "requests": monitor.slow.slowest()})
+
+    async def drift(request: HttpRequest) -> HttpResponse:
+        name = request.params["name"]
+        model_known(name)
+        version = request.params.get("version")
+        reports = await asyncio.to_thread(_drift_reports, monitor, name, version)
+        return HttpResponse.json({"model": name, "versions": reports,
+                                  "note": None if reports else
+                                  "no live traffic for this model yet: drift needs requests"})
+
+    async def quality(request: HttpRequest) -> HttpResponse:
+        name = request.params["name"]
+        model_known(name)
+        version = request.params.get("version")
+        await asyncio.to_thread(monitor.windows.absorb)
+        reports = [q.report() for (m, v), q in sorted(monitor.windows.quality.items())
+                   if m == name and (version is None or v == version)]
+        return HttpResponse.json({"model": name, "versions": reports})
+
+    async def labels(request: HttpRequest) -> HttpResponse:
+        doc = request.json()
+        items = doc.get("labels") if isinstance(doc, dict) else None
+        if not isinstance(items, list) or not items:
+            raise InvalidInput('POST /v1/labels takes {"labels": [{"request_id": "...", '
+                               '"label": 1}, ...]} (optionally "model" per item)')
+        if len(items) > MAX_LABELS:
+            raise InvalidInput(f"{len(items)} labels in one request; send at most {MAX_LABELS}")
+        await asyncio.to_thread(monitor.windows.absorb)  # predictions of the last tick too
+        joined, unmatched = 0, []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or "request_id" not in item or "label" not in item:
+                raise InvalidInput(f"labels[{i}] must be an object with request_id and label")
+            label = item["label"]
+            if isinstance(label, bool) or not isinstance(label, int | float):
+                raise InvalidInput(f"labels[{i}].label must be a number, got {label!r}")
+            model = item.get("model", doc.get("model"))
+            if monitor.windows.label(model, str(item["request_id"]), float(label)):
+                joined += 1
+            else:
+                unmatched.append(str(item["request_id"]))
+        monitor.export.labels.labels("joined").inc(joined)
+        if unmatched:
+            monitor.export.labels.labels("unmatched").inc(len(unmatched))
+        return HttpResponse.json({"joined": joined, "unmatched": len(unmatched),
+                                  "unmatched_ids": unmatched[:100]})
+
+    async def review_list(request: HttpRequest) -> HttpResponse:
+        await asyncio.to_thread(monitor.windows.absorb)
+        model = request.params.get("name")
+        return HttpResponse.json({"items": monitor.review.pending(model, 100),
+                                  **monitor.review.stats()})
+
+    async def review_label(request: HttpRequest) -> HttpResponse:
+        doc = request.json()
+        if not isinstance(doc, dict) or "label" not in doc:
+            raise InvalidInput('POST /v1/review/{id}/label takes {"label": 1, '
+                               '"reviewer": "..."}')
+        item = monitor.review.label(request.params["id"], doc["label"], doc.get("reviewer"))
+        q = monitor.windows.quality.get((item["model"], item["version"]))
+        if q is not None:
+            # The prediction may still wait for a label under its request id: join it there,
+            # else count the reviewed pair directly.
+            if not (item["request_id"] and q.label(item["request_id"], item["label"])):
+                if item["score"] is not None:
+                    q.label_score(item["score"], item["label"])
+        return HttpResponse.json(item)
+
+    async def review_export(request: HttpRequest) -> HttpResponse:
+        body = await asyncio.to_thread(monitor.review.export_parquet)
+        return HttpResponse(200, body, [(b"content-type", b"application/vnd.apache.parquet"),
+                                        (b"content-disposition",
+                                         b'attachment; filename="review.parquet"')])
+
+    add = app.add_route
+    add("GET", "/metrics", metrics)
+    add("GET", "/dashboard", dashboard)
+    add("GET", "/v1/monitoring/summary", summary)
+    add("GET", "/v1/models/{name}/drift", drift)
+    add("GET", "/v1/models/{name}/versions/{version}/drift", drift)
+    add("GET", "/v1/models/{name}/quality", quality)
+    add("GET", "/v1/models/{name}/versions/{version}/quality", quality)
+    add("POST", "/v1/labels", labels)
+    add("GET", "/v1/debug/slow", slow, admin=True)
+    add("GET", "/v1/review", review_list, admin=True)
+    add("GET", "/v1/review/models/{name}", review_list, admin=True)
+    add("POST", "/v1/review/{id}/label", review_label, admin=True)
+    add("GET", "/v1/review/export", review_export, admin=True)
+
+
+def _drift_reports(monitor: Any, name: str, version: str | None) -> list[dict[str, Any]]:
+    monitor.windows.absorb()
+    out = []
+    for key in monitor.windows.versions(name):
+        if version is not None and key[1] != version:
+            continue
+        drift = monitor.windows.drift[key]
+        report = drift.report()
+        if not drift.has_reference:
+            report["note"] = ("this version has no input profile (register it with a sample "
+                              "of its training inputs); only the prediction is compared")
+        monitor.drift_reports[key] = report
+        out.append(report)
+    return out

@@ -1,0 +1,187 @@
+"""Where each request's inputs and outputs go after it is answered: drift, quality, review.
+
+On the request path this costs one ``deque.append`` of references the record already holds; the
+tick (``absorb``) does the numpy work for many requests at once, off the request's latency.
+The deque is bounded: when ticks fall behind under a flood, the oldest records are dropped
+(counted) rather than memory growing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from redline.monitoring.drift import DriftMonitor
+from redline.monitoring.quality import QualityMonitor
+from redline.monitoring.review import ReviewQueue
+from redline.serving.stages import RequestRecord
+
+MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
+
+
+class ModelWindows:
+    """The request observer for drift, quality and review, and the monitors per version."""
+
+    def __init__(self, lookup: MetadataLookup, settings: Any, review: ReviewQueue,
+                 max_pending: int = 50_000) -> None:
+        self.lookup = lookup
+        self.settings = settings  # MonitoringSettings
+        self.review = review
+        self._pending: deque[tuple[str, str, str, Any, Any]] = deque(maxlen=max_pending)
+        self.drift: dict[tuple[str, str], DriftMonitor] = {}
+        self.quality: dict[tuple[str, str], QualityMonitor] = {}
+        self._meta: dict[tuple[str, str], Any] = {}
+        self.records_seen = 0
+        self._lock = threading.Lock()  # absorb runs on the tick's thread and in routes
+
+    def request_finished(self, record: RequestRecord) -> None:
+        if record.status == "ok" and (record.inputs is not None or record.outputs is not None):
+            self._pending.append((record.model, record.version, record.request_id,
+                                  record.inputs, record.outputs))
+
+    # ------------------------------------------------------------------ the tick
+    def absorb(self) -> int:
+        """Move pending records into the windows; returns how many were taken."""
+        with self._lock:
+            return self._absorb()
+
+    def _absorb(self) -> int:
+        pending = self._pending
+        taken = 0
+        groups: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
+        while pending:
+            model, version, rid, inputs, outputs = pending.popleft()
+            groups.setdefault((model, version), []).append((rid, inputs, outputs))
+            taken += 1
+        for key, items in groups.items():
+            self._absorb_version(key, items)
+        self.records_seen += taken
+        return taken
+
+    def _monitors(self, key: tuple[str, str]) -> tuple[DriftMonitor | None, QualityMonitor | None]:
+        if key not in self._meta:
+            meta = self.lookup(*key)
+            self._meta[key] = meta
+            if meta is not None:
+                s = self.settings
+                self.drift[key] = DriftMonitor(key[0], key[1], meta.input_profile or {},
+                                               meta.feature_names, s.drift_window_rows,
+                                               s.drift_min_rows)
+                self.quality[key] = QualityMonitor(
+                    key[0], key[1], meta.task, meta.metrics or {}, s.quality_join_capacity,
+                    s.quality_join_ttl_s, s.quality_window, s.quality_tolerance)
+        return self.drift.get(key), self.quality.get(key)
+
+    def _absorb_version(self, key: tuple[str, str], items: list[tuple[str, Any, Any]]) -> None:
+        drift, quality = self._monitors(key)
+        if drift is None or quality is None:
+            return
+        xs: list[np.ndarray] = []
+        ss: list[np.ndarray] = []
+        ids: list[str] = []
+        for rid, inputs, outputs in items:
+            x = input_matrix(inputs)
+            s = scores(outputs)
+            if x is not None:
+                xs.append(x)
+            if s is not None:
+                ss.append(s)
+                if s.size == 1:
+                    ids.append(rid)
+                else:
+                    ids.extend(f"{rid}:{i}" if rid else "" for i in range(s.size))
+            if x is not None and s is not None and x.shape[0] == s.size:
+                self._maybe_review(key, drift, rid, x, s)
+        x_all = np.concatenate(xs) if xs else None
+        s_all = np.concatenate(ss) if ss else None
+        drift.add(x_all, s_all)
+        if s_all is not None:
+            quality.predicted(ids, s_all)
+
+    def _maybe_review(self, key: tuple[str, str], drift: DriftMonitor, rid: str,
+                      x: np.ndarray, s: np.ndarray) -> None:
+        margin = self.settings.review_margin
+        drifted = set(drift.last_report["drifted"]) if drift.last_report else set()
+        classification = self.quality[key].classification
+        for i in range(x.shape[0]):
+            reasons = []
+            score = float(s[i])
+            if classification and abs(score - 0.5) < margin:
+                reasons.append("uncertain")
+            bad = drift.out_of_range(x[i])
+            if bad:
+                reasons.append("out_of_range:" + ",".join(bad))
+            if drifted:
+                reasons.append("drift:" + ",".join(sorted(drifted)))
+            if not reasons:
+                continue
+            features = {name: _py(x[i, j]) for j, name in enumerate(drift.names)}
+            row_id = rid if x.shape[0] == 1 else (f"{rid}:{i}" if rid else "")
+            self.review.offer(key[0], key[1], row_id, reasons, features, score, score)
+
+    # ------------------------------------------------------------------ labels
+    def label(self, model: str | None, request_id: str, label: float) -> bool:
+        """Join a label to the prediction it belongs to (any version of ``model``)."""
+        for key, q in self.quality.items():
+            if (model is None or key[0] == model) and q.label(request_id, label):
+                return True
+        return False
+
+    def versions(self, model: str) -> list[tuple[str, str]]:
+        return sorted((k for k in self.drift if k[0] == model), key=lambda k: _vkey(k[1]))
+
+
+def input_matrix(inputs: Any) -> np.ndarray | None:
+    """The 2-D numeric input of a request (V2 dict of tensors, or /v1's assembled rows)."""
+    if inputs is None:
+        return None
+    if isinstance(inputs, dict):
+        arrays = [v for v in inputs.values() if isinstance(v, np.ndarray)]
+        if len(arrays) != 1:
+            return None
+        inputs = arrays[0]
+    x = np.asarray(inputs)
+    if x.dtype.kind not in "fiub":
+        return None
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    return x if x.ndim == 2 else None
+
+
+def scores(outputs: Any) -> np.ndarray | None:
+    """One number per row: P(class 1) for a binary classifier, the top probability for several
+    classes, the value itself for a regressor."""
+    if outputs is None:
+        return None
+    if isinstance(outputs, dict):
+        if "probabilities" in outputs:
+            p = np.asarray(outputs["probabilities"], dtype=np.float64)
+            if p.ndim == 2:
+                return p[:, 1] if p.shape[1] == 2 else p.max(axis=1)
+            return p.reshape(-1)
+        arrays = [v for v in outputs.values() if isinstance(v, np.ndarray)
+                  and v.dtype.kind in "fiu"]
+        if not arrays:
+            return None
+        outputs = arrays[-1]
+    y = np.asarray(outputs)
+    if y.dtype.kind not in "fiub":
+        return None
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim == 2 and y.shape[1] == 2:
+        y = y[:, 1]
+    return y.astype(np.float64).reshape(-1) if y.ndim <= 1 else None
+
+
+def _py(v: Any) -> Any:
+    f = float(v)
+    return int(f) if f.is_integer() else f
+
+
+def _vkey(v: str) -> tuple[int, str]:
+    return (int(v), v) if v.isdigit() else (1 << 30, v)

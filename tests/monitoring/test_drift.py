@@ -1,0 +1,97 @@
+"""Drift: no alarm on unchanged data of any size, alarms on real shifts, per feature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from redline.models.metadata import profile_inputs
+from redline.monitoring.drift import DriftMonitor
+
+NAMES = ["amount", "age", "channel"]
+
+
+def data(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.column_stack([rng.lognormal(3, 1, n), rng.normal(40, 12, n),
+                            rng.choice(4, n, p=[0.5, 0.3, 0.15, 0.05])])
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    return profile_inputs(data(np.random.default_rng(0), 20_000), NAMES)
+
+
+def report(profile: dict, live: np.ndarray, window: int = 50_000) -> dict:
+    monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=window, min_rows=100)
+    monitor.add(live, None)
+    return monitor.report()
+
+
+def test_profile_marks_low_cardinality_integers_categorical(profile: dict) -> None:
+    assert "categories" in profile["features"]["channel"]
+    assert "categories" not in profile["features"]["age"]
+
+
+@pytest.mark.parametrize("n", [300, 3_000, 50_000])
+def test_unchanged_data_does_not_alarm_at_any_size(profile: dict, n: int) -> None:
+    rng = np.random.default_rng(n)
+    alarms = sum(report(profile, data(rng, n))["drift"] for _ in range(5))
+    assert alarms == 0
+
+
+def test_shifts_alarm_on_the_shifted_feature_only(profile: dict) -> None:
+    rng = np.random.default_rng(7)
+    live = data(rng, 3000)
+    live[:, 1] += 12 * 0.5  # half a standard deviation older
+    r = report(profile, live)
+    assert r["drifted"] == ["age"]
+    age = next(f for f in r["features"] if f["feature"] == "age")
+    assert age["statistics"]["wasserstein"] > age["thresholds"]["wasserstein"]
+
+
+def test_categorical_shares_and_unseen_categories(profile: dict) -> None:
+    rng = np.random.default_rng(8)
+    live = data(rng, 3000)
+    live[:1000, 2] = 3  # the rare channel becomes common
+    live[1000:1300, 2] = 9  # and one never seen in training appears
+    r = report(profile, live)
+    channel = next(f for f in r["features"] if f["feature"] == "channel")
+    assert channel["drift"] and channel["kind"] == "categorical"
+    assert channel["shares"]["unseen"] == pytest.approx(0.1, abs=0.01)
+    assert channel["reference_shares"]["3"] == pytest.approx(0.05, abs=0.01)
+    assert channel["out_of_range_rate"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_missing_and_out_of_range_rates(profile: dict) -> None:
+    rng = np.random.default_rng(9)
+    live = data(rng, 2000)
+    live[:400, 0] = np.nan
+    live[400:600, 1] = 500.0
+    r = report(profile, live)
+    amount = next(f for f in r["features"] if f["feature"] == "amount")
+    age = next(f for f in r["features"] if f["feature"] == "age")
+    assert amount["missing_rate"] == pytest.approx(0.2) and "missing_rate" in amount["beyond"]
+    assert age["out_of_range_rate"] == pytest.approx(0.1) and "out_of_range_rate" in age["beyond"]
+
+
+def test_window_is_bounded_and_small_windows_never_alarm(profile: dict) -> None:
+    monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=1000, min_rows=200)
+    rng = np.random.default_rng(10)
+    tiny = data(rng, 50) + 1000
+    monitor.add(tiny, None)
+    assert not monitor.report()["drift"]  # 50 rows < min_rows: reported, not judged
+    for _ in range(5):
+        monitor.add(data(rng, 700), None)
+    r = monitor.report()
+    assert r["window"]["rows"] == 1000 and r["window"]["seen"] == 3550
+    assert not r["drift"]  # the shifted rows have left the window
+
+
+def test_prediction_drift_against_the_first_live_window(profile: dict) -> None:
+    monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=2000, min_rows=100)
+    rng = np.random.default_rng(11)
+    monitor.add(None, rng.beta(2, 5, 1000))  # the baseline
+    monitor.add(None, rng.beta(2, 5, 2000))
+    assert not monitor.report()["prediction"]["drift"]
+    monitor.add(None, rng.beta(5, 2, 2000))
+    assert monitor.report()["prediction"]["drift"]
