@@ -126,7 +126,8 @@ class ScalingSettings:
     queue_low: float = 0.5  # ... and below which a worker may go
     scale_up_cooldown_s: float = 5.0
     scale_down_cooldown_s: float = 30.0
-    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+    # canary/shadow rollouts every server follows (default: rollout.json in the project folder)
+    rollout_file: str | None = field(default=None, metadata={"path": True})
 
 
 @dataclass
