@@ -100,8 +100,26 @@ class CacheSettings:
 
 
 @dataclass
+class ScalingSettings:
+    """Worker processes, the local autoscaler and rollouts (see ``scaling/``)."""
+
+    workers: int = 0  # 0 = one per core (1 when the store is in-process memory or admin is on)
+    min_workers: int = 0  # autoscale between min and max when max > min (0 = off)
+    max_workers: int = 0
+    restart_backoff_s: float = 0.5  # first wait before restarting a crash-looping worker
+    max_restart_backoff_s: float = 10.0
+    crash_window_s: float = 30.0  # crashes closer than this count as a loop
+    autoscale_interval_s: float = 1.0
+    queue_high: float = 4.0  # in-flight requests per worker that ask for one more
+    queue_low: float = 0.5  # ... and below which a worker may go
+    scale_up_cooldown_s: float = 5.0
+    scale_down_cooldown_s: float = 30.0
+    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+
+
+@dataclass
 class PipelineSettings:
-    """Entity predictions under ``/v1`` (see ``serving/pipeline.py``)."""
+    """Entity predictions under ``/v1`` (see ``serving/predict/``)."""
 
     breaker_failures: int = 3  # consecutive store failures that open the circuit breaker
     breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
@@ -109,6 +127,9 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
+    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age, F1)
+    probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
+                                      # runs the primary anyway, so a recovered model is seen
 
 
 @dataclass
@@ -176,6 +197,7 @@ class Settings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    scaling: ScalingSettings = field(default_factory=ScalingSettings)
     source: str | None = None  # the file these settings came from, if any
 
     def for_model(self, name: str) -> ModelSettings:

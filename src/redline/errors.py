@@ -42,6 +42,11 @@ class InvalidInput(RedlineError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class InvalidBudget(InvalidInput):
+    """A request's latency budget is not a usable number of milliseconds (code: invalid_input,
+    the same on every API and transport; the message names where the budget came from)."""
+
+
 class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
     http_status = 413

@@ -109,7 +109,14 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
     threads.append(threading.Thread(target=grpc_call))
     for t in threads:
         t.start()
-    time.sleep(0.2)  # all four are in flight: one running, three queued (max_batch_size 1)
+    # Wait until all four are in flight: one running, three queued (max_batch_size 1). A fixed
+    # sleep lost this race on a busy shared CPU (SIGTERM came before the clients connected).
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{url}/v2/models/heavy/stats", timeout=5).json()
+        if stats["queued"] >= 3:
+            break
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(30)

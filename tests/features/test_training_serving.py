@@ -330,10 +330,12 @@ def test_brute_force_equals_every_online_path_and_the_offline_builder(redis_serv
     times = [last_arrival + d for d in (0, 700, 5_000, 30_000, 61_000, 200_000)]
     # online paths, each fed the whole stream in arrival order
     mem = _online(events, arrivals)
-    red_store = RedisStore(redis_server.url)
+    # bulk writes get a long timeout: redis-py retries a timed-out call and a plain write is not
+    # idempotent (on a busy machine a 700-event script can take longer than 50 ms)
+    red_store = RedisStore(redis_server.url, timeout_ms=10_000)
     Ingestor(DEFS, red_store).ingest([orjson.dumps(e) for e in events], arrivals)
     red = red_store.reader([VIEW])
-    sdb = RedisStore(redis_server.url.rsplit("/", 1)[0] + "/3")  # its own database
+    sdb = RedisStore(redis_server.url.rsplit("/", 1)[0] + "/3", timeout_ms=10_000)  # own db
     seq: dict[int, int] = {}
     pipe = sdb.client.pipeline(transaction=False)
     for e, a in zip(events, arrivals, strict=True):  # the entry id is the arrival

@@ -53,7 +53,8 @@ def test_predict_reads_features_applies_transform_and_answers(server, repo_path)
     assert doc["path"] == "primary" and doc["degraded"] is False
     assert doc["degraded_reasons"] == [] and doc["entity_missing"] is False
     assert doc["request_id"] == "r-1"
-    assert {"parse", "features", "transform", "model", "total"} <= set(doc["timings_us"])
+    # The stages of serving/stages.py, as the request's RequestRecord timed them.
+    assert {"decode", "features", "admission", "inference", "total"} <= set(doc["timings_us"])
 
 
 def test_missing_entity_uses_defaults_and_is_flagged(server, repo_path):
@@ -150,4 +151,5 @@ def test_model_pinned_to_other_view_versions_is_refused(serve, repo_path, defs_p
     assert r.status_code == 409
     doc = r.json()
     assert doc["code"] == "feature_version_mismatch"
-    assert "'card_txn' version 0123456789ab" in doc["error"] and "retrain" in doc["error"]
+    assert "'card_txn' is served at version" in doc["error"] and "0123456789ab" in doc["error"]
+    assert "retrain" in doc["error"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from redline.models import ModelRepository
-from redline.serving.sessions import MemorySessionStore, RedisSessionStore
+from redline.serving.predict.sessions import MemorySessionStore, RedisSessionStore
 from tests.conftest import free_port
 from tests.pipeline.conftest import PRIMARY_FEATURES, make_settings
 

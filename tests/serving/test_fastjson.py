@@ -8,6 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
+from redline.errors import InvalidInput
 from redline.models import TensorSpec
 from redline.serving.fastjson import JsonFastPath
 from redline.serving.protocol import decode_rest
@@ -85,13 +86,16 @@ def test_declines_what_it_does_not_recognise(body: bytes) -> None:
     assert fast.decode(body) is None
 
 
-def test_overflow_to_inf_is_allowed_when_the_model_allows_missing_values() -> None:
+def test_overflow_is_declined_even_when_the_model_allows_missing_values() -> None:
+    """F7: 1e39 is not a missing value; it would become inf in FP32. The fast path declines it
+    (the general path answers 400) whatever the model's missing-value policy."""
     fast = JsonFastPath.for_model([X], OUTS, "m", "1", False)
     assert fast is not None
     body = (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],'
             b' "data": [1e39, 2, 3, 4]}]}')
-    decoded = fast.decode(body)
-    assert decoded is not None and np.isinf(decoded[0]["x"][0, 0])
+    assert fast.decode(body) is None
+    with pytest.raises(InvalidInput, match="outside the range of FP32"):
+        decode_rest(body)
 
 
 def test_same_answer_as_the_general_path_over_http(client: httpx.Client) -> None:
@@ -129,7 +133,7 @@ def test_flat_requests_with_errors_get_the_general_messages(client: httpx.Client
                             "data": data}]}
         return client.post("/v2/models/affine/infer", content=orjson.dumps(body))
 
-    _error(post([1e39, 2, 3, 4]), 400, "NaN")  # FP32 overflow: the fast path's scan declines
+    _error(post([1e39, 2, 3, 4]), 400, "outside the range")  # FP32 overflow: the scan declines
     _error(post([1, 2, 3, 4], name="z"), 400, "z")
     _error(post([1, 2, 3, 4], datatype="FP64"), 400, "FP64", "FP32")
     _error(post([1, 2, 3], shape=[1, 3]), 400)

@@ -119,7 +119,12 @@ def test_in_flight_requests_finish_on_their_version(tmp_path: Path) -> None:
 
         worker = threading.Thread(target=slow_call)
         worker.start()
-        time.sleep(0.05)
+        # Wait until the slow request is running on version 1 (a fixed sleep lost this race on
+        # a busy shared CPU: the request then arrived after the swap).
+        batcher = server.server.registry.get("s").batcher
+        deadline = time.monotonic() + 20
+        while batcher.idle and time.monotonic() < deadline:
+            time.sleep(0.002)
         repo.add_onnx("s", slow_model(layers=1))
         server.call(server.server.registry.sync())
         after = httpx.post(f"{server.http}/v2/models/s/infer", json=body(x), timeout=30)

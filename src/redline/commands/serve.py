@@ -31,13 +31,17 @@ from redline.errors import InvalidInput
                    "with history.")
 @click.option("--admin-token", envvar="REDLINE_ADMIN_TOKEN", default=None,
               help="Enable the admin API (load/unload/index) behind this bearer token.")
+@click.option("--workers", type=int, default=None, metavar="N",
+              help="Worker processes sharing the ports, each with its own models (default: "
+                   "scaling.workers; 0 = one per core, or 1 with the in-memory store).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]),
               help="Startup, model loads and swaps are logged at info; requests never are.")
 def serve(config_path: str | None, repository: str | None, host: str | None,
           http_port: int | None, grpc_port: int | None, no_grpc: bool, no_watch: bool,
           store: str | None, redis_url: str | None, definitions: str | None,
-          preload: str | None, admin_token: str | None, log_level: str) -> None:
+          preload: str | None, admin_token: str | None, workers: int | None,
+          log_level: str) -> None:
     """Serve every model in the repository over HTTP and gRPC until SIGTERM (then drain).
 
     Settings come from redline.yaml (--config), then REDLINE_<SECTION>__<KEY> environment
@@ -50,13 +54,21 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
       redline serve --http-port 0 --grpc-port 0            # any free ports (logged)
       redline serve --config redline.yaml --redis-url redis://127.0.0.1:6390/0
       redline serve --no-grpc --no-watch --admin-token "$TOKEN"
+      redline serve --workers 2 --redis-url redis://127.0.0.1:6379/0   # 2 processes, 1 port
     """
     settings = load_settings(config_path)
-    apply_serve_options(settings, repository=repository, host=host, http_port=http_port,
-                        grpc_port=grpc_port, no_grpc=no_grpc, no_watch=no_watch, store=store,
-                        redis_url=redis_url, definitions=definitions, preload=preload,
-                        admin_token=admin_token)
+    options = dict(repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
+                   no_grpc=no_grpc, no_watch=no_watch, store=store, redis_url=redis_url,
+                   definitions=definitions, preload=preload, admin_token=admin_token)
+    apply_serve_options(settings, **options)  # type: ignore[arg-type]
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    from redline.scaling.workers import resolve_workers, run_supervised
+
+    count = resolve_workers(settings, workers)
+    if count > 1 or settings.scaling.max_workers > 1:
+        run_supervised(settings, {"config": config_path, "options": options,
+                                  "log_level": log_level}, count)
+        return
     from redline.serving.server import RedlineServer
 
     server = RedlineServer(settings)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,20 +28,24 @@ from redline.errors import (
     InvalidInput,
     ModelNotReady,
     NotFound,
-    Overloaded,
     PayloadTooLarge,
     RedlineError,
     Unauthorized,
 )
 from redline.serving.deadline import (
     BUDGET_HEADER,
+    FROM_HEADER,
     PRIORITY_HEADER,
     now,
     parse_budget,
     parse_priority,
 )
-from redline.serving.protocol import InferRequest, decode_rest, encode_rest, error_body
+from redline.serving.edge import as_redline_error, error_body, http_error
+from redline.serving.handle import ModelHandle
+from redline.serving.metadata import EXTENSIONS, model_metadata, triton_config
+from redline.serving.protocol import InferRequest, decode_rest, encode_rest
 from redline.serving.registry import ModelRegistry
+from redline.serving.stages import DECODE, ENCODE, Observers, RequestRecord, perf_ns
 
 log = logging.getLogger("redline.serving")
 
@@ -54,8 +57,8 @@ _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HLEN = b"inference-header-content-length"
 # Headers the infer path reads, by position in its header loop.
-_INFER_HEADERS = {b"content-length": 0, _HLEN: 1, BUDGET_HEADER: 2, PRIORITY_HEADER: 3}
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "x-redline-budget"]
+_INFER_HEADERS = {b"content-length": 0, _HLEN: 1, BUDGET_HEADER: 2, PRIORITY_HEADER: 3,
+                  b"traceparent": 4}
 
 
 @dataclass(slots=True)
@@ -116,9 +119,13 @@ class _Route:
 class RestApp:
     """The ASGI callable. ``draining`` turns readiness off during shutdown."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings) -> None:
+    def __init__(self, registry: ModelRegistry, settings: Settings,
+                 observers: Observers | None = None) -> None:
         self.registry = registry
         self.settings = settings
+        # Told about every finished V2 infer request (and /v1 ones, by the /v1 routes); when
+        # empty, the V2 path records nothing and costs nothing extra.
+        self.observers = observers if observers is not None else Observers()
         self.max_body = settings.server.max_body_bytes
         self.draining = False
         self._routes: list[_Route] = []
@@ -129,6 +136,10 @@ class RestApp:
     ) -> None:
         """Serve ``method template`` (``/v1/models/{name}/predict``) with ``handler``.
 
+        The one public way to mount routes on the REST app (``/v1`` predictions, ``/metrics``,
+        a dashboard page...): ``{param}`` segments match one path segment and reach the handler
+        in ``request.params``; the handler returns an :class:`HttpResponse`, and a
+        ``RedlineError`` it raises is answered with its status and the V2 error body.
         ``admin=True`` routes exist only when the admin surface is enabled, behind its token.
         """
         self._routes.append(_Route(method.upper(), template, handler, admin))
@@ -143,23 +154,16 @@ class RestApp:
         method: str = scope["method"]
         try:
             if method == "POST" and path[-6:] == "/infer" and path[:11] == "/v2/models/":
-                # Case: the hot path.
-                status, body, headers = await self._infer(scope, receive, path)
+                # Case: the hot path (recorded stage by stage only when someone observes).
+                if self.observers:
+                    return await self._observed_infer(scope, receive, send, path)
+                status, body, headers = await self._infer(scope, receive, path, None)
             else:
                 response = await self._dispatch(scope, receive, method, path)
                 status, body, headers = response.status, response.body, response.headers
-        except RedlineError as exc:
-            status, body, headers = _error(exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not take the connection down
-            log.exception("unhandled error on %s %s", method, path)
-            status, body = 500, error_body(f"internal error: {type(exc).__name__}", "internal")
-            headers = [_JSON]
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*headers, (b"content-length", b"%d" % len(body))],
-        })
-        await send({"type": "http.response.body", "body": body})
+            status, body, headers = self._error_answer(exc, method, path)
+        await self._send(send, status, body, headers)
 
     async def _read_body(self, receive: Receive, declared: int | None) -> bytes:
         if declared is not None and declared > self.max_body:
@@ -191,8 +195,40 @@ class RestApp:
         )
 
     # ------------------------------------------------------------------ inference
+    async def _observed_infer(self, scope: Scope, receive: Receive, send: Send,
+                              path: str) -> None:
+        """The infer path with a :class:`RequestRecord`, handed to the observers at the end."""
+        record = RequestRecord("v2", "rest")
+        try:
+            status, body, headers = await self._infer(scope, receive, path, record)
+        except Exception as exc:  # noqa: BLE001 - mapped as in __call__
+            status, body, headers = self._error_answer(exc, "POST", path)
+            record.finish(_code(body))
+        else:
+            record.finish()
+        await self._send(send, status, body, headers)
+        self.observers.finished(record)
+
+    def _error_answer(self, exc: Exception, method: str,
+                      path: str) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        error = as_redline_error(exc)
+        if error is not None:
+            return http_error(error)
+        log.exception("unhandled error on %s %s", method, path)
+        return 500, error_body(f"internal error: {type(exc).__name__}", "internal"), [_JSON]
+
+    @staticmethod
+    async def _send(send: Send, status: int, body: bytes,
+                    headers: list[tuple[bytes, bytes]]) -> None:
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", b"%d" % len(body))],
+        })
+        await send({"type": "http.response.body", "body": body})
+
     async def _infer(
-        self, scope: Scope, receive: Receive, path: str
+        self, scope: Scope, receive: Receive, path: str, record: RequestRecord | None
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         start = now()
         declared = header_length = budget = priority = None
@@ -208,8 +244,10 @@ class RestApp:
                 header_length = int(value)
             elif which == 2:
                 budget = value
-            else:
+            elif which == 3:
                 priority = value
+            elif record is not None:
+                record.traceparent = value.decode("latin-1")
         parts = path[11:-6].split("/")
         if len(parts) == 1:
             name, version = parts[0], None
@@ -235,32 +273,40 @@ class RestApp:
             decoded = fast.decode(body) if fast is not None else None
             if decoded is not None and fast is not None and handle is not None:
                 inputs, rows, rid = decoded
-                deadline = parse_budget(budget, handle.slo_ms, start)
+                checked = parse_budget(budget, FROM_HEADER, default_ms=handle.slo_ms,
+                                       start=start)
                 level = parse_priority(priority)
-                outputs = handle.batcher.run_now(inputs, rows)
-                if outputs is None:
-                    outputs = await handle.batcher.submit(inputs, rows, deadline, level)
+                if record is not None:
+                    _decoded(record, handle, rid, rows)
+                outputs = await handle.infer(inputs, checked, priority=level, validate=False,
+                                             record=record)
+                t_enc = perf_ns()
                 payload = fast.encode(outputs, rid)
                 if payload is None:  # the model returned an undeclared dtype: general encoder
                     request = InferRequest(inputs, {})
                     request.id = rid
                     payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
+                if record is not None:
+                    record.add(ENCODE, t_enc, perf_ns())
                 return 200, payload, [_JSON]
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
         if request.outputs:
             handle.check_outputs(request.outputs)
-        deadline = parse_budget(budget, handle.slo_ms, start)
+        checked = parse_budget(budget, FROM_HEADER, default_ms=handle.slo_ms, start=start)
         if priority is None and request.parameters:
             priority = request.parameters.get("priority")
-        # handle.infer, unrolled: the idle fast path then costs no coroutine at all.
-        inputs, rows = handle.prepare(request.inputs, request.datatypes)
         level = parse_priority(priority)
-        outputs = handle.batcher.run_now(inputs, rows)
-        if outputs is None:
-            outputs = await handle.batcher.submit(inputs, rows, deadline, level)
+        if record is not None:
+            first = next(iter(request.inputs.values()))
+            _decoded(record, handle, request.id, int(first.shape[0]) if first.ndim else 1)
+        outputs = await handle.infer(request.inputs, checked, priority=level,
+                                     datatypes=request.datatypes, record=record)
+        t_enc = perf_ns()
         outputs = handle.select_outputs(outputs, request.outputs)
         payload, json_length = encode_rest(handle.name, handle.version_str, outputs, request)
+        if record is not None:
+            record.add(ENCODE, t_enc, perf_ns())
         if json_length is None:
             return 200, payload, [_JSON]
         return 200, payload, [_OCTET, (_HLEN, b"%d" % json_length)]
@@ -271,7 +317,10 @@ class RestApp:
     ) -> HttpResponse:
         parts = path.strip("/").split("/")
         allowed: list[str] = []
+        admin_on = self.settings.server.admin_enabled
         for route in self._routes:
+            if route.admin and not admin_on:
+                continue  # with the admin API off its routes do not exist (404, not 405)
             params = route.match(parts)
             if params is None:
                 continue
@@ -374,48 +423,18 @@ class RestApp:
         return HttpResponse.json({"name": request.params["name"], "unloaded": True})
 
 
-def model_metadata(registry: ModelRegistry, params: dict[str, str]) -> dict[str, Any]:
-    """The V2 model metadata object (shared with the gRPC service)."""
-    handle = registry.get(params["name"], params.get("version"))
-    return {
-        "name": handle.name,
-        "versions": [str(v) for v in registry.versions(handle.name)],
-        "platform": "onnxruntime_onnx",
-        "inputs": [t.to_dict() for t in handle.session.inputs],
-        "outputs": [t.to_dict() for t in handle.session.outputs],
-    }
+def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: int) -> None:
+    record.model, record.version = handle.name, handle.version_str
+    record.request_id = rid or ""
+    record.rows = rows
+    record.add(DECODE, record.start_ns, perf_ns())
 
 
-def triton_config(handle: Any) -> dict[str, Any]:
-    """Triton's model configuration extension: what perf_analyzer reads before it starts."""
-    batched = handle.batcher.batchable
-
-    def tensors(specs: list[Any]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else
-                                                          t.datatype),
-                 "dims": t.shape[1:] if batched else t.shape} for t in specs]
-
-    return {
-        "name": handle.name,
-        "platform": "onnxruntime_onnx",
-        "backend": "onnxruntime",
-        "max_batch_size": handle.batcher.max_batch if batched else 0,
-        "input": tensors(handle.session.inputs),
-        "output": tensors(handle.session.outputs),
-        "dynamic_batching": {
-            "max_queue_delay_microseconds": handle.batcher.settings.max_queue_delay_us
-        },
-    }
-
-
-def _error(exc: RedlineError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    headers = [_JSON]
-    if isinstance(exc, Overloaded):
-        seconds = max(1, math.ceil(exc.retry_after_s))
-        headers.append((b"retry-after", b"%d" % seconds))
-        millis = max(1, round(exc.retry_after_s * 1e3))
-        headers.append((b"x-redline-retry-after-ms", b"%d" % millis))
-    return exc.http_status, error_body(exc.message, exc.code), headers
+def _code(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body).get("code", "internal"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return "internal"
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -98,6 +98,9 @@ class Batcher:
         self._concurrent = False  # the last batch held more than one request
         self._closed = False
         self._tick = 0  # fast-path runs, for sampling their timing
+        # How long the last delivered batch ran: a request resumed by that delivery splits its
+        # wait into queue and inference with it (serving/stages.py).
+        self.last_run_s = 0.0
         self._idle: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -301,6 +304,7 @@ class Batcher:
 
     def _deliver(self, batch: list[_Entry], rows: int, outputs: Outputs, seconds: float) -> None:
         self.cost.observe(rows, seconds)
+        self.last_run_s = seconds
         stats = self.stats
         stats.batches += 1
         stats.rows += rows

@@ -1,7 +1,9 @@
 """Request budgets and admission: refuse early what cannot be served in time.
 
-A deadline is an absolute ``time.perf_counter()`` value. It comes from the header
-``x-redline-budget-ms``, the gRPC deadline, or the model's objective (``slo_ms``), in that order.
+A request's :class:`Budget` holds an absolute ``time.perf_counter()`` deadline. It comes from the
+header ``x-redline-budget-ms`` (gRPC metadata of the same name), ``/v1``'s ``budget_ms`` field,
+the gRPC deadline, or the model's objective (``slo_ms``), and is parsed and validated in one
+function, :func:`parse_budget`, whatever the API and transport.
 Admission compares the deadline with the batcher's estimate of when the request would finish
 given the rows already queued; a request that cannot make it is refused at once with a
 Retry-After instead of timing out late, and one whose budget runs out while queued is dropped
@@ -10,10 +12,11 @@ before it reaches the model. Both are counted here for the metrics.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
-from redline.errors import InvalidInput
+from redline.errors import DeadlineExceeded, InvalidBudget, InvalidInput
 
 BUDGET_HEADER = b"x-redline-budget-ms"
 PRIORITY_HEADER = b"x-redline-priority"
@@ -23,23 +26,92 @@ now = time.perf_counter
 HIGH, LOW = 0, 1
 
 
+# The largest budget a client may ask for: ten minutes. Anything larger is a mistake (a budget in
+# microseconds, a timestamp) and is refused; a gRPC deadline beyond it is capped instead, since
+# clients set long deadlines by habit.
+MAX_BUDGET_MS = 600_000.0
+# Where a budget came from, as error messages name it.
+FROM_HEADER = "header x-redline-budget-ms"
+FROM_METADATA = "gRPC metadata x-redline-budget-ms"
+FROM_BODY = "body field budget_ms"
+FROM_GRPC_FIELD = "field budget_ms"
+FROM_GRPC_DEADLINE = "gRPC deadline"
+FROM_SLO = "model slo_ms"
+# What a timer wake-up can add to a wait (uvloop's resolution is 1 ms): reserved when a stage
+# asks whether it still fits, so a wait cut short still answers by the deadline.
+TIMER_SLACK_S = 0.001
+
+
 def deadline_from_ms(budget_ms: float, start: float | None = None) -> float:
     return (start if start is not None else now()) + budget_ms / 1000.0
 
 
-def parse_budget(value: bytes | str | None, default_ms: float, start: float) -> float:
-    """The absolute deadline for a header value (milliseconds), or the default budget."""
+class Budget:
+    """A request's time: when it started, when it must be answered, and where that came from.
+
+    Built once per request by :func:`parse_budget`; every stage asks it what is left.
+    """
+
+    __slots__ = ("start", "deadline", "ms", "source")
+
+    def __init__(self, start: float, ms: float, source: str) -> None:
+        self.start = start
+        self.ms = ms
+        self.deadline = start + ms / 1000.0
+        self.source = source
+
+    def left(self) -> float:
+        """Seconds left (negative once spent)."""
+        return self.deadline - now()
+
+    def fits(self, p99_s: float, slack_s: float = TIMER_SLACK_S) -> bool:
+        """Whether a stage whose recent p99 is ``p99_s`` still fits, with timer slack reserved."""
+        return self.deadline - now() >= p99_s + slack_s
+
+    def wait_for(self, reserve_s: float, floor_s: float = 0.0005) -> float:
+        """How long a stage may wait, leaving ``reserve_s`` (and timer slack) for what follows."""
+        return max(floor_s, self.deadline - now() - reserve_s - TIMER_SLACK_S)
+
+    def __repr__(self) -> str:
+        return f"Budget({self.ms:g} ms from {self.source})"
+
+
+def parse_budget(value: bytes | str | float | int | None, source: str, *, default_ms: float,
+                 start: float) -> Budget:
+    """The request's :class:`Budget`: the one place a budget is read and validated.
+
+    ``value`` is what the client sent (a header or metadata string, a JSON or protobuf number,
+    a gRPC deadline in milliseconds); ``None`` means it sent none, and the model's SLO applies.
+    Negative, zero, NaN, infinite, absurdly large and non-numeric values are refused with an
+    :class:`InvalidBudget` naming ``source``, identically on every API and transport.
+    """
     if value is None:
-        return start + default_ms / 1000.0
-    try:
-        budget = float(value)
-    except ValueError:
-        raise InvalidInput(
-            f"x-redline-budget-ms must be a number of milliseconds, got {value!r}"
-        ) from None
-    if not budget > 0 or budget == float("inf"):
-        raise InvalidInput(f"x-redline-budget-ms must be a positive number, got {value!r}")
-    return start + budget / 1000.0
+        return Budget(start, default_ms, FROM_SLO)
+    if isinstance(value, bool):
+        ms = math.nan  # JSON true/false is not a number of milliseconds
+    elif isinstance(value, int | float):
+        ms = float(value)
+    else:
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        try:
+            ms = float(text) if text.strip().isascii() else math.nan
+        except ValueError:
+            ms = math.nan
+    if source == FROM_GRPC_DEADLINE:
+        if ms <= 0:
+            raise DeadlineExceeded("the gRPC deadline had passed when the request arrived")
+        return Budget(start, min(ms, MAX_BUDGET_MS), source)
+    if not 0 < ms <= MAX_BUDGET_MS:  # False for NaN too
+        raise InvalidBudget(
+            f"the budget ({source}) must be a number of milliseconds greater than 0 and at "
+            f"most {MAX_BUDGET_MS:.0f}, got {_show(value)}", source=source)
+    return Budget(start, ms, source)
+
+
+def _show(value: object) -> str:
+    text = value.decode("latin-1", "replace") if isinstance(value, bytes) else value
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def parse_priority(value: bytes | str | int | None) -> int:

@@ -119,12 +119,12 @@ class JsonFastPath:
         if rows < 1 or rows * self.width != len(data):
             return None
         array = np.array(data, self.dtype).reshape(shape)
-        if self.reject_nan:
-            # Decoded JSON holds no NaN, but a cast to FP32 can overflow to inf. x·0 is 0 for
-            # finite x and NaN otherwise, so this dot is finite exactly when every value is.
-            size = len(data)
-            if size > _SCAN_MAX or not math.isfinite(array.reshape(-1).dot(self._zeros[:size])):
-                return None
+        # Decoded JSON holds no NaN, but a cast to FP32 can overflow to inf (refused by the
+        # general path, whether or not the model allows missing values). x·0 is 0 for finite x
+        # and NaN otherwise, so this dot is finite exactly when every value is.
+        size = len(data)
+        if size > _SCAN_MAX or not math.isfinite(array.reshape(-1).dot(self._zeros[:size])):
+            return None
         return {self.input_name: array}, rows, request.id
 
     def encode(self, outputs: dict[str, np.ndarray], rid: str | None) -> bytes | None:

@@ -1,62 +1,116 @@
 """The gRPC transport: ``inference.GRPCInferenceService`` on grpc.aio.
 
 It shares the codec (``protocol.py``), the registry and the batcher with the REST app, so both
-transports validate, batch and fail alike. The gRPC deadline, when the client sets one, is the
-request's budget; otherwise the model's objective is. Errors map to the gRPC status named by each
-:class:`~redline.errors.RedlineError`; ``Overloaded`` also sends ``retry-after-ms`` trailing
-metadata. Other packages add services with ``extra_handlers`` (``grpc.GenericRpcHandler``).
+transports validate, batch and fail alike. The budget is the ``x-redline-budget-ms`` metadata
+when sent, else the gRPC deadline, else the model's objective, parsed by the one
+``deadline.parse_budget``. Errors map through ``edge.py`` (``Overloaded`` sends ``retry-after-ms``
+trailing metadata). A message that does not decode is INVALID_ARGUMENT, never UNKNOWN: every
+method's deserializer here catches the protobuf error and the method answers it. Other packages
+add services with ``extra_handlers`` (``grpc.GenericRpcHandler``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
 from redline import __version__
 from redline.config import Settings
-from redline.errors import Overloaded, RedlineError
-from redline.serving.app import EXTENSIONS, model_metadata
-from redline.serving.deadline import now, parse_priority
+from redline.errors import InvalidInput, RedlineError
+from redline.serving.deadline import (
+    FROM_GRPC_DEADLINE,
+    FROM_METADATA,
+    parse_budget,
+    parse_priority,
+)
+from redline.serving.edge import (
+    BUDGET_KEY,
+    PRIORITY_KEY,
+    TRACEPARENT,
+    as_redline_error,
+    grpc_abort,
+    grpc_metadata,
+)
+from redline.serving.metadata import EXTENSIONS, model_metadata
 from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
 from redline.serving.protocol import decode_grpc, fill_grpc_response
 from redline.serving.registry import ModelRegistry
+from redline.serving.stages import DECODE, ENCODE, Observers, RequestRecord, perf_ns
 
 log = logging.getLogger("redline.serving")
+SERVICE = "inference.GRPCInferenceService"
+_METADATA_KEYS = (BUDGET_KEY, PRIORITY_KEY, TRACEPARENT)
 
 
-class InferenceServicer(pbg.GRPCInferenceServiceServicer):
+class Undecodable:
+    """Stands for a request message that did not parse; the method answers INVALID_ARGUMENT."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def lenient(parse: Callable[[bytes], Any], what: str) -> Callable[[bytes], Any]:
+    """A request deserializer that returns :class:`Undecodable` instead of raising (which grpc.aio
+    would answer UNKNOWN)."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's message
+            return Undecodable(f"the request is not a valid {what} message ({exc})")
+
+    return deserialize
+
+
+async def check_decoded(request: Any, context: Any) -> None:
+    if isinstance(request, Undecodable):
+        await grpc_abort(context, InvalidInput(request.reason))
+
+
+class InferenceServicer:
     """The six V2 methods. ``draining`` turns readiness off during shutdown."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings) -> None:
+    def __init__(self, registry: ModelRegistry, settings: Settings,
+                 observers: Observers | None = None) -> None:
         self.registry = registry
         self.settings = settings
+        self.observers = observers if observers is not None else Observers()
         self.draining = False
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC names
+        await check_decoded(request, context)
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await check_decoded(request, context)
         return pb.ServerReadyResponse(ready=not self.draining and self.registry.all_ready())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        if request.name not in self.registry.models():
-            await _abort(context, self.registry, request.name)
+        await check_decoded(request, context)
+        try:
+            self.registry.get(request.name)
+        except RedlineError as exc:
+            if request.name not in self.registry.models():
+                await grpc_abort(context, exc)
         ready = not self.draining and self.registry.ready(request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await check_decoded(request, context)
         return pb.ServerMetadataResponse(name="redline", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await check_decoded(request, context)
         try:
             meta = model_metadata(self.registry, {"name": request.name,
                                                   "version": request.version})
         except RedlineError as exc:
-            await _abort_with(context, exc)
+            await grpc_abort(context, exc)
         resp = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                         platform=meta["platform"])
         for kind in ("inputs", "outputs"):
@@ -65,55 +119,93 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return resp
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        start = now()
+        start_ns = perf_ns()
+        start = start_ns * 1e-9  # the same clock as deadline.now()
+        record = RequestRecord("v2", "grpc", start_ns) if self.observers else None
         try:
+            if isinstance(request, Undecodable):
+                raise InvalidInput(request.reason)
+            meta = grpc_metadata(context, _METADATA_KEYS)
             decoded = decode_grpc(request)
             handle = self.registry.get(request.model_name, request.model_version or None)
             if decoded.outputs:
                 handle.check_outputs(decoded.outputs)
-            remaining = context.time_remaining()
-            budget_s = remaining if remaining is not None else handle.slo_ms / 1000.0
-            priority = parse_priority(decoded.parameters.get("priority"))
-            outputs = await handle.infer(decoded.inputs, start + budget_s, priority=priority,
-                                         datatypes=decoded.datatypes)
+            if BUDGET_KEY in meta:
+                budget = parse_budget(meta[BUDGET_KEY], FROM_METADATA,
+                                      default_ms=handle.slo_ms, start=start)
+            else:
+                remaining = context.time_remaining()
+                budget = parse_budget(remaining * 1e3 if remaining is not None else None,
+                                      FROM_GRPC_DEADLINE, default_ms=handle.slo_ms, start=start)
+            priority = parse_priority(meta.get(PRIORITY_KEY, decoded.parameters.get("priority")))
+            if record is not None:
+                record.model, record.version = handle.name, handle.version_str
+                record.traceparent = meta.get(TRACEPARENT)
+                record.request_id = decoded.id or ""
+                record.add(DECODE, record.start_ns, perf_ns())
+            outputs = await handle.infer(decoded.inputs, budget, priority=priority,
+                                         datatypes=decoded.datatypes, record=record)
             outputs = handle.select_outputs(outputs, decoded.outputs)
-        except RedlineError as exc:
-            await _abort_with(context, exc)
-        resp = pb.ModelInferResponse(model_name=handle.name, model_version=handle.version_str)
-        if decoded.id is not None:
-            resp.id = decoded.id
-        fill_grpc_response(resp, outputs, decoded.raw_outputs)
+            t_enc = perf_ns()
+            resp = pb.ModelInferResponse(model_name=handle.name, model_version=handle.version_str)
+            if decoded.id is not None:
+                resp.id = decoded.id
+            fill_grpc_response(resp, outputs, decoded.raw_outputs)
+        except Exception as exc:  # noqa: BLE001 - mapped below; a bug is logged, never UNKNOWN
+            error = as_redline_error(exc)
+            if error is None:
+                log.exception("unhandled error in ModelInfer")
+                error = RedlineError(f"internal error: {type(exc).__name__}")
+            if record is not None:
+                record.finish(error.code)
+                self.observers.finished(record)
+            await grpc_abort(context, error)
+        if record is not None:
+            record.add(ENCODE, t_enc, perf_ns())
+            record.rows = int(next(iter(outputs.values())).shape[0]) if outputs else 0
+            record.finish()
+            self.observers.finished(record)
         return resp
 
 
-async def _abort(context: Any, registry: ModelRegistry, name: str) -> None:
-    try:
-        registry.get(name)
-    except RedlineError as exc:
-        await _abort_with(context, exc)
-
-
-async def _abort_with(context: Any, exc: RedlineError) -> None:
-    if isinstance(exc, Overloaded):
-        millis = str(max(1, round(exc.retry_after_s * 1e3)))
-        context.set_trailing_metadata((("retry-after-ms", millis),))
-    await context.abort(getattr(grpc.StatusCode, exc.grpc_status), exc.message)
+def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """The V2 service with lenient deserializers (see :func:`lenient`)."""
+    methods: dict[str, tuple[Any, Any]] = {
+        "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+        "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=lenient(req.FromString, req.__name__),
+            response_serializer=resp.SerializeToString,
+        )
+        for name, (req, resp) in methods.items()
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 def create_grpc_server(
     servicer: InferenceServicer,
     settings: Settings,
     extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with the V2 service (not started; bind a port, then ``start()``)."""
+    """A grpc.aio server with the V2 service (not started; bind a port, then ``start()``).
+
+    ``reuse_port`` lets worker processes bind one port together (SO_REUSEPORT, scaling/).
+    """
     limit = settings.server.max_body_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
-        handlers=list(extra_handlers) or None,
+        handlers=[inference_handler(servicer), *extra_handlers],
     )
-    pbg.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return server

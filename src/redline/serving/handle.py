@@ -5,7 +5,7 @@ gRPC handlers use it, and so can other request handlers mounted on the app (enti
 under ``/v1``)::
 
     handle = registry.get("fraud")                  # default version; or get("fraud", "3")
-    outputs = await handle.infer({"input": x}, deadline=deadline_from_ms(20))
+    outputs = await handle.infer({"input": x}, deadline_from_ms(20))   # or a request's Budget
     # x: numpy array, first dimension = rows; outputs: output name -> numpy array, same rows
 
 ``infer`` validates the inputs (names, dtypes, shapes, NaN policy; raises ``InvalidInput``),
@@ -20,7 +20,6 @@ import math
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -29,8 +28,9 @@ from redline.errors import InvalidInput
 from redline.models.datatypes import V2_TO_NUMPY
 from redline.models.runtime import InferenceSession
 from redline.serving.batcher import Batcher
-from redline.serving.deadline import LOW, AdmissionStats, CostModel, now
+from redline.serving.deadline import LOW, AdmissionStats, Budget, CostModel, now
 from redline.serving.fastjson import JsonFastPath
+from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, perf_ns
 
 # The finiteness check below multiplies NaN by 0 on purpose; numpy's warning about it is noise.
 warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning,
@@ -48,6 +48,10 @@ class ModelHandle:
         self.version_str = str(self.version)
         model_settings = settings.for_model(self.name)
         self.slo_ms = model_settings.slo_ms or settings.server.default_slo_ms
+        # The cheaper model /v1 falls back to: redline.yaml's models.<name>.fallback when set,
+        # else the one recorded in the model's metadata (`redline optimize --as-fallback`).
+        # Read here once; nothing else reads either source.
+        self.fallback: str | None = model_settings.fallback or self.metadata.fallback
         self.input_specs = {t.name: t for t in session.inputs}
         self.output_names = [t.name for t in session.outputs]
         batchable = all(t.shape and t.shape[0] == -1 for t in session.inputs) and all(
@@ -156,22 +160,43 @@ class ModelHandle:
     async def infer(
         self,
         inputs: dict[str, np.ndarray],
-        deadline: float | None = None,
+        budget: Budget | float | None = None,
         *,
         priority: int = LOW,
         datatypes: dict[str, str] | None = None,
         validate: bool = True,
+        record: RequestRecord | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run ``inputs`` through this version (batched with others); see the module doc."""
+        """Run ``inputs`` through this version (batched with others); see the module doc.
+
+        ``budget`` is the request's :class:`Budget` (or an absolute deadline, or ``None``: no
+        deadline). The run-now-or-queue decision is made here and nowhere else. With a
+        ``record``, the queue and inference stages are timed on it.
+        """
+        deadline = budget.deadline if isinstance(budget, Budget) else budget
         if validate:
             inputs, rows = self.prepare(inputs, datatypes)
         else:
             first = next(iter(inputs.values()))
             rows = int(first.shape[0]) if first.ndim else 1
-        outputs = self.batcher.run_now(inputs, rows)
+        batcher = self.batcher
+        if record is None:
+            outputs = batcher.run_now(inputs, rows)
+            if outputs is not None:
+                return outputs
+            return await batcher.submit(inputs, rows, deadline, priority)
+        t0 = perf_ns()
+        outputs = batcher.run_now(inputs, rows)
         if outputs is not None:
+            record.add(INFERENCE, t0, perf_ns())
             return outputs
-        return await self.batcher.submit(inputs, rows, deadline, priority)
+        outputs = await batcher.submit(inputs, rows, deadline, priority)
+        t1 = perf_ns()
+        # The batch that resumed this request ran last_run_s; the rest of the wait was queue.
+        ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
+        record.add(QUEUE, t0, ran)
+        record.add(INFERENCE, ran, t1)
+        return outputs
 
     def check_outputs(self, names: list[str]) -> None:
         """Refuse unknown requested output names before any work is done."""
@@ -200,14 +225,6 @@ class ModelHandle:
         """Finish queued and running requests, then release the worker thread."""
         await self.batcher.drain(timeout_s)
         self._executor.shutdown(wait=False)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version_str,
-            "inputs": [t.to_dict() for t in self.session.inputs],
-            "outputs": [t.to_dict() for t in self.session.outputs],
-        }
 
 
 def _hot_run(session: InferenceSession) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:

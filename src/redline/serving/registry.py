@@ -8,6 +8,9 @@ one dict assignment swap it in, so a request sees either the old table or the ne
 hold the handle they started on, so in-flight work finishes on its version; a retired version
 drains its queue before its thread is released. A version that fails to load or warm is recorded
 with the reason (``failures``, shown by the repository index) and the old version keeps serving.
+When nothing else serves a model (a fresh start with a tampered latest version under the default
+``latest: 1`` policy), the newest intact version older than the wanted one is loaded and served,
+with an error in the log, so one bad file never takes a model down while a good one is on disk.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, NoReturn
 from redline.config import Settings
 from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
 from redline.models import ModelRepository, VersionPolicy
+from redline.models.repository import check_name
 from redline.models.runtime import InferenceSession
 from redline.serving.handle import ModelHandle
 
@@ -61,7 +65,7 @@ class ModelRegistry:
                 return handle
             self._raise_missing(name, None)
         versions = self._handles.get(name)
-        if versions is not None and version.isdigit():
+        if versions is not None and _is_number(version):
             handle = versions.get(int(version))
             if handle is not None:
                 return handle
@@ -85,12 +89,12 @@ class ModelRegistry:
         if version is None:
             reason = self._failure_text(name)
             raise ModelNotReady(f"model '{name}' has no version loaded yet{reason}")
-        if version.isdigit() and int(version) not in known:
+        if _is_number(version) and int(version) not in known:
             raise VersionNotFound(f"model '{name}' has no version {version} (versions: {known})")
-        if not version.isdigit():
+        if not _is_number(version):
             try:
                 self.repository.resolve(name, version)
-            except RedlineError as exc:
+            except (RedlineError, ValueError) as exc:  # ValueError: non-ASCII digits
                 raise VersionNotFound(str(exc)) from None
         loaded = sorted(self._handles.get(name, {}))
         reason = self._failure_text(name)
@@ -180,6 +184,10 @@ class ModelRegistry:
                 table.setdefault(default.version, default)
             elif table:
                 default = table[max(table)]
+            elif plan.default is not None:
+                default = await self._last_intact(name, plan)
+                if default is not None:
+                    table[default.version] = default
         # The swap: new requests see the new table from here on.
         self._handles[name] = table
         if default is not None:
@@ -189,6 +197,24 @@ class ModelRegistry:
         for version, handle in current.items():
             if table.get(version) is not handle:
                 self._retire(handle)
+
+    async def _last_intact(self, name: str, plan: _Plan) -> ModelHandle | None:
+        """The newest version older than the wanted default that loads, when nothing else can
+        serve: a tampered or broken latest version must not take the whole model down while an
+        intact earlier one is on disk. Said loudly, since the policy's choice is not served."""
+        assert plan.default is not None
+        for version in sorted((v for v in plan.versions if v < plan.default), reverse=True):
+            if (name, version) in self.failures:
+                continue
+            handle = await self._load(name, version)
+            if handle is not None:
+                log.error(
+                    "model %s: version %s (the version policy's choice) cannot be served (%s); "
+                    "serving version %s, the newest intact earlier version, until it is fixed",
+                    name, plan.default, self.failures.get((name, plan.default), "not loaded"),
+                    version)
+                return handle
+        return None
 
     async def _load(self, name: str, version: int) -> ModelHandle | None:
         def build() -> ModelHandle:
@@ -220,6 +246,7 @@ class ModelRegistry:
 
     async def load(self, name: str) -> None:
         """Admin: (re)load a model now, retrying versions that failed before."""
+        check_name(name)  # a name that cannot be a folder is a 400, not an OSError
         self.unloaded.discard(name)
         for key in [k for k in self.failures if k[0] == name]:
             del self.failures[key]
@@ -231,6 +258,7 @@ class ModelRegistry:
 
     async def unload(self, name: str) -> None:
         """Admin: stop serving a model until it is loaded again."""
+        check_name(name)
         async with self._lock:
             if name not in self._versions:
                 raise ModelNotFound(f"model '{name}' is not served")
@@ -275,3 +303,8 @@ class ModelRegistry:
             *(h.retire(self.settings.server.drain_timeout_s) for h in handles),
             *self._retiring, return_exceptions=True,
         )
+
+
+def _is_number(version: str) -> bool:
+    """A version number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``①``)."""
+    return version.isascii() and version.isdigit()

@@ -24,8 +24,12 @@ from redline.errors import ConfigError
 from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
-from redline.serving.pipeline import PredictPipeline
+from redline.serving.http_protocol import JsonErrorHttpProtocol
+from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
+from redline.serving.stages import Observers
+from redline.serving.v1_grpc import V1Grpc
+from redline.serving.v1_rest import V1Rest
 
 log = logging.getLogger("redline.serving")
 
@@ -39,22 +43,35 @@ class _Uvicorn(uvicorn.Server):
 
 
 class RedlineServer:
-    """Owns the registry, both transports and the repository watcher."""
+    """Owns the registry, both transports and the repository watcher.
 
-    def __init__(self, settings: Settings, repository: ModelRepository | None = None) -> None:
+    Extension points, for packages that add to the server before ``serve()``:
+    ``observers`` (an :class:`Observers`: ``observers.add(obj)`` and ``obj.request_finished``
+    gets every request's :class:`RequestRecord`, V2 and ``/v1``, REST and gRPC) and
+    ``app.add_route(method, template, handler)`` for more REST routes.
+    """
+
+    def __init__(self, settings: Settings, repository: ModelRepository | None = None,
+                 observers: Observers | None = None) -> None:
         self.settings = settings
         self.repository = repository or ModelRepository(settings.repository)
         self.registry = ModelRegistry(self.repository, settings)
-        self.app = RestApp(self.registry, settings)
-        self.servicer = InferenceServicer(self.registry, settings)
+        self.observers = observers if observers is not None else Observers()
+        self.app = RestApp(self.registry, settings, self.observers)
+        self.servicer = InferenceServicer(self.registry, settings, self.observers)
         # Entity predictions (/v1 REST routes and the redline.v1 gRPC service).
-        self.pipeline = PredictPipeline.from_settings(self.registry, settings)
-        self.pipeline.install(self.app)
+        self.pipeline = build_pipeline(self.registry, settings)
+        V1Rest(self.pipeline, self.app).install(self.app)
+        self._v1_grpc = V1Grpc(self.pipeline, self.observers)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
         self._stop = asyncio.Event()
         self._http: _Uvicorn | None = None
+        # Set by a worker process (scaling/worker.py): the listening socket it shares with its
+        # siblings, and the ASGI app uvicorn runs (the REST app, possibly wrapped by a meter).
+        self.http_socket: socket.socket | None = None
+        self.asgi: Any = self.app
 
     async def serve(self, install_signals: bool = True) -> None:
         """Load models, serve until ``stop()`` or a signal, then drain."""
@@ -72,12 +89,13 @@ class RedlineServer:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        sock = _bind(server.host, server.http_port)
+        sock = self.http_socket or _bind(server.host, server.http_port)
         self.http_port = sock.getsockname()[1]
         grpc_server = None
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
-                                             self.pipeline.grpc_handlers())
+                                             self._v1_grpc.handlers(),
+                                             reuse_port=self.http_socket is not None)
             try:
                 self.grpc_port = grpc_server.add_insecure_port(
                     f"{server.host}:{server.grpc_port}")
@@ -89,7 +107,8 @@ class RedlineServer:
                 ) from None
             await grpc_server.start()
         config = uvicorn.Config(
-            self.app, host=server.host, port=server.http_port, http="httptools", loop="none",
+            self.asgi, host=server.host, port=server.http_port, http=JsonErrorHttpProtocol,
+            loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
             server_header=False,
             timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),

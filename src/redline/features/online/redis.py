@@ -6,8 +6,10 @@ still pending for this consumer, applies their tile updates, acks them and dead-
 ones, so a consumer killed at any instant neither loses nor double-counts an event.
 
 Against Redis Cluster (``features.redis_cluster: true``) every key of one entity shares the hash
-tag ``{entity:id}``, so one entity's read is still one round trip to one shard; a batch is one
-call per shard it touches.
+tag ``{entity:id}``, so one entity's views are read by one script call on its shard. A read of
+many entities (or of views of two entity types, as the fraud example's card and merchant) makes
+one script call per (entity type, slot), pipelined per shard, the shards in parallel: one round
+trip per shard; the replies are joined back to rows by key, never by position.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from typing import Any, TypeVar
 
@@ -23,7 +26,7 @@ import redis
 import redis.cluster
 from redis.commands.core import Script
 
-from redline.errors import StoreUnavailable
+from redline.errors import ConfigError, StoreUnavailable
 from redline.features.definitions import FeatureView
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
@@ -31,7 +34,8 @@ from redline.features.online.redis_lua import WRITE_SCRIPT, read_script
 
 T = TypeVar("T")
 _ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.cluster.ClusterDownError,
-           redis.exceptions.ClusterError, OSError)
+           redis.exceptions.ClusterError, redis.exceptions.RedisClusterException,
+           redis.exceptions.MasterDownError, redis.exceptions.TryAgainError, OSError)
 
 
 def connect(url: str, *, cluster: bool = False, timeout_ms: float = 50.0) -> Any:
@@ -72,46 +76,117 @@ class RedisReader:
             pass  # Redis is down now: the first read raises StoreUnavailable
         self.windows = [w.window for v in plan.views for w in v.layout().windows]
         self.row_width = 1 + plan.width
+        if store.cluster:
+            self.cluster = _ClusterRead(self, cache)
 
-    def _args(self, now: int) -> list[Any]:
+    def _args(self, now: int, views: Sequence[int] | None = None) -> list[Any]:
+        picked = range(len(self.plan.views)) if views is None else views
         args: list[Any] = [
-            "|".join(str(w.covering(now)[1]) for w in ws) + "#" for ws in self.view_windows]
-        for w in self.windows:
-            lo, hi = w.covering(now)
-            args.append(lo)
-            args.append(hi)
+            "|".join(str(w.covering(now)[1]) for w in self.view_windows[j]) + "#" for j in picked]
+        for j in picked:
+            for w in self.view_windows[j]:
+                lo, hi = w.covering(now)
+                args.append(lo)
+                args.append(hi)
         return args
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
         now = now_ms() if now is None else now
         n, data_keys = self.plan.keys(ids)
-        nv = len(self.plan.views)
-        keys = []
-        for r in range(n):
-            row = data_keys[r * nv:(r + 1) * nv]
-            keys += row
-            keys += [cache_key(k) for k in row]
-        args = self._args(now)
-        if not self.store.cluster:
-            replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
+        if self.store.cluster:
+            flat = guarded(self.store.url, lambda: self.cluster.read(n, data_keys, now))
         else:
-            replies = guarded(self.store.url, lambda: self._cluster_read(n, keys, args))
-        flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
+            nv = len(self.plan.views)
+            keys = []
+            for r in range(n):
+                row = data_keys[r * nv:(r + 1) * nv]
+                keys += row
+                keys += [cache_key(k) for k in row]
+            args = self._args(now)
+            replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
+            flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
         return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
 
-    def _cluster_read(self, n: int, keys: list[str], args: list[Any]) -> list[bytes]:
-        nv = 2 * len(self.plan.views)
-        client = self.store.client
-        by_slot: dict[int, list[int]] = {}
-        for r in range(n):
-            by_slot.setdefault(client.keyslot(keys[r * nv]), []).append(r)
-        replies: list[bytes] = [b""] * n
-        for rows in by_slot.values():
-            group = [keys[r * nv + j] for r in rows for j in range(nv)]
-            for r, rep in zip(rows, self.script(keys=group, args=args), strict=True):
-                replies[r] = rep
-        return replies
+
+class _ClusterRead:
+    """Reads on Redis Cluster: the views are grouped by entity type (their keys share one hash
+    tag per entity id); each (group, slot) is one script call with only that slot's keys, the
+    calls for one shard go in one pipeline, shards in parallel; replies are placed by key."""
+
+    def __init__(self, reader: RedisReader, cache: bool) -> None:
+        self.reader = reader
+        plan = reader.plan
+        client = reader.store.client
+        by_entity: dict[str, list[int]] = {}
+        for j, v in enumerate(plan.views):
+            by_entity.setdefault(v.entity.name, []).append(j)
+        self.groups = list(by_entity.values())
+        self.scripts = [client.register_script(read_script([plan.views[j] for j in g], cache))
+                        for g in self.groups]
+        widths = [len(v.layout().outputs) for v in plan.views]
+        self.offsets = np.cumsum([0, *widths])  # view j's outputs in a row: offsets[j]..[j+1]
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="redline-cluster-read")
+
+    def read(self, n: int, data_keys: list[str], now: int) -> np.ndarray:
+        reader = self.reader
+        client = reader.store.client
+        nv = len(reader.plan.views)
+        out = np.zeros((n, reader.row_width), dtype=np.float64)
+        # (group, slot) -> rows; a call's keys are one slot's, per row: views then caches
+        calls: dict[tuple[int, int], list[int]] = {}
+        for gi, group in enumerate(self.groups):
+            first = group[0]
+            for r in range(n):
+                calls.setdefault((gi, client.keyslot(data_keys[r * nv + first])), []).append(r)
+        args = [reader._args(now, g) for g in self.groups]
+        by_node: dict[str, list[tuple[int, int, list[int]]]] = {}
+        for (gi, slot), rows in calls.items():
+            node = client.nodes_manager.get_node_from_slot(slot)
+            by_node.setdefault(node.name, []).append((gi, slot, rows))
+
+        def run(node_name: str) -> list[tuple[int, list[int], list[bytes]]]:
+            todo = by_node[node_name]
+            node = client.get_node(node_name=node_name)
+            pipe = node.redis_connection.pipeline(transaction=False)
+            for gi, _slot, rows in todo:
+                self.scripts[gi](keys=self._keys(gi, rows, data_keys, nv), args=args[gi],
+                                 client=pipe)
+            replies = pipe.execute()
+            return [(gi, rows, rep) for (gi, _s, rows), rep in zip(todo, replies, strict=True)]
+
+        try:
+            if len(by_node) == 1:
+                results = [run(next(iter(by_node)))]
+            else:
+                results = list(self.pool.map(run, list(by_node)))
+        except redis.ResponseError as exc:
+            if "MOVED" not in str(exc) and "ASK" not in str(exc):
+                raise
+            # the slots moved (failover, resharding): refresh the map, one call at a time
+            client.nodes_manager.initialize()
+            results = [[(gi, rows, self.scripts[gi](keys=self._keys(gi, rows, data_keys, nv),
+                                                    args=args[gi]))
+                        for gi, _slot, rows in todo] for todo in by_node.values()]
+        for node_results in results:
+            for gi, rows, replies in node_results:
+                for r, rep in zip(rows, replies, strict=True):
+                    vals = np.frombuffer(rep, dtype="<f8")
+                    out[r, 0] = max(out[r, 0], vals[0])
+                    pos = 1
+                    for j in self.groups[gi]:
+                        w = int(self.offsets[j + 1] - self.offsets[j])
+                        out[r, 1 + self.offsets[j]:1 + self.offsets[j + 1]] = vals[pos:pos + w]
+                        pos += w
+        return out
+
+    def _keys(self, gi: int, rows: list[int], data_keys: list[str], nv: int) -> list[str]:
+        keys = []
+        for r in rows:
+            row = [data_keys[r * nv + j] for j in self.groups[gi]]
+            keys += row
+            keys += [cache_key(k) for k in row]
+        return keys
 
 
 def write_args(batch: UpdateBatch) -> list[Any]:
@@ -177,7 +252,15 @@ class RedisStore:
         return int(res[0]), int(res[1]), int(res[2])
 
     def ping(self) -> None:
+        """Reachable, and of the kind configured: a cluster node without ``redis_cluster: true``
+        answers MOVED to most keys, so it is refused here with the fix named."""
         guarded(self.url, self.client.ping)
+        if not self.cluster:
+            info = guarded(self.url, lambda: self.client.info("cluster"))
+            if int(info.get("cluster_enabled", 0)):
+                raise ConfigError(
+                    f"{self.url} is a Redis Cluster node: set features.redis_cluster: true in "
+                    "redline.yaml (or REDLINE_FEATURES__REDIS_CLUSTER=true)")
 
     def close(self) -> None:
         self.client.close()

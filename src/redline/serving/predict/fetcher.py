@@ -10,12 +10,18 @@ EVALSHA for all their entities (the store reads any number of entities in one ro
 its own timeout and then degrades; a late result is dropped.
 
 The embedded memory store is read inline: it is a dict lookup, cheaper than any thread hop.
+
+Two rules keep one client from hurting another. A coalesced read is joined to its requests by
+entity key, never by position: each distinct key is read once and every request takes the rows
+of its own keys, so a request whose ids are malformed cannot shift anyone else's rows. And the
+store's health (the circuit breaker) is judged by the store call itself, when it ends, not by a
+waiting request giving up: a read cut short by one client's tight budget is not a store failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
@@ -26,13 +32,18 @@ Result = tuple[np.ndarray, np.ndarray]
 
 
 class FeatureFetcher:
-    """Coalesces concurrent ``reader.read`` calls of one route into one call on ``executor``."""
+    """Coalesces concurrent ``reader.read`` calls of one route into one call on ``executor``.
+
+    ``health`` is told how each store call ended (``None`` for success, else the exception).
+    """
 
     def __init__(self, read: Callable[[dict[str, list[str]]], Result], executor: Executor,
-                 entities: list[str]) -> None:
+                 entities: Sequence[str],
+                 health: Callable[[BaseException | None], None] | None = None) -> None:
         self._read = read
         self._executor = executor
-        self._entities = entities
+        self._entities = list(entities)
+        self._health = health
         self._pending: list[tuple[dict[str, list[str]], int, asyncio.Future[Result]]] = []
         self._busy = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,9 +67,9 @@ class FeatureFetcher:
         if not batch:
             return
         if len(batch) == 1:
-            merged = batch[0][0]
+            merged, index = batch[0][0], None
         else:
-            merged = {e: [i for ids, _, _ in batch for i in ids[e]] for e in self._entities}
+            merged, index = self._join(batch)
         self._busy = True
         self.calls += 1
         self.requests += len(batch)
@@ -67,24 +78,47 @@ class FeatureFetcher:
         work = self._executor.submit(self._read, merged)
 
         def done(f: ThreadFuture[Result]) -> None:
-            loop.call_soon_threadsafe(self._done, batch, f)
+            loop.call_soon_threadsafe(self._done, batch, index, f)
 
         work.add_done_callback(done)
 
-    def _done(self, batch: list[Any], work: ThreadFuture[Result]) -> None:
+    def _join(self, batch: list[Any]) -> tuple[dict[str, list[str]], list[np.ndarray]]:
+        """One read of every distinct entity key, and each request's row numbers in it."""
+        entities = self._entities
+        position: dict[tuple[str, ...], int] = {}
+        index: list[np.ndarray] = []
+        for ids, rows, _ in batch:
+            columns = [ids[e] for e in entities]
+            rows_at = np.empty(rows, dtype=np.intp)
+            for r in range(rows):
+                key = tuple(col[r] for col in columns)
+                at = position.get(key)
+                if at is None:
+                    at = position[key] = len(position)
+                rows_at[r] = at
+            index.append(rows_at)
+        keys = list(position)
+        merged = {e: [k[j] for k in keys] for j, e in enumerate(entities)}
+        return merged, index
+
+    def _done(self, batch: list[Any], index: list[np.ndarray] | None,
+              work: ThreadFuture[Result]) -> None:
         self._busy = False
         exc = work.exception()
+        if self._health is not None:
+            self._health(exc)
         if exc is not None:
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+        elif index is None:
+            future = batch[0][2]
+            if not future.done():
+                future.set_result(work.result())
         else:
             feats, missing = work.result()
-            offset = 0
-            for _, rows, future in batch:
-                end = offset + rows
+            for (_, _, future), rows_at in zip(batch, index, strict=True):
                 if not future.done():
-                    future.set_result((feats[offset:end], missing[offset:end]))
-                offset = end
+                    future.set_result((feats[rows_at], missing[rows_at]))
         if self._pending:
             self._launch()

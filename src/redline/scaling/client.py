@@ -1,0 +1,421 @@
+"""``redline.Client`` / ``redline.AsyncClient``: deadlines, safe retries, hedging and failover.
+
+Every call has a budget (``budget_ms``): each attempt is sent with what is left of it (the
+``x-redline-budget-ms`` header, or the gRPC deadline), and no attempt starts once it is spent.
+
+- **Retries** happen only where repeating cannot change anything: a connection that failed or
+  was reset before an answer, a 503 (not ready, store down) or a 429 (overloaded) - and, for a
+  ``/v1`` request that carries a ``session_id`` (it updates session counters), only when the
+  request provably never left (connection refused). A retry goes to the next replica.
+- **Hedging** (Dean and Barroso, "The Tail at Scale"): when an answer has not come back after
+  the client's observed p95, the same request goes to a second replica; the first answer wins
+  and the other is cancelled. Hedges are capped to ``hedge_max_share`` of requests (5%).
+- **Failover**: endpoints (say one per zone) are ranked fastest healthy first
+  (``scaling/endpoints.py``); a failed one is quarantined and re-probed later.
+
+The sync ``Client`` runs the async one on a private event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import orjson
+
+from redline import errors
+from redline.models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
+from redline.scaling.endpoints import Endpoint, EndpointSet
+
+T = TypeVar("T")
+
+_BY_CODE: dict[str, type[errors.RedlineError]] = {}
+
+
+def _error_classes(cls: type[errors.RedlineError]) -> None:
+    for sub in cls.__subclasses__():
+        _BY_CODE.setdefault(sub.code, sub)
+        _error_classes(sub)
+
+
+_error_classes(errors.RedlineError)
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way that another attempt (elsewhere) may fix."""
+
+    def __init__(self, why: str, sent: bool, error: errors.RedlineError | None = None) -> None:
+        super().__init__(why)
+        self.sent = sent  # the request may have reached the server
+        self.error = error
+
+
+@dataclass
+class InferResult:
+    """A V2 answer: outputs by name, which version served it, and how the client got it."""
+
+    outputs: dict[str, np.ndarray]
+    model_version: str
+    endpoint: str
+    attempts: int
+    hedged: bool
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+
+@dataclass
+class ClientStats:
+    requests: int = 0
+    attempts: int = 0
+    retries: int = 0
+    hedges: int = 0
+    hedge_wins: int = 0
+    failovers: int = 0
+
+
+class AsyncClient:
+    """A client for one redline service reachable at one or more endpoints."""
+
+    def __init__(self, endpoints: str | list[str], *, protocol: str = "http",
+                 budget_ms: float = 1000.0, hedge: bool = True, hedge_max_share: float = 0.05,
+                 hedge_min_samples: int = 50, hedge_after_ms: float | None = None,
+                 hedge_quantile: float = 0.95,
+                 max_attempts: int = 3) -> None:
+        if protocol not in ("http", "grpc"):
+            raise errors.InvalidInput(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        addresses = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        self.protocol = protocol
+        self.endpoints = EndpointSet.of(addresses)
+        self.budget_ms = budget_ms
+        self.hedge = hedge and len(addresses) > 1
+        self.hedge_max_share = hedge_max_share
+        self.hedge_min_samples = hedge_min_samples
+        self.hedge_after_ms = hedge_after_ms  # fixed delay instead of the observed p95
+        self.hedge_quantile = hedge_quantile
+        self.max_attempts = max_attempts
+        self.stats = ClientStats()
+        self._recent: deque[float] = deque(maxlen=1000)
+        self._p95_ms: float | None = None
+        self._http: dict[str, Any] = {}
+        self._grpc: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ public calls
+    async def infer(self, model: str, inputs: Mapping[str, Any], *, version: str | None = None,
+                    budget_ms: float | None = None) -> InferResult:
+        """V2 inference: ``inputs`` maps input names to arrays. Idempotent, so hedged."""
+        arrays = {name: np.asarray(v) for name, v in inputs.items()}
+        return await self._call(("v2", model, version, arrays), budget_ms, idempotent=True)
+
+    async def predict(self, model: str, request: Mapping[str, Any], *,
+                      version: str | None = None, budget_ms: float | None = None
+                      ) -> dict[str, Any]:
+        """``/v1`` entity prediction; ``request`` is the JSON body (``entities``, ``request``...).
+
+        With a ``session_id`` the call updates session state, so it is neither hedged nor
+        retried unless the request never left.
+        """
+        idempotent = not request.get("session_id")
+        result: dict[str, Any] = await self._call(("v1", model, version, dict(request)),
+                                                  budget_ms, idempotent=idempotent)
+        return result
+
+    async def close(self) -> None:
+        for client in self._http.values():
+            await client.aclose()
+        for channel, _ in self._grpc.values():
+            await channel.close()
+        self._http.clear()
+        self._grpc.clear()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ the policy
+    async def _call(self, call: tuple[Any, ...], budget_ms: float | None,
+                    idempotent: bool) -> Any:
+        budget_s = (budget_ms if budget_ms is not None else self.budget_ms) / 1000.0
+        deadline = time.monotonic() + budget_s
+        self.stats.requests += 1
+        tried: set[str] = set()
+        last: _Retryable | None = None
+        last_address = ""
+        for attempt in range(1, self.max_attempts + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.0005:
+                break
+            order = [e for e in self.endpoints.ranked() if e.address not in tried] or \
+                self.endpoints.ranked()
+            primary = order[0]
+            if attempt > 1:
+                self.stats.retries += 1
+                if primary.address != last_address:
+                    self.stats.failovers += 1
+            tried.add(primary.address)
+            last_address = primary.address
+            backup = order[1] if len(order) > 1 and idempotent else None
+            try:
+                value, endpoint, hedged = await self._hedged(call, primary, backup, deadline)
+            except _Retryable as exc:
+                last = exc
+                if exc.sent and not idempotent:
+                    break
+                continue
+            if isinstance(value, InferResult):
+                value.endpoint, value.attempts, value.hedged = endpoint.address, attempt, hedged
+            return value
+        if last is not None and last.error is not None:
+            raise last.error
+        if last is None:
+            raise errors.DeadlineExceeded(f"the {budget_s * 1000:.0f} ms budget ran out before "
+                                          "an answer; raise budget_ms")
+        raise errors.DeadlineExceeded(
+            f"no replica answered within the {budget_s * 1000:.0f} ms budget (last: {last}); "
+            f"endpoints: {', '.join(e.address for e in self.endpoints.endpoints)}")
+
+    def _hedge_delay_s(self) -> float | None:
+        if not self.hedge:
+            return None
+        if self.stats.hedges + 1 > self.hedge_max_share * self.stats.requests:
+            return None  # the cap: hedges stay a small share of requests
+        if self.hedge_after_ms is not None:
+            return self.hedge_after_ms / 1000.0
+        if len(self._recent) < self.hedge_min_samples:
+            return None
+        if self._p95_ms is None or self.stats.requests % 50 == 0:
+            ordered = sorted(self._recent)
+            self._p95_ms = ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_quantile))]
+        return self._p95_ms / 1000.0
+
+    async def _hedged(self, call: tuple[Any, ...], primary: Endpoint, backup: Endpoint | None,
+                      deadline: float) -> tuple[Any, Endpoint, bool]:
+        first = asyncio.ensure_future(self._attempt(call, primary, deadline))
+        delay = self._hedge_delay_s() if backup is not None else None
+        if delay is None or backup is None:
+            return await first, primary, False
+        done, _ = await asyncio.wait({first}, timeout=delay)
+        if done:
+            return first.result(), primary, False
+        self.stats.hedges += 1
+        second = asyncio.ensure_future(self._attempt(call, backup, deadline))
+        owner = {first: primary, second: backup}
+        pending = {first, second}
+        failure: _Retryable | None = None
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        if task is second:
+                            self.stats.hedge_wins += 1
+                        return task.result(), owner[task], True
+                    if not isinstance(exc, _Retryable):
+                        raise exc
+                    failure = exc
+            assert failure is not None
+            raise failure
+        finally:
+            for task in pending:
+                task.cancel()  # the loser: its stream or connection is cancelled
+
+    async def _attempt(self, call: tuple[Any, ...], endpoint: Endpoint, deadline: float) -> Any:
+        self.stats.attempts += 1
+        start = time.monotonic()
+        remaining = deadline - start
+        try:
+            if self.protocol == "http":
+                value = await asyncio.wait_for(self._http_call(call, endpoint, remaining),
+                                               remaining)
+            else:
+                value = await self._grpc_call(call, endpoint, remaining)
+        except _Retryable as exc:
+            if not exc.sent or exc.error is None:
+                self.endpoints.failed(endpoint)
+            raise
+        except TimeoutError:
+            raise _Retryable("timed out", sent=True) from None
+        ms = (time.monotonic() - start) * 1000.0
+        endpoint.record_ok(ms)
+        self._recent.append(ms)
+        return value
+
+    # ------------------------------------------------------------------ HTTP
+    async def _http_call(self, call: tuple[Any, ...], endpoint: Endpoint, remaining: float
+                         ) -> Any:
+        import httpx
+
+        api, model, version, payload = call
+        client = self._http.get(endpoint.address)
+        if client is None:
+            base = endpoint.address if "://" in endpoint.address else \
+                f"http://{endpoint.address}"
+            client = self._http[endpoint.address] = httpx.AsyncClient(
+                base_url=base, timeout=None,
+                limits=httpx.Limits(max_keepalive_connections=64, max_connections=256))
+        vpath = f"/versions/{version}" if version else ""
+        headers = {"x-redline-budget-ms": f"{max(1.0, remaining * 1000.0):.0f}",
+                   "content-type": "application/json"}
+        if api == "v2":
+            body = orjson.dumps({"inputs": [
+                {"name": name, "shape": list(a.shape), "datatype": _v2_type(a),
+                 "data": a.ravel().tolist()} for name, a in payload.items()]})
+            url = f"/v2/models/{model}{vpath}/infer"
+        else:
+            body = orjson.dumps(payload)
+            url = f"/v1/models/{model}{vpath}/predict"
+        try:
+            response = await client.post(url, content=body, headers=headers)
+        except httpx.ConnectError as exc:
+            raise _Retryable(f"{endpoint.address}: cannot connect ({exc})", sent=False) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise _Retryable(f"{endpoint.address}: connection lost ({exc})", sent=True) from None
+        doc = orjson.loads(response.content) if response.content else {}
+        if response.status_code != 200:
+            error = _error_from(response.status_code, doc)
+            if response.status_code in (429, 503):
+                raise _Retryable(error.message, sent=True, error=error)
+            raise error
+        if api == "v1":
+            return doc
+        outputs = {o["name"]: np.asarray(o["data"], dtype=V2_TO_NUMPY[o["datatype"]])
+                   .reshape(o["shape"]) for o in doc["outputs"]}
+        return InferResult(outputs, str(doc.get("model_version", "")), endpoint.address, 1,
+                           False)
+
+    # ------------------------------------------------------------------ gRPC
+    async def _grpc_call(self, call: tuple[Any, ...], endpoint: Endpoint, remaining: float
+                         ) -> Any:
+        import grpc
+
+        from redline.serving.proto import grpc_service_pb2 as pb
+        from redline.serving.proto import redline_v1_pb2 as v1pb
+
+        api, model, version, payload = call
+        stubs = self._grpc.get(endpoint.address)
+        if stubs is None:
+            from redline.serving.proto import grpc_service_pb2_grpc as pbg
+            from redline.serving.proto import redline_v1_pb2_grpc as v1g
+
+            channel = grpc.aio.insecure_channel(endpoint.address)
+            stubs = self._grpc[endpoint.address] = (
+                channel, (pbg.GRPCInferenceServiceStub(channel),
+                          v1g.PredictionServiceStub(channel)))
+        v2_stub, v1_stub = stubs[1]
+        try:
+            if api == "v2":
+                req = pb.ModelInferRequest(model_name=model, model_version=version or "")
+                for name, a in payload.items():
+                    req.inputs.add(name=name, datatype=_v2_type(a), shape=list(a.shape))
+                    req.raw_input_contents.append(np.ascontiguousarray(a).tobytes())
+                resp = await v2_stub.ModelInfer(req, timeout=remaining)
+                outputs = {}
+                for i, out in enumerate(resp.outputs):
+                    dtype = V2_TO_NUMPY[out.datatype]
+                    outputs[out.name] = np.frombuffer(resp.raw_output_contents[i], dtype
+                                                      ).reshape(list(out.shape))
+                return InferResult(outputs, resp.model_version, endpoint.address, 1, False)
+            req1 = _v1_request(v1pb, model, version, payload)
+            resp1 = await v1_stub.Predict(req1, timeout=remaining)
+            from google.protobuf import json_format
+
+            return json_format.MessageToDict(resp1, preserving_proto_field_name=True)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                # UNAVAILABLE is both "no connection" and the server's "not ready": both retry.
+                raise _Retryable(f"{endpoint.address}: {exc.details()}", sent=True) from None
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise _Retryable(f"{endpoint.address}: {exc.details()}", sent=True,
+                                 error=errors.Overloaded(exc.details() or "overloaded")) from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _Retryable("timed out", sent=True) from None
+            raise _grpc_error(exc) from None
+
+
+def _v2_type(a: np.ndarray) -> str:
+    try:
+        return NUMPY_TO_V2[a.dtype]
+    except KeyError:
+        raise errors.InvalidInput(f"arrays of dtype {a.dtype} have no V2 datatype") from None
+
+
+def _v1_request(v1pb: Any, model: str, version: str | None, doc: dict[str, Any]) -> Any:
+    req = v1pb.PredictRequest(model_name=model, model_version=version or "",
+                              session_id=doc.get("session_id") or "",
+                              request_id=doc.get("request_id") or "",
+                              batch="instances" in doc)
+    for row in doc.get("instances") or [doc]:
+        inst = req.instances.add()
+        inst.entities.update({k: str(v) for k, v in (row.get("entities") or {}).items()})
+        for key, value in (row.get("request") or {}).items():
+            if value is None:
+                inst.null_fields.append(key)
+            else:
+                inst.request[key] = float(value)
+    return req
+
+
+def _error_from(status: int, doc: dict[str, Any]) -> errors.RedlineError:
+    message = str(doc.get("error") or f"HTTP {status}")
+    cls = _BY_CODE.get(str(doc.get("code")), errors.RedlineError)
+    return cls(message)
+
+
+def _grpc_error(exc: Any) -> errors.RedlineError:
+    name = exc.code().name
+    for cls in _BY_CODE.values():
+        if cls.grpc_status == name and cls.__bases__[0] is errors.RedlineError:
+            return cls(exc.details() or name)
+    return errors.RedlineError(exc.details() or name)
+
+
+class Client:
+    """The blocking face of :class:`AsyncClient` (same arguments), safe to share across threads."""
+
+    def __init__(self, endpoints: str | list[str], **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="redline-client")
+        self._thread.start()
+        self._async = AsyncClient(endpoints, **options)
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._async.stats
+
+    @property
+    def endpoints(self) -> EndpointSet:
+        return self._async.endpoints
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def infer(self, model: str, inputs: Mapping[str, Any], **kw: Any) -> InferResult:
+        return self._run(self._async.infer(model, inputs, **kw))
+
+    def predict(self, model: str, request: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+        return self._run(self._async.predict(model, request, **kw))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                self._run(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

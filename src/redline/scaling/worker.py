@@ -1,0 +1,63 @@
+"""One worker process of ``redline serve --workers N`` (started by ``scaling/workers.py``).
+
+It rebuilds the settings exactly as the command did (same file, same options, same environment),
+takes the shared HTTP socket by descriptor, binds gRPC with SO_REUSEPORT, and serves until
+SIGTERM, then drains like a single server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+
+from redline.errors import RedlineError
+
+
+async def _serve(server: object, board: object, slot: int) -> None:
+    from redline.scaling.loadmeter import LoadBoard
+    from redline.serving.server import RedlineServer
+
+    assert isinstance(server, RedlineServer) and isinstance(board, LoadBoard)
+    task = asyncio.get_running_loop().create_task(server.serve())
+    started = asyncio.ensure_future(server.started.wait())
+    await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+    if server.started.is_set():
+        board.write(slot, 0, 0, 0, os.getpid())  # up: the supervisor may count on this worker
+    await task
+
+
+def main() -> None:
+    spec = json.loads(os.environ["REDLINE_WORKER"])
+    logging.basicConfig(level=spec.get("log_level", "info").upper(),
+                        format=f"%(asctime)s %(levelname)s [worker {spec['slot']}] %(message)s")
+    try:
+        from redline.commands.serve import apply_serve_options, preload_store
+        from redline.config import load_settings
+        from redline.scaling.loadmeter import LoadBoard, LoadMeter
+        from redline.serving.server import RedlineServer
+
+        settings = load_settings(spec.get("config"))
+        apply_serve_options(settings, **spec.get("options", {}))
+        settings.server.http_port = spec["http_port"]
+        if spec.get("grpc_port") is not None:
+            settings.server.grpc_port = spec["grpc_port"]
+        server = RedlineServer(settings)
+        server.http_socket = socket.socket(fileno=spec["http_fd"])
+        board = LoadBoard(spec["board_fd"])
+        server.asgi = LoadMeter(server.app, board, spec["slot"])
+        if settings.features.preload:
+            preload_store(server, settings.features.preload)
+        import uvloop
+
+        uvloop.run(_serve(server, board, spec["slot"]))
+    except RedlineError as exc:
+        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The feature read of a ``/v1`` request: near cache, circuit breaker, coalesced budget-bound fetch.
+
+The model's online features for every row come in ONE store round trip (the route's reader
+covers every view the model, and its fallback, was trained on). A hot entity may come from the
+near cache. If the store is slow or down the circuit breaker opens, so later requests skip it at
+no cost, and rows come from the near cache (bounded staleness) or the features' declared
+defaults; the answer says ``degraded`` and why.
+
+What counts against the store's health is the outcome of store calls only (``fetcher.py``): a
+request that stops waiting because its own budget ran out degrades alone, and a client's invalid
+input is a 400 that never reaches the breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from redline.errors import InvalidInput
+from redline.serving.deadline import Budget
+from redline.serving.predict.breaker import CircuitBreaker
+from redline.serving.predict.cache import FeatureNearCache
+from redline.serving.predict.fetcher import FeatureFetcher, Result
+from redline.serving.predict.plan import Route
+
+
+class StoreSlow(Exception):
+    """The store did not answer within what the request's budget allowed (seconds in args)."""
+
+
+class FeatureRead:
+    """Reads a route's features for a request; owns the worker thread and per-route fetchers."""
+
+    def __init__(self, breaker: CircuitBreaker, near: FeatureNearCache, remote: bool) -> None:
+        self.breaker = breaker
+        self.near = near
+        # Remote stores are read on one worker thread, coalesced; the embedded one inline.
+        self._executor = (ThreadPoolExecutor(1, thread_name_prefix="redline-features")
+                          if remote else None)
+        self._fetchers: dict[int, FeatureFetcher] = {}
+
+    def fetcher(self, route: Route) -> FeatureFetcher | None:
+        if route.reader is None or self._executor is None:
+            return None
+        fetcher = self._fetchers.get(id(route))
+        if fetcher is None:
+            fetcher = self._fetchers[id(route)] = FeatureFetcher(
+                route.reader.read, self._executor, route.entity_names, self.store_call_ended)
+        return fetcher
+
+    def forget(self, route: Route) -> None:
+        self._fetchers.pop(id(route), None)
+
+    def store_call_ended(self, exc: BaseException | None) -> None:
+        """The breaker's one input: how a store call ended (not how long a waiter waited)."""
+        if exc is None:
+            self.breaker.success()
+        elif not isinstance(exc, InvalidInput):  # a client's bad input says nothing of health
+            self.breaker.failure()
+
+    async def read(self, route: Route, ids: dict[str, list[str]], n: int, budget: Budget,
+                   reserve_s: float, reasons: list[str]) -> Result:
+        """(n × features float32 in the route's column order, bool mask of missing entities)."""
+        reader = route.reader
+        if reader is None:
+            return np.zeros((n, 0), np.float32), np.zeros(n, bool)
+        near = self.near if self.near.enabled else None
+        keys = [(route.cache_key, *(ids[e][r] for e in route.entity_names)) for r in range(n)]
+        if near is not None:
+            hits = [near.get(k) for k in keys]
+            if all(h is not None for h in hits):
+                return (np.stack([h[1] for h in hits]),  # type: ignore[index]
+                        np.array([h[2] for h in hits], dtype=bool))  # type: ignore[index]
+        if self.breaker.allow():
+            fetcher = self.fetcher(route)
+            try:
+                if fetcher is None:
+                    try:
+                        feats, missing = reader.read(ids)  # the embedded store: inline
+                    except InvalidInput:
+                        self.breaker.success()  # the store answered; the input was wrong
+                        raise
+                    except Exception as exc:
+                        self.store_call_ended(exc)
+                        raise
+                    self.store_call_ended(None)
+                else:
+                    feats, missing = await _fetch(fetcher, ids, n, budget, reserve_s)
+            except InvalidInput:
+                raise
+            except StoreSlow as exc:
+                reason = f"feature store slow (no answer within {exc.args[0] * 1e3:.1f} ms)"
+            except Exception as exc:  # noqa: BLE001 - any store failure degrades, never a 500
+                reason = f"feature store unavailable ({type(exc).__name__})"
+            else:
+                if near is not None:
+                    for r in range(n):
+                        near.put(keys[r], feats[r], bool(missing[r]))
+                return feats, missing
+        else:
+            reason = "feature store circuit open"
+        return self._degraded(route, keys, n, near, reason, reasons)
+
+    @staticmethod
+    def _degraded(route: Route, keys: list[Any], n: int, near: FeatureNearCache | None,
+                  reason: str, reasons: list[str]) -> Result:
+        """Near cache within the fallback staleness, else declared defaults."""
+        feats = np.tile(route.defaults, (n, 1))
+        missing = np.zeros(n, dtype=bool)
+        from_cache = 0
+        oldest = 0.0
+        for r in range(n):
+            hit = near.get(keys[r], fallback=True) if near is not None else None
+            if hit is not None:
+                oldest = max(oldest, hit[0])
+                feats[r] = hit[1]
+                missing[r] = hit[2]
+                from_cache += 1
+        if from_cache == n:
+            reasons.append(f"{reason}: features from near cache, up to {oldest * 1e3:.0f} ms old")
+        elif from_cache:
+            reasons.append(f"{reason}: {from_cache} of {n} rows from near cache, the rest from "
+                           "declared defaults")
+        else:
+            reasons.append(f"{reason}: features are the declared defaults")
+        return feats, missing
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+
+async def _fetch(fetcher: FeatureFetcher, ids: dict[str, list[str]], n: int, budget: Budget,
+                 reserve_s: float) -> Result:
+    """The coalesced read, waited for no longer than the budget leaves after the model."""
+    # The model's recent p99 plus ~1 ms for assembly and the answer; the budget adds the timer
+    # resolution, so a cut-short wait still answers by the deadline.
+    wait = budget.wait_for(reserve_s + 0.001)
+    future = fetcher.read(ids, n)
+    timer = asyncio.get_running_loop().call_later(wait, _expire, future, wait)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Any], wait: float) -> None:
+    if not future.done():
+        future.set_exception(StoreSlow(wait))

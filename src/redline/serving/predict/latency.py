@@ -1,0 +1,72 @@
+"""A model's recent p99 run time, the estimate the budget-aware fallback steers by.
+
+Why it ages by time and probes: an estimate that is updated only when the primary runs can latch.
+A burst of large batches once pushed a model's p99 past its SLO; from then on every request took
+the cheaper path, the model never ran again, and the p99 never fell (74 of 74 requests on the
+default answer over 15 s on an idle server). Here samples older than ``window_s`` are forgotten,
+so the estimate falls back to "unknown" (run the primary) by itself, and while it says the model
+cannot fit and the primary has not run for ``probe_interval_s``, the next request runs the
+primary anyway, so a recovered model is noticed within a probe or two. At most
+``1 / probe_interval_s`` requests a second are probes, and none while the primary runs anyway.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from redline.serving.deadline import now
+
+
+class LatencyWindow:
+    """p99 over the last ``size`` runs that are younger than ``window_s``; see the module doc."""
+
+    __slots__ = ("samples", "p99", "window_s", "probe_interval_s", "probes", "_since",
+                 "_last_probe", "_clock")
+
+    def __init__(self, size: int, window_s: float = 10.0, probe_interval_s: float = 0.1,
+                 clock: Callable[[], float] = now) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=max(16, size))  # (at, seconds)
+        self.p99 = 0.0
+        self.window_s = window_s
+        self.probe_interval_s = probe_interval_s
+        self.probes = 0  # requests that ran the primary against the estimate
+        self._since = 0
+        self._last_probe = -1e18
+        self._clock = clock
+
+    def add(self, seconds: float) -> None:
+        t = self._clock()
+        self.samples.append((t, seconds))
+        self._last_probe = t  # a run just measured the model: no probe is due
+        self._since += 1
+        if self._since >= 16 or len(self.samples) < 16:
+            self._recompute()
+
+    def estimate(self) -> float:
+        """The current p99 in seconds (0 when there is no recent run): old samples drop out."""
+        samples = self.samples
+        if samples and samples[0][0] < self._clock() - self.window_s:
+            self._recompute()
+        return self.p99
+
+    def probe(self) -> bool:
+        """Whether this request should run the primary although the estimate says it won't fit:
+        true when the primary has not run (nor been probed) for ``probe_interval_s``."""
+        t = self._clock()
+        if t - self._last_probe < self.probe_interval_s:
+            return False
+        self._last_probe = t
+        self.probes += 1
+        return True
+
+    def _recompute(self) -> None:
+        self._since = 0
+        samples = self.samples
+        horizon = self._clock() - self.window_s
+        while samples and samples[0][0] < horizon:
+            samples.popleft()
+        self.p99 = (float(np.percentile(np.fromiter((s for _, s in samples), float), 99))
+                    if samples else 0.0)

@@ -1,0 +1,141 @@
+"""``redline.Client``: V2 and /v1 over HTTP and gRPC, budgets, hedging, failover under SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import redline
+from benchmarks.scaling.straggler import StragglerProxy
+from redline.errors import DeadlineExceeded, ModelNotFound
+from tests.conftest import free_port
+from tests.scaling.procs import Serve
+
+X = {"x": np.array([[1, 2, 3, 4]], np.float32)}
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Two single-worker replicas (two "zones"), started together."""
+    servers = [Serve(tmp_path_factory.mktemp(f"zone{i}"), "--workers", "1") for i in range(2)]
+    try:
+        yield [s.wait_ready() for s in servers]
+    finally:
+        for s in servers:
+            s.kill()
+
+
+def test_v2_over_http_and_grpc_sync_and_async(replicas) -> None:  # type: ignore[no-untyped-def]
+    a = replicas[0]
+    with redline.Client(a.url) as client:
+        result = client.infer("affine", X)
+        assert result["y"].tolist() == [[2, 4, 6, 8]] and result.model_version == "1"
+        with pytest.raises(ModelNotFound):
+            client.infer("nope", X)
+    with redline.Client(a.grpc, protocol="grpc") as client:
+        assert client.infer("affine", X)["s"].tolist() == [10.0]
+
+    async def go() -> list[float]:
+        async with redline.AsyncClient([a.url, replicas[1].url]) as client:
+            out = await client.infer("affine", X, budget_ms=2000)
+            return out["s"].tolist()
+
+    import asyncio
+
+    assert asyncio.run(go()) == [10.0]
+
+
+def test_budget_bounds_every_call(tmp_path: Path) -> None:
+    """A replica that never answers: the call ends when its budget does, with a clear error."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts (in the kernel) and never answers
+    with redline.Client(f"127.0.0.1:{silent.getsockname()[1]}", budget_ms=150) as client:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="150 ms budget"):
+            client.infer("affine", X)
+        assert time.monotonic() - start < 1.0
+    silent.close()
+    # Nothing listens: refused at once, retried within the budget, then a clear error.
+    with redline.Client(f"127.0.0.1:{free_port()}", budget_ms=200) as client:
+        with pytest.raises(DeadlineExceeded, match="no replica answered"):
+            client.infer("affine", X)
+        assert client.stats.retries >= 1
+
+
+def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: ignore[no-untyped-def]
+    """Both replicas answer 3% of calls a full second late; hedges after the p95 rescue them."""
+    proxies = [StragglerProxy(s.http_port, share=0.03, delay_s=1.0, seed=i).start()
+               for i, s in enumerate(replicas)]
+    try:
+        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=0.1,
+                                hedge_min_samples=30, budget_ms=5000)
+        waited = []
+        for _ in range(400):
+            start = time.monotonic()
+            assert client.infer("affine", X)["s"].tolist() == [10.0]
+            waited.append(time.monotonic() - start)
+        stats = client.stats
+        client.close()
+    finally:
+        for p in proxies:
+            p.stop()
+    assert sum(p.delayed for p in proxies) >= 5
+    assert stats.hedge_wins >= 1
+    assert stats.hedges <= 0.1 * stats.requests + 1
+    # Calls before the client had 30 samples to take a p95 from may wait out a straggler; after
+    # that a straggler is hedged (only both replicas straggling at once, ~0.1%, still waits).
+    late = [w for w in waited[40:] if w >= 1.0]
+    assert len(late) <= 1, (late, stats)
+
+
+def test_failover_when_the_used_replica_is_killed(tmp_path: Path) -> None:
+    """Steady load through one client; SIGKILL the replica it prefers: zero failed calls."""
+    for i in range(2):
+        (tmp_path / f"r{i}").mkdir()
+    servers = [Serve(tmp_path / f"r{i}", "--workers", "1") for i in range(2)]
+    try:
+        for s in servers:
+            s.wait_ready()
+        client = redline.Client([s.url for s in servers], budget_ms=3000, hedge=False)
+        failures: list[str] = []
+        ok = [0]
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                try:
+                    client.infer("affine", X)
+                    ok[0] += 1
+                except Exception as exc:  # noqa: BLE001 - every failure is the test's business
+                    failures.append(repr(exc))
+                time.sleep(0.002)
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        used = client.endpoints.ranked()[0].address
+        victim = next(s for s in servers if s.url == used)
+        # The replica's process tree: its supervisor and its worker.
+        for pid in [*victim.children(), victim.proc.pid]:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        stats = client.stats
+        client.close()
+    finally:
+        for s in servers:
+            s.kill()
+    assert failures == [], failures[:5]
+    assert ok[0] > 100 and stats.failovers >= 1

@@ -1,0 +1,113 @@
+"""``redline serve --workers``: shared ports, supervision, chaos under load, drain, refusals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from redline.config import Settings
+from redline.errors import ConfigError
+from redline.scaling.workers import resolve_workers
+from redline.serving.proto import grpc_service_pb2 as pb
+from redline.serving.proto import grpc_service_pb2_grpc as pbg
+from tests.scaling.procs import Serve, SteadyLoad
+
+
+def grpc_infer(target: str) -> list[float]:
+    req = pb.ModelInferRequest(model_name="affine")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    with grpc.insecure_channel(target) as channel:
+        resp = pbg.GRPCInferenceServiceStub(channel).ModelInfer(req, timeout=10)
+    return np.frombuffer(resp.raw_output_contents[0], np.float32).tolist()
+
+
+def test_sigkill_a_worker_under_load_fails_no_request(tmp_path: Path) -> None:
+    """Two workers, steady load; SIGKILL one: restarted at once, zero failed requests."""
+    serve = Serve(tmp_path, "--workers", "2").wait_ready()
+    try:
+        first = serve.wait_children(2)
+        # Both transports answer on the shared ports.
+        assert grpc_infer(serve.grpc) == [0.0, 2.0, 4.0, 6.0]
+        with SteadyLoad(serve.url, threads=4, seconds=15) as load:
+            time.sleep(0.8)
+            before = load.result.ok
+            os.kill(first[0], signal.SIGKILL)
+            # Restarted at once: a new pid in the dead one's place while load goes on.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                kids = serve.children()
+                if len(kids) == 2 and first[0] not in kids:
+                    break
+                time.sleep(0.05)
+            assert first[0] not in serve.children() and len(serve.children()) == 2
+            time.sleep(1.0)
+            result = load.stop()
+        assert result.failed == 0, result.errors[:5]
+        assert result.ok > before > 0
+        assert "died with signal SIGKILL; restarting in 0.0s" in serve.log.read_text()
+        assert grpc_infer(serve.grpc)[1] == 2.0
+        # Crash loop: the same slot dying again within the window waits a back-off first.
+        for _ in range(2):
+            kids = serve.wait_children(2)
+            os.kill(max(kids), signal.SIGKILL)  # the newest worker: the restarted slot
+            time.sleep(0.3)
+        assert "restarting in 0.5s" in serve.log.read_text()
+    finally:
+        code = serve.stop()
+    assert code == 0
+    log = serve.log.read_text()
+    assert "redline workers stopped" in log
+
+
+def test_sigterm_drains_every_worker(tmp_path: Path) -> None:
+    serve = Serve(tmp_path, "--workers", "2").wait_ready()
+    serve.wait_children(2)
+    # Both workers are up (each logged its start) before the drain.
+    deadline = time.monotonic() + 30
+    while serve.log.read_text().count("redline serving") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert serve.stop() == 0
+    log = serve.log.read_text()
+    assert log.count("stopped after draining") == 2, log[-2000:]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{serve.url}/v2/health/live", timeout=1)
+
+
+def test_memory_store_with_several_workers_is_refused(tmp_path: Path) -> None:
+    settings = Settings()
+    settings.features.definitions = "defs.py"
+    with pytest.raises(ConfigError, match="features.store: redis"):
+        resolve_workers(settings, 2)
+    assert resolve_workers(settings, 0) == 1  # one per core would diverge: auto means one
+    assert resolve_workers(settings, 1) == 1
+    settings.features.store = "redis"
+    assert resolve_workers(settings, 0) == (os.cpu_count() or 1)
+    assert resolve_workers(Settings(), 3) == 3
+    done = subprocess.run(
+        [sys.executable, "-m", "redline.cli", "serve", "--workers", "2", "--definitions",
+         str(tmp_path / "defs.py"), "--repository", str(tmp_path / "repo")],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "error [config_invalid]" in done.stderr and "features.store: redis" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
+    """A user error met inside every worker is reported once and stops it all, not looped."""
+    serve = Serve(tmp_path, "--workers", "2", "--redis-url", "redis://127.0.0.1:1/0",
+                  "--definitions", str(tmp_path / "missing.py"))
+    code = serve.proc.wait(60)
+    serve.kill()
+    log = serve.log.read_text()
+    assert code == 2, log[-2000:]
+    assert "error [" in log and "Traceback" not in log
