@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from redline.monitoring.drift import DriftMonitor
 from redline.monitoring.quality import QualityMonitor
 from redline.monitoring.review import ReviewQueue
-from redline.serving.stages import RequestRecord
+
+if TYPE_CHECKING:
+    from redline.serving.stages import RequestRecord
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
 

@@ -186,9 +186,12 @@ class ModelHandle:
                 return outputs
             return await batcher.submit(inputs, rows, deadline, priority)
         t0 = perf_ns()
-        outputs = batcher.run_now(inputs, rows)
+        keep = record.model == self.name  # inputs and outputs for drift and quality (not a
+        outputs = batcher.run_now(inputs, rows)  # fallback model's)
         if outputs is not None:
             record.add(INFERENCE, t0, perf_ns())
+            if keep:
+                record.inputs, record.outputs = inputs, outputs
             return outputs
         outputs = await batcher.submit(inputs, rows, deadline, priority)
         t1 = perf_ns()
@@ -196,6 +199,8 @@ class ModelHandle:
         ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
         record.add(QUEUE, t0, ran)
         record.add(INFERENCE, ran, t1)
+        if keep:
+            record.inputs, record.outputs = inputs, outputs
         return outputs
 
     def check_outputs(self, names: list[str]) -> None:

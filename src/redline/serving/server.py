@@ -63,6 +63,15 @@ class RedlineServer:
         self.pipeline = build_pipeline(self.registry, settings)
         V1Rest(self.pipeline, self.app).install(self.app)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
+        # Metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
+        self.monitor: Any = None
+        if settings.monitoring.enabled:
+            from redline.monitoring import ServerMonitor
+
+            self.monitor = ServerMonitor(settings, self.registry, self.pipeline)
+            for observer in self.monitor.observers():
+                self.observers.add(observer)
+            self.monitor.install(self.app)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -125,8 +134,11 @@ class RedlineServer:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
         log.warning("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
                     server.host, self.http_port, self.grpc_port)
+        ticker = loop.create_task(self.monitor.run()) if self.monitor is not None else None
         self.started.set()
         await self._stop.wait()
+        if ticker is not None:
+            ticker.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
         self.app.draining = self.servicer.draining = True
         if watcher is not None:
@@ -138,6 +150,8 @@ class RedlineServer:
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         self.pipeline.close()
+        if self.monitor is not None:
+            self.monitor.close()
         log.warning("redline stopped after draining")
 
     def stop(self) -> None:
