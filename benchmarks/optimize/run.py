@@ -77,9 +77,9 @@ def main_(argv: list[str] | None = None) -> None:
                   "--rounds", str(args.rounds), "--max-seconds", str(args.max_seconds),
                   "--batch-size", "32", "--no-register"]
         _cli(["optimize", "mlp", *common, "--techniques", "graph,quantize,prune,magnitude,distill",
-              "--json", str(out / "mlp.json"), "--markdown", str(out / "mlp.md")])
+              "--json-out", str(out / "mlp.json"), "--markdown", str(out / "mlp.md")])
         _cli(["optimize", "forest", *common, "--techniques", "graph,trees,distill",
-              "--json", str(out / "forest.json"), "--markdown", str(out / "forest.md")])
+              "--json-out", str(out / "forest.json"), "--markdown", str(out / "forest.md")])
     mlp_report = json.loads((out / "mlp.json").read_text())
     forest_report = json.loads((out / "forest.json").read_text())
     print("\n== targets ==")

@@ -1,7 +1,13 @@
 """Train a digits MLP and register it: the "training job" of the example CI workflow.
 
-Replace this with your own training; what the workflow needs is a registered model version,
-validation rows (val.npz) and tuning rows (train.npz).
+Replace this with your own training. What the workflow needs from it: a registered model
+version and three disjoint row sets, cut the same way on every branch (a fixed shuffle):
+
+- ``train.npz``: what the model is trained on; ``redline optimize`` also fits on it
+  (calibration, fine-tuning, distillation) through ``--train-data``;
+- ``val.npz``: ``redline optimize --data``: the rows it chooses a candidate on and reports on;
+- ``gate.npz``: held out for ``redline gate`` — rows that neither trained the model nor chose
+  the optimized candidate, so the gate's verdict is not the optimizer grading itself.
 
     python deploy/ci/train.py --repository .redline/models --data-dir ci-data [--promote]
 """
@@ -14,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+TRAIN_ROWS, VAL_ROWS = 1000, 400  # the rest (397 of 1,797) is the gate's
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -21,7 +29,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default="ci-data")
     parser.add_argument("--model", default="digits")
     parser.add_argument("--hidden", default="256,128", help="hidden layer sizes")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-iter", type=int, default=60, help="training epochs")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (not the split)")
     parser.add_argument("--promote", action="store_true", help="make it the production version")
     args = parser.parse_args()
 
@@ -32,21 +41,24 @@ def main() -> None:
 
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
-    order = np.random.default_rng(0).permutation(len(x))  # fixed split across runs
+    order = np.random.default_rng(0).permutation(len(x))  # fixed split across runs and branches
     x, y = x[order], y[order]
-    x_train, y_train, x_val, y_val = x[:1200], y[:1200], x[1200:], y[1200:]
+    cut = TRAIN_ROWS + VAL_ROWS
     data = Path(args.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    np.savez(data / "train.npz", X=x_train, y=y_train)
-    np.savez(data / "val.npz", X=x_val, y=y_val)
+    np.savez(data / "train.npz", X=x[:TRAIN_ROWS], y=y[:TRAIN_ROWS])
+    np.savez(data / "val.npz", X=x[TRAIN_ROWS:cut], y=y[TRAIN_ROWS:cut])
+    np.savez(data / "gate.npz", X=x[cut:], y=y[cut:])
 
     hidden = tuple(int(h) for h in args.hidden.split(","))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = MLPClassifier(hidden, max_iter=60, random_state=args.seed).fit(x_train, y_train)
+        model = MLPClassifier(hidden, max_iter=args.max_iter, random_state=args.seed).fit(
+            x[:TRAIN_ROWS], y[:TRAIN_ROWS])
     repo = ModelRepository(args.repository)
-    meta = repo.add_estimator(args.model, model, x_train[:256],
-                              metrics={"accuracy": float(model.score(x_val, y_val))})
+    meta = repo.add_estimator(args.model, model, x[:256],
+                              metrics={"accuracy": float(model.score(x[TRAIN_ROWS:cut],
+                                                                     y[TRAIN_ROWS:cut]))})
     if args.promote:
         repo.promote(args.model, meta.version)
     print(f"registered {args.model} version {meta.version} "

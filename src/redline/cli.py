@@ -47,6 +47,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "ingest",
         "Ingest events into the online store (Redis Streams, HTTP push, file replay).",
     ),
+    "rollout": (
+        "redline.commands.rollout",
+        "rollout",
+        "Canary and shadow rollouts of a candidate version, with automatic rollback.",
+    ),
     "optimize": (
         "redline.commands.optimize",
         "optimize",

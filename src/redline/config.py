@@ -75,6 +75,18 @@ class ModelSettings:
 
 
 @dataclass
+class OptimizeSettings:
+    """Defaults of ``redline optimize`` (each also a command-line option)."""
+
+    tolerance: float = 0.01  # largest relative metric loss, by the worse end of the 95% interval
+    guard_tolerance: float = 0.10  # largest relative loss in the guard metric (log loss)
+    calibration_rows: int = 512  # rows that calibrate static int8 activation ranges
+    passes: int = 5  # interleaved latency passes, one session alive at a time
+    rounds: int = 300  # timed calls per candidate and batch size
+    bootstrap: int = 500  # bootstrap resamples behind every interval
+
+
+@dataclass
 class ServerSettings:
     host: str = "127.0.0.1"
     http_port: int = 8000
@@ -114,7 +126,8 @@ class ScalingSettings:
     queue_low: float = 0.5  # ... and below which a worker may go
     scale_up_cooldown_s: float = 5.0
     scale_down_cooldown_s: float = 30.0
-    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+    # canary/shadow rollouts every server follows (default: rollout.json in the project folder)
+    rollout_file: str | None = field(default=None, metadata={"path": True})
 
 
 @dataclass
@@ -150,6 +163,12 @@ class FeatureSettings:
     ingest_batch: int = 1000  # events per atomic write
     claim_idle_ms: int = 30000  # pending entries idle this long are claimed from dead consumers
     http_port: int = 8010  # `redline ingest http` (POST /v1/events)
+    # `redline ingest kafka` (redline[kafka]): messages keyed by entity id, JSON values
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_topic: str = "redline-events"
+    kafka_group: str = "redline-ingest"
+    # any librdkafka setting, e.g. security.protocol, sasl.mechanism, sasl.username, ssl.ca.location
+    kafka_config: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,6 +217,7 @@ class Settings:
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     scaling: ScalingSettings = field(default_factory=ScalingSettings)
+    optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
     source: str | None = None  # the file these settings came from, if any
 
     def for_model(self, name: str) -> ModelSettings:

@@ -36,12 +36,16 @@ def test_optimize_a_regressor_by_rmse(onnx_of):
     for result in report.results:
         assert set(result.metrics) == {"rmse"} and result.metrics["rmse"] > 0
         rel = (result.metrics["rmse"] - original.metrics["rmse"]) / original.metrics["rmse"]
-        assert result.metric_loss == pytest.approx(rel)
-        assert result.within_tolerance == (rel <= 0.05)
+        assert result.metric_loss == pytest.approx(rel)  # evaluation rows
+        low, high = result.intervals["rmse"].low, result.intervals["rmse"].high
+        assert low <= result.metrics["rmse"] <= high
+        # within tolerance is decided on the choice rows, by the interval's worse end
+        assert result.within_tolerance == (result.choice.interval.high <= 0.05)
+        assert result.choice.interval.low <= result.choice.loss <= result.choice.interval.high
     student = report.result("distill-mlp-32")
     outputs = [o.name for o in onnx.load_from_string(student.candidate.onnx_bytes).graph.output]
     assert outputs == ["variable"]
-    assert student.within_tolerance, student.metrics
+    assert report.rows == {"fit": 200, "choice": 121, "evaluation": 121}
 
 
 def test_metrics_match_their_definitions():
@@ -65,8 +69,8 @@ def test_metrics_match_their_definitions():
 def test_options_are_checked():
     with pytest.raises(InvalidInput, match="unknown technique"):
         OptimizeOptions(techniques=["quantise"])
-    with pytest.raises(InvalidInput, match="tuning share"):
-        OptimizeOptions(tune_share=1.0)
+    with pytest.raises(InvalidInput, match="fit and choice shares"):
+        OptimizeOptions(fit_share=0.5, choice_share=0.5)
 
 
 def test_optimize_a_pytorch_model_keeps_its_signature(digits):

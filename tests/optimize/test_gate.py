@@ -49,9 +49,24 @@ def test_good_candidate_passes_with_reports(gated, digits_npz, tmp_path, capsys)
     assert "[FAIL]" not in out and "[ok] candidate accuracy" in out
     assert "✅ redline gate passed" in md.read_text()
     suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite is not None and suite.get("failures") == "0" and suite.get("tests") == "4"
+    assert suite is not None and suite.get("failures") == "0" and suite.get("tests") == "5"
     assert {c.get("name") for c in suite.iter("testcase")} == {
-        "p99_budget", "slowdown", "accuracy", "disagreement"}
+        "signature", "p99_budget", "slowdown", "accuracy", "disagreement"}
+
+
+def test_junit_counts_skipped_cases_in_tests(gated, digits_npz, tmp_path, capsys):
+    junit = tmp_path / "gate.xml"
+    code, _, err = _gate(gated, digits_npz, capsys, "--candidate", "2", *RELAXED,
+                         "--junit", junit)  # no --p99-ms, no --max-accuracy-drop: 2 skipped
+    assert code == 0, err
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    cases = list(suite.iter("testcase"))
+    skipped = [c for c in cases if c.find("skipped") is not None]
+    assert len(cases) == 5 and len(skipped) == 2
+    assert suite.get("tests") == "5" and suite.get("skipped") == "2"
+    assert root.get("tests") == "5"
 
 
 def test_p99_over_budget_fails_with_exit_10(gated, digits_npz, tmp_path, capsys):

@@ -11,36 +11,55 @@ import numpy as np
 from redline.optimize import ModelRunner, measure_latency
 
 
-def test_interleaved_latency_is_fair_and_bounded(digits, digits_mlp, digits_forest, onnx_of):
-    runners = {
-        "mlp": ModelRunner(onnx_of(digits_mlp, digits.x_train), task="classification",
-                           class_labels=list(range(10))),
-        "forest": ModelRunner(onnx_of(digits_forest, digits.x_train), task="classification",
-                              class_labels=list(range(10))),
-    }
-    calls = {name: 0 for name in runners}
-    for name, runner in runners.items():  # count the timed calls each model gets
-        inner = runner.run_feed
+def test_one_session_alive_at_a_time_in_interleaved_passes(digits, digits_mlp, digits_forest,
+                                                            onnx_of):
+    import gc
+    import weakref
 
-        def counted(feed, _inner=inner, _name=name):
-            calls[_name] += 1
-            return _inner(feed)
+    models = {"mlp": onnx_of(digits_mlp, digits.x_train),
+              "forest": onnx_of(digits_forest, digits.x_train)}
+    alive: set[int] = set()
+    most_alive = 0
+    built: list[str] = []
+    calls = {name: 0 for name in models}
 
-        runner.run_feed = counted  # type: ignore[method-assign]
-    result = measure_latency(runners, digits.x_val, [1, 8], rounds=60, warmup=5)
-    for name in runners:
+    def factory(name):
+        def build():
+            nonlocal most_alive
+            gc.collect()  # a released session must really be gone before the next one exists
+            runner = ModelRunner(models[name], task="classification",
+                                 class_labels=list(range(10)))
+            alive.add(id(runner))
+            most_alive = max(most_alive, len(alive))
+            weakref.finalize(runner, alive.discard, id(runner))
+            built.append(name)
+            inner = runner.run_feed
+
+            def counted(feed):
+                calls[name] += 1
+                return inner(feed)
+
+            runner.run_feed = counted  # type: ignore[method-assign]
+            return runner
+        return build
+
+    result = measure_latency({n: factory(n) for n in models}, digits.x_val, [1, 8], rounds=60,
+                             passes=3, warmup=5)
+    assert most_alive == 1
+    assert built == ["mlp", "forest", "forest", "mlp", "mlp", "forest"]  # rotating order
+    for name in models:
         assert set(result[name]) == {1, 8}
         for size, lat in result[name].items():
             assert lat.samples_us.size == 60 and lat.batch_size == size
             assert 0 < lat.p50_us <= lat.p99_us
-        assert calls[name] == 2 * (60 + 5)  # both batch sizes, same rounds for both models
+        assert calls[name] == 3 * 2 * (20 + 5)  # 3 passes x 2 batch sizes x (timed + warm-up)
     # a forest of 60 trees costs more per row than a 64-unit MLP, in the same run
     assert result["forest"][8].per_row_us > result["mlp"][8].per_row_us
 
-    stopped = measure_latency(runners, digits.x_val, [1], rounds=100_000, warmup=1,
-                              max_seconds=0.05)
-    counts = {stopped[name][1].samples_us.size for name in runners}
-    assert len(counts) == 1 and 20 <= counts.pop() < 100_000
+    stopped = measure_latency({n: factory(n) for n in models}, digits.x_val, [1],
+                              rounds=100_000, passes=1000, warmup=1, max_seconds=0.05)
+    counts = {stopped[name][1].samples_us.size for name in models}
+    assert len(counts) == 1 and 2 * 100 <= counts.pop() < 100_000
 
 
 def test_batches_use_real_rows(digits, digits_mlp, onnx_of):
@@ -54,7 +73,7 @@ def test_batches_use_real_rows(digits, digits_mlp, onnx_of):
         return original(feed)
 
     runner.run_feed = spy  # type: ignore[method-assign]
-    measure_latency({"m": runner}, digits.x_val[:10], [4], rounds=3, warmup=0)
+    measure_latency({"m": runner}, digits.x_val[:10], [4], rounds=3, passes=1, warmup=0)
     assert all(batch.shape == (4, 64) for batch in seen)
     rows = {tuple(r) for batch in seen for r in batch}
     assert rows <= {tuple(r) for r in digits.x_val[:10].astype(np.float32)}

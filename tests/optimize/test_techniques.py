@@ -194,28 +194,35 @@ def test_fewer_trees_for_a_forest(digits, digits_forest, onnx_of):
     assert _relative_loss(base, held_out(cand.onnx_bytes, digits, DIGITS)["accuracy"]) <= 0.02
 
 
-def test_fewer_trees_for_a_boosted_model(cancer, onnx_of):
-    lightgbm = pytest.importorskip("lightgbm")
-    booster = lightgbm.LGBMClassifier(n_estimators=40, num_leaves=8, verbose=-1).fit(
-        cancer.x_train, cancer.y_train)
-    model = onnx_of(booster, cancer.x_train)
-    ctx = tune_context(model, cancer, [0, 1], metric="roc_auc")
-    cands, _ = _split(list(tree_candidates(model, ctx, fractions=(0.5,))))
-    cand = cands["trees-20of40"]
-    assert n_trees(onnx.load_from_string(cand.onnx_bytes)) == 20
-    # the weight scaling was chosen by closeness to the original on the tuning split
+@pytest.mark.parametrize("library", ["lightgbm", "xgboost"])
+def test_fewer_trees_for_a_boosted_model_keeps_the_raw_sum(cancer, onnx_of, library):
+    """Boosting's first K trees are the model after K rounds: no rescaling, and its held-out
+    probabilities are the library's own (num_iteration=K), better calibrated than scaled ones."""
     from redline.optimize.trees import keep_trees
 
-    def gap(data: bytes) -> float:
-        from redline.optimize import ModelRunner
-
-        out = ModelRunner(data, task="classification", class_labels=[0, 1]).predict(ctx.x)
-        return float(np.mean(np.abs(out.scores - ctx.teacher.scores)))
-
-    other = keep_trees(model, 20, 1.0 if cand.recipe["weights_scaled"] else 2.0)
-    assert gap(cand.onnx_bytes) <= gap(other)
-    probs = held_out(cand.onnx_bytes, cancer, [0, 1])
-    assert probs["roc_auc"] > 0.95
+    if library == "lightgbm":
+        lib = pytest.importorskip("lightgbm")
+        booster = lib.LGBMClassifier(n_estimators=80, num_leaves=8, verbose=-1).fit(
+            cancer.x_train, cancer.y_train)
+        own = booster.predict_proba(cancer.x_val, num_iteration=20)
+    else:
+        lib = pytest.importorskip("xgboost")
+        booster = lib.XGBClassifier(n_estimators=80, max_depth=3).fit(
+            cancer.x_train, cancer.y_train)
+        own = booster.predict_proba(cancer.x_val, iteration_range=(0, 20))
+    model = onnx_of(booster, cancer.x_train)
+    ctx = tune_context(model, cancer, [0, 1])
+    cands, _ = _split(list(tree_candidates(model, ctx, fractions=(0.25,))))
+    cand = cands["trees-20of80"]
+    assert n_trees(onnx.load_from_string(cand.onnx_bytes)) == 20
+    assert cand.recipe["weights_scaled"] is False and cand.recipe["decided_by"] == "log_loss"
+    kept = held_out(cand.onnx_bytes, cancer, [0, 1])
+    scaled = held_out(keep_trees(model, 20, 4.0), cancer, [0, 1])
+    half = len(cancer.x_val) // 2
+    expected = -np.mean(np.log(np.clip(own[half:][np.arange(len(own) - half),
+                                                   cancer.y_val[half:]], 1e-15, 1)))
+    assert kept["log_loss"] == pytest.approx(expected, rel=1e-3)
+    assert kept["log_loss"] < scaled["log_loss"]
 
 
 # ------------------------------------------------------------------------- distillation

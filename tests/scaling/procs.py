@@ -168,4 +168,4 @@ class SteadyLoad:
             return
         with self._lock:
             self.result.failed += 1
-            self.result.errors.append(last)
+            self.result.errors.append(f"{time.time():.3f} {last}")

@@ -48,6 +48,9 @@ class ModelMetadata:
     fallback: str | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # True for versions made by tools (``redline optimize``): registered, but never served by
+    # default or loaded by a ``latest`` policy until an alias (``production``) points at them.
+    requires_promotion: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

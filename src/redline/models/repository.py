@@ -90,18 +90,42 @@ class ModelRepository:
             known = ", ".join(self.list_models()) or "none"
             raise ModelNotFound(
                 f"model '{name}' not found in repository {self.root} (known models: {known}); "
-                "add it with `redline models add`"
+                "add it with `redline models add -m NAME FILE`"
             )
         return versions
 
     def aliases(self, name: str) -> dict[str, int]:
         return {k: v["version"] for k, v in self._read_aliases(name).items()}
 
+    def servable_versions(self, name: str) -> list[int]:
+        """Versions that may serve without an explicit promotion: every version except those
+        registered with ``requires_promotion`` (optimizer candidates) that no alias points at
+        now or pointed at before (an alias's history counts: a promoted version stays
+        servable after a rollback)."""
+        versions = self._require_model(name)
+        promoted = set()
+        for entry in self._read_aliases(name).values():
+            promoted.add(int(entry["version"]))
+            promoted.update(int(v) for v in entry.get("history", []))
+        return [v for v in versions if v in promoted or not self._requires_promotion(name, v)]
+
+    def _requires_promotion(self, name: str, version: int) -> bool:
+        path = self.version_dir(name, version) / METADATA_FILE
+        try:
+            return bool(json.loads(path.read_text()).get("requires_promotion", False))
+        except (OSError, ValueError):
+            return False  # unreadable metadata is reported when the version is loaded
+
     def resolve(self, name: str, version: int | str | None = None) -> int:
-        """A concrete version number: ``None`` means the ``production`` alias, else the latest."""
+        """A concrete version number: ``None`` means the ``production`` alias, else the newest
+        servable version (never an unpromoted candidate); ``latest`` is the newest of all."""
         versions = self._require_model(name)
         if version is None or version == "":
-            return self.aliases(name).get("production", versions[-1])
+            production = self.aliases(name).get("production")
+            if production is not None:
+                return production
+            servable = self.servable_versions(name)
+            return servable[-1] if servable else versions[-1]
         if isinstance(version, str) and not version.isdigit():
             if version == "latest":
                 return versions[-1]
@@ -158,7 +182,12 @@ class ModelRepository:
     def live_versions(self, name: str, policy: VersionPolicy | None = None) -> list[int]:
         """Versions a server should keep loaded: the policy's, plus every alias target."""
         versions = self._require_model(name)
-        chosen = set((policy or self.policy(name)).select(versions))
+        rule = policy or self.policy(name)
+        # A latest-N policy counts servable versions only, so registering an optimizer
+        # candidate never pushes it (or out the version serving today); `all` and `specific`
+        # load what they name, as Triton does, but only an alias makes a candidate the default.
+        pool = self.servable_versions(name) if rule.kind == "latest" else versions
+        chosen = set(rule.select(pool))
         chosen.update(v for v in self.aliases(name).values() if v in versions)
         return sorted(chosen)
 
@@ -182,8 +211,12 @@ class ModelRepository:
         fallback: str | None = None,
         description: str = "",
         extra: dict[str, Any] | None = None,
+        requires_promotion: bool = False,
     ) -> ModelMetadata:
-        """Validate an ONNX model and store it as a new version, atomically."""
+        """Validate an ONNX model and store it as a new version, atomically.
+
+        ``requires_promotion`` registers a version that serves only once an alias points at it.
+        """
         check_name(name)
         if missing_values not in ("reject", "allow"):
             raise InvalidInput("missing_values must be 'reject' or 'allow'")
@@ -222,6 +255,7 @@ class ModelRepository:
             fallback=fallback,
             description=description,
             extra=dict(extra or {}),
+            requires_promotion=requires_promotion,
         )
         return self._write_version(name, data, meta, version)
 

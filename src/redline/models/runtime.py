@@ -6,6 +6,7 @@ that every untrusted input goes through first (names, dtypes, shapes, NaN policy
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
@@ -58,6 +59,31 @@ def session_options(
     if optimized_path is not None:
         opts.optimized_model_filepath = str(optimized_path)
     return opts
+
+
+# Settings a model version may carry in ``metadata.extra["runtime"]`` (``redline optimize``
+# records the winning ones there): they change how fast the version runs, never what it answers.
+VERSION_RUNTIME_KEYS = ("graph_optimization", "intra_op_threads", "inter_op_threads",
+                        "execution_mode", "providers")
+
+
+def settings_for_version(settings: RuntimeSettings, metadata: ModelMetadata) -> RuntimeSettings:
+    """The configured settings with the version's recorded runtime settings applied on top.
+
+    A version optimized for a thread count or graph level must run with them wherever it is
+    loaded, or its measured speed-up never reaches serving. Recorded providers apply only when
+    this ONNX Runtime build has them all (a GPU-tuned version still loads on a CPU machine).
+    """
+    recorded = metadata.extra.get("runtime") if isinstance(metadata.extra, dict) else None
+    if not isinstance(recorded, dict):
+        return settings
+    values = {k: v for k, v in recorded.items() if k in VERSION_RUNTIME_KEYS}
+    providers = values.get("providers")
+    if providers is not None and not set(providers) <= set(ort.get_available_providers()):
+        values.pop("providers")
+    if not values:
+        return settings
+    return dataclasses.replace(settings, **values)
 
 
 def choose_providers(requested: list[str]) -> list[str]:
@@ -113,7 +139,8 @@ class InferenceSession:
         version: int | str | None = None,
         settings: RuntimeSettings | None = None,
     ) -> InferenceSession:
-        """Load a version, checking its bytes against the recorded sha256 first."""
+        """Load a version, checking its bytes against the recorded sha256 first; the version's
+        recorded runtime settings (``metadata.extra["runtime"]``) apply over ``settings``."""
         meta = repo.metadata(name, version)
         path = repo.version_dir(name, meta.version) / MODEL_FILE
         try:
@@ -127,7 +154,8 @@ class InferenceSession:
                 f"{meta.sha256[:12]}…, found {actual[:12]}…): it was modified or damaged after "
                 "it was added; add the model again"
             )
-        return cls(data, meta, settings, origin=str(path))
+        tuned = settings_for_version(settings or RuntimeSettings(), meta)
+        return cls(data, meta, tuned, origin=str(path))
 
     @classmethod
     def from_file(
@@ -289,6 +317,11 @@ class InferenceSession:
             example = self.example_inputs(size)
             for _ in range(runs or self.settings.warmup_runs):
                 self.run(example)
+
+    @property
+    def session_options(self) -> ort.SessionOptions:
+        """The options ONNX Runtime built this session with (threads, graph level)."""
+        return self._session.get_session_options()
 
     @property
     def providers(self) -> list[str]:

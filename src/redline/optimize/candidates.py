@@ -1,8 +1,10 @@
 """What every optimization technique produces (a ``Candidate`` or a ``Skipped`` with the reason)
-and what it may learn from (``TuneContext``: the tuning split and the original's answers on it).
+and what it may learn from (``TuneContext``).
 
-Techniques tune on the tuning split only; every figure in the report comes from the separate
-evaluation split, so a technique cannot look good by fitting the rows it is judged on.
+Three row sets, never mixed: techniques *fit* on the fit rows (calibration, fine-tuning,
+distillation), steer their own choices (which nodes stay in float, whether kept trees are
+rescaled) and the optimizer picks among candidates on the *choice* rows, and every figure in
+the report comes from the *evaluation* rows, which nothing learned from or chose on.
 """
 
 from __future__ import annotations
@@ -50,8 +52,19 @@ class Skipped:
 
 
 @dataclass
+class QuantizationOptions:
+    """What users of ONNX Runtime's quantizer, Neural Compressor and Optimum expect to set."""
+
+    preprocess: bool = True  # onnxruntime.quantization.quant_pre_process first
+    per_channel: bool | None = None  # None: per-tensor for dynamic, per-channel for static
+    reduce_range: bool = False  # 7-bit weights (older CPUs without VNNI)
+    calibration_rows: int = 512
+    methods: tuple[str, ...] | None = None  # static calibration methods; None = all
+
+
+@dataclass
 class TuneContext:
-    """The tuning split, the original model's outputs on it, and the accuracy bound."""
+    """The fit rows (finite only), the choice rows, the original model and the accuracy bound."""
 
     x: np.ndarray
     y: np.ndarray
@@ -63,27 +76,45 @@ class TuneContext:
     tolerance: float
     seed: int = 0
     fast: bool = False  # fewer epochs and variants: for tests and quick looks
+    x_choice: np.ndarray | None = None  # None: judge on the fit rows (direct API use)
+    y_choice: np.ndarray | None = None
+    quantization: QuantizationOptions = field(default_factory=QuantizationOptions)
     teacher: Outputs = field(init=False)
     baseline_metric: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.metric = primary_metric(self.task, self.metric or None)
+        if self.x_choice is None or self.y_choice is None:
+            self.x_choice, self.y_choice = self.x, self.y
         self.teacher = self.teacher_runner.predict(self.x)
-        self.baseline_metric = self._metric_of(self.teacher)
+        self._teacher_choice = self.teacher_runner.predict(self.x_choice)
+        self.baseline_metric = self._metric_of(self._teacher_choice, self.metric)
 
     def teacher_predict(self, x: np.ndarray) -> Outputs:
         """The original model's answers on any rows (soft targets for students, fine-tunes)."""
         return self.teacher_runner.predict(x)
 
-    def _metric_of(self, out: Outputs) -> float:
-        return task_metrics(self.task, out, self.y, self.class_labels).get(self.metric, np.nan)
+    def _metric_of(self, out: Outputs, metric: str) -> float:
+        assert self.y_choice is not None
+        return task_metrics(self.task, out, self.y_choice, self.class_labels).get(metric, np.nan)
+
+    def runner(self, onnx_bytes: bytes, settings: dict[str, Any] | None = None) -> ModelRunner:
+        return ModelRunner(onnx_bytes, task=self.task, class_labels=self.class_labels,
+                           settings=Candidate("t", "t", b"", settings or {})
+                           .runtime_settings(self.base_settings), name="tuning")
+
+    def choice_metric(self, onnx_bytes: bytes, metric: str) -> float:
+        """A metric of a model on the choice rows (NaN when it does not apply)."""
+        assert self.x_choice is not None
+        return self._metric_of(self.runner(onnx_bytes).predict(self.x_choice), metric)
 
     def loss_of(self, onnx_bytes: bytes, settings: dict[str, Any] | None = None) -> float:
-        """Relative metric loss of a model on the tuning split (what techniques steer by)."""
-        runner = ModelRunner(onnx_bytes, task=self.task, class_labels=self.class_labels,
-                             settings=Candidate("t", "t", b"", settings or {})
-                             .runtime_settings(self.base_settings), name="tuning")
-        value = self._metric_of(runner.predict(self.x))
+        """Relative metric loss of a model on the choice rows (what techniques steer by)."""
+        assert self.x_choice is not None
+        out = self.runner(onnx_bytes, settings).predict(self.x_choice)
+        value = self._metric_of(out, self.metric)
+        if not np.isfinite(out.scores).all() or not np.isfinite(value):
+            return float("inf")  # a NaN answer is never "close enough"
         return relative_loss(self.metric, self.baseline_metric, value)
 
     @property

@@ -118,9 +118,9 @@ def distill_candidates(model: bytes, ctx: TuneContext,
                        sizes: tuple[tuple[int, ...], ...] | None = None
                        ) -> Iterator[Candidate | Skipped]:
     runner = ctx.teacher_runner
-    if not np.isfinite(ctx.x).all():
-        yield Skipped("distill", "distill", "the tuning rows contain NaN; an MLP student cannot "
-                      "handle missing values the teacher handles — impute them first")
+    if len(ctx.x) == 0 or not np.isfinite(ctx.x).all():  # the optimizer passes finite rows
+        yield Skipped("distill", "distill", "no fit rows without NaN or infinite values to "
+                      "train a student on")
         return
     x = augment(ctx.x, 4 if ctx.fast else 6, ctx.seed)
     teacher = ctx.teacher_predict(x)

@@ -1,12 +1,16 @@
-"""The CI gate: measure a candidate version and the baseline side by side, in one interleaved
-run on the same rows, and fail with a readable reason (and a distinct exit code) when the
-candidate breaks the latency budget, is slower than the baseline, less accurate, or answers
-differently on too many rows.
+"""The CI gate: check a candidate version's contract against the baseline's, then measure both
+on the same rows (one session alive at a time, interleaved passes) and fail with a readable
+reason (and a distinct exit code) when the candidate breaks the latency budget, is slower than
+the baseline, less accurate, or answers differently on too many rows.
 
-Exit codes (stable, for CI scripts): 0 passed; 10 p99 over budget; 11 slower than the baseline;
-12 accuracy dropped; 13 disagrees with the baseline; 2 a usage error (unknown model, bad data).
-When several checks fail, the code is that of the first in the order above; every reason is
-printed.
+Exit codes (stable, for CI scripts): 0 passed; 14 the signature changed (input names, dtypes or
+shapes, output names, class labels or their order); 10 p99 over budget; 11 slower than the
+baseline; 12 accuracy dropped; 13 answers differ from the baseline's (classification: share of
+changed labels; regression: relative error); 2 a usage error (unknown model, bad data). A
+signature change is checked first: when it fails (and was not declared intended with
+``allow_signature_change``) the models are not run, since clients of the baseline would break
+whatever the numbers say. Otherwise, when several checks fail, the code is that of the first in
+the order above; every reason is printed.
 """
 
 from __future__ import annotations
@@ -19,21 +23,39 @@ import numpy as np
 
 from redline.config import RuntimeSettings
 from redline.errors import InvalidInput
-from redline.models import ModelRepository
+from redline.models import ModelMetadata, ModelRepository
+from redline.models.runtime import settings_for_version
 from redline.optimize.profile import (
     METRIC_DIRECTION,
+    PROPER_SCORES,
     ModelRunner,
-    compare_outputs,
+    Outputs,
     measure_latency,
+    metric_rows,
     primary_metric,
-    task_metrics,
+    same_labels,
 )
+from redline.optimize.signature import signature_differences
+from redline.optimize.uncertainty import MetricRows, Resamples, interval, share_interval
 
 EXIT_PASSED = 0
 EXIT_P99 = 10
 EXIT_SLOWDOWN = 11
 EXIT_ACCURACY = 12
 EXIT_DISAGREEMENT = 13
+EXIT_SIGNATURE = 14
+
+# Default answer-change tolerances, and why (docs/optimization.md shows the measurements):
+# two equally good classifiers disagree on roughly half the rows either gets wrong (retrains of
+# a forest, an MLP, XGBoost and bagged LightGBM with a new seed disagreed on 3.5-6% of rows at
+# 9-16% error), so by default a candidate may change as many labels as the baseline gets wrong
+# on the gate's rows, at least 2%; without labels, 10%.
+MIN_DISAGREEMENT = 0.02
+UNLABELED_DISAGREEMENT = 0.10
+# For regression the answer change is the RMS of (candidate - baseline) over the spread (RMS
+# around the mean) of the baseline's answers. Candidates within 1% RMSE move it by <= ~0.05;
+# retrains with a new seed moved it 0.07-0.11. 0.15 passes both and catches a broken model.
+MAX_RELATIVE_ERROR = 0.15
 
 
 @dataclass
@@ -41,21 +63,28 @@ class GateOptions:
     p99_ms: float | None = None
     max_accuracy_drop: float | None = None  # absolute, in the metric's own units
     max_slowdown: float | None = 1.2  # candidate p50 / baseline p50
-    max_disagreement: float | None = 0.01  # share of rows whose answer changes
+    # classification: share of rows whose label changes; None = automatic (see above)
+    max_disagreement: float | None = None
+    check_disagreement: bool = True
+    max_relative_error: float | None = MAX_RELATIVE_ERROR  # regression; None turns it off
+    allow_signature_change: bool = False
     batch_size: int = 1
     rounds: int = 500
+    passes: int = 5
     max_seconds: float | None = 30.0
     metric: str | None = None
+    bootstrap: int = 500
 
 
 @dataclass
 class Check:
     name: str
     exit_code: int
-    passed: bool | None  # None: not requested
+    passed: bool | None  # None: not requested, or not run
     message: str
     measured: float | None = None
     limit: float | None = None
+    interval: list[float] | None = None  # 95% bootstrap interval of ``measured``
 
 
 @dataclass
@@ -70,6 +99,9 @@ class GateResult:
     candidate: dict[str, float]
     baseline: dict[str, float]
     checks: list[Check] = field(default_factory=list)
+    intervals: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    signature_changes: list[str] = field(default_factory=list)
+    promoted: str | None = None
 
     @property
     def failures(self) -> list[Check]:
@@ -89,6 +121,10 @@ class GateResult:
                 f" on {self.rows} rows, batch {self.batch_size}")
         lines = [head] + [f"  [{'ok' if c.passed else 'FAIL'}] {c.message}"
                           for c in self.checks if c.passed is not None]
+        lines += [f"  [--] {c.name}: {c.message}" for c in self.checks
+                  if c.passed is None and c.message.startswith("not run")]
+        if self.promoted:
+            lines.append(f"  promoted v{self.candidate_version} to '{self.promoted}'")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,8 +134,16 @@ class GateResult:
             "metric": self.metric, "rows": self.rows, "batch_size": self.batch_size,
             "passed": self.passed, "exit_code": self.exit_code,
             "measured": {"candidate": self.candidate, "baseline": self.baseline},
-            "checks": [c.__dict__ for c in self.checks],
+            "intervals": self.intervals, "signature_changes": self.signature_changes,
+            "checks": [c.__dict__ for c in self.checks], "promoted": self.promoted,
         }
+
+    def _figure(self, who: str, key: str) -> str:
+        value = (self.candidate if who == "candidate" else self.baseline).get(key)
+        if value is None or value != value:
+            return "-"
+        ci = self.intervals.get(who, {}).get(key)
+        return f"{value:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
 
     def to_markdown(self) -> str:
         icon = "✅" if self.passed else "❌"
@@ -107,41 +151,55 @@ class GateResult:
             f"### {icon} redline gate {'passed' if self.passed else 'failed'}: "
             f"`{self.model}` v{self.candidate_version} vs {self.baseline_ref} "
             f"(v{self.baseline_version})", "",
-            f"Measured side by side in one interleaved run: {self.rows} rows, batch "
-            f"{self.batch_size}.", "",
-            "| | baseline | candidate |", "|---|---:|---:|",
-            f"| p50 latency (ms) | {self.baseline['p50_ms']:.4f} | "
-            f"{self.candidate['p50_ms']:.4f} |",
-            f"| p99 latency (ms) | {self.baseline['p99_ms']:.4f} | "
-            f"{self.candidate['p99_ms']:.4f} |",
-            f"| {self.metric} | {self.baseline[self.metric]:.4f} | "
-            f"{self.candidate[self.metric]:.4f} |",
-            "", "| check | limit | measured | result |", "|---|---:|---:|---|",
         ]
+        if self.signature_changes:
+            lines += ["Signature changes:", ""] + [f"- {d}" for d in self.signature_changes]
+            lines.append("")
+        if "p50_ms" in self.candidate:
+            lines += [
+                f"Measured on {self.rows} rows, batch {self.batch_size}: one session alive at "
+                "a time, interleaved passes; metric figures with 95% bootstrap intervals.", "",
+                "| | baseline | candidate |", "|---|---:|---:|",
+                f"| p50 latency (ms) | {self.baseline['p50_ms']:.4f} | "
+                f"{self.candidate['p50_ms']:.4f} |",
+                f"| p99 latency (ms) | {self.baseline['p99_ms']:.4f} | "
+                f"{self.candidate['p99_ms']:.4f} |",
+            ]
+            for key in sorted(k for k in self.candidate if k not in ("p50_ms", "p99_ms")):
+                lines.append(f"| {key} | {self._figure('baseline', key)} | "
+                             f"{self._figure('candidate', key)} |")
+            lines.append("")
+        lines += ["| check | limit | measured | result |", "|---|---:|---:|---|"]
         for c in self.checks:
             if c.passed is None:
+                if c.message.startswith("not run"):
+                    lines.append(f"| {c.name} | - | - | {_cell(c.message)} |")
                 continue
-            lines.append(f"| {c.name} | {_fmt(c.limit)} | {_fmt(c.measured)} | "
-                         f"{'pass' if c.passed else '**FAIL**: ' + c.message} |")
+            measured = _fmt(c.measured) + (f" [{_fmt(c.interval[0])}, {_fmt(c.interval[1])}]"
+                                           if c.interval else "")
+            result = "pass" if c.passed else "**FAIL**: " + _cell(c.message)
+            lines.append(f"| {c.name} | {_fmt(c.limit)} | {measured} | {result} |")
         return "\n".join(lines) + "\n"
 
     def to_junit(self) -> str:
-        suite = ET.Element("testsuite", name="redline-gate",
-                           tests=str(sum(c.passed is not None for c in self.checks)),
+        """JUnit XML: one case per check; as the schema says, ``tests`` counts every case,
+        skipped ones included."""
+        suite = ET.Element("testsuite", name="redline-gate", tests=str(len(self.checks)),
                            failures=str(len(self.failures)), errors="0",
                            skipped=str(sum(c.passed is None for c in self.checks)))
         for c in self.checks:
             case = ET.SubElement(suite, "testcase", classname=f"redline.gate.{self.model}",
                                  name=c.name)
             if c.passed is None:
-                ET.SubElement(case, "skipped", message="not requested")
+                ET.SubElement(case, "skipped", message=c.message)
             elif not c.passed:
                 failure = ET.SubElement(case, "failure", message=c.message,
                                         type=f"exit-{c.exit_code}")
                 failure.text = c.message
             else:
                 ET.SubElement(case, "system-out").text = c.message
-        root = ET.Element("testsuites")
+        root = ET.Element("testsuites", tests=str(len(self.checks)),
+                          failures=str(len(self.failures)))
         root.append(suite)
         return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -150,9 +208,20 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _load(repo: ModelRepository, name: str, ref: str | int | None) -> tuple[int, bytes]:
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _load(repo: ModelRepository, name: str, ref: str | int | None) -> tuple[ModelMetadata, bytes]:
     meta = repo.verify(name, ref)  # checks the file against its recorded sha256
-    return meta.version, repo.model_path(name, meta.version).read_bytes()
+    return meta, repo.model_path(name, meta.version).read_bytes()
+
+
+def _widths(meta: ModelMetadata) -> int | None:
+    if len(meta.inputs) == 1 and len(meta.inputs[0].shape) == 2 and meta.inputs[0].shape[1] > 0:
+        return meta.inputs[0].shape[1]
+    return None
 
 
 def run_gate(
@@ -167,41 +236,93 @@ def run_gate(
     settings: RuntimeSettings | None = None,
 ) -> GateResult:
     opts = options or GateOptions()
-    meta = repo.metadata(name, candidate)
-    cand_version, cand_bytes = _load(repo, name, candidate)
-    base_version, base_bytes = _load(repo, name, baseline)
-    runners = {
-        "baseline": ModelRunner(base_bytes, task=meta.task, class_labels=meta.class_labels,
-                                settings=settings, name=f"{name} v{base_version}"),
-        "candidate": ModelRunner(cand_bytes, task=meta.task, class_labels=meta.class_labels,
-                                 settings=settings, name=f"{name} v{cand_version}"),
-    }
-    width = runners["candidate"].n_features
-    if width is not None and x.shape[1] != width:
-        raise InvalidInput(f"the data has {x.shape[1]} features per row but model '{name}' "
-                           f"v{cand_version} expects {width}; pass rows with the model's features")
-    metric = primary_metric(meta.task, opts.metric)
+    cand_meta, cand_bytes = _load(repo, name, candidate)
+    base_meta, base_bytes = _load(repo, name, baseline)
+    metric = primary_metric(cand_meta.task, opts.metric)
+    changes = signature_differences(base_meta, cand_meta)
+    result = GateResult(name, cand_meta.version, base_meta.version, str(baseline), metric,
+                        len(x), opts.batch_size, {}, {}, signature_changes=changes)
+    sig = Check("signature", EXIT_SIGNATURE, not changes,
+                "signature unchanged (inputs, outputs, class labels)" if not changes else
+                "signature changed: " + "; ".join(changes) + " — clients of the baseline "
+                "would break; pass --allow-signature-change if this is intended")
+    if changes and opts.allow_signature_change:
+        sig = Check("signature", EXIT_SIGNATURE, True,
+                    "signature changed, declared intended: " + "; ".join(changes))
+    if changes and not opts.allow_signature_change:
+        result.checks = [sig] + [
+            Check(n, code, None, "not run: the signature differs")
+            for n, code in (("p99_budget", EXIT_P99), ("slowdown", EXIT_SLOWDOWN),
+                            ("accuracy", EXIT_ACCURACY), ("disagreement", EXIT_DISAGREEMENT))]
+        return result
+    _check_fit(x, name, base_meta, cand_meta)
     if opts.max_accuracy_drop is not None and y is None:
         raise InvalidInput("--max-accuracy-drop needs labels: pass --data with a label column")
+    labels = cand_meta.class_labels
+    runners = {
+        "baseline": ModelRunner(base_bytes, task=cand_meta.task, class_labels=base_meta
+                                .class_labels, settings=settings_for_version(
+                                    settings or RuntimeSettings(), base_meta),
+                                name=f"{name} v{base_meta.version}"),
+        "candidate": ModelRunner(cand_bytes, task=cand_meta.task, class_labels=labels,
+                                 settings=settings_for_version(settings or RuntimeSettings(),
+                                                               cand_meta),
+                                 name=f"{name} v{cand_meta.version}"),
+    }
     outputs = {k: r.predict(x) for k, r in runners.items()}
-    measured: dict[str, dict[str, float]] = {}
-    for key, out in outputs.items():
-        measured[key] = task_metrics(meta.task, out, y, meta.class_labels) if y is not None else {}
-        measured[key].setdefault(metric, float("nan"))
+    resamples = Resamples(len(x), opts.bootstrap, seed=0)
+    measured: dict[str, dict[str, float]] = {"baseline": {}, "candidate": {}}
+    replicates: dict[str, dict[str, np.ndarray]] = {"baseline": {}, "candidate": {}}
+    if y is not None:
+        for key, out in outputs.items():
+            for m in _gate_metrics(cand_meta.task, metric):
+                rows = metric_rows(cand_meta.task, m, out, y, runners[key].class_labels)
+                if rows is None:
+                    continue
+                reps = resamples.replicates(rows)
+                measured[key][m] = _full_value(rows, len(x))
+                replicates[key][m] = reps
+                result.intervals.setdefault(key, {})[m] = interval(reps).to_list()
     latency = measure_latency(runners, x, [opts.batch_size], rounds=opts.rounds,
-                              max_seconds=opts.max_seconds)
+                              passes=opts.passes, max_seconds=opts.max_seconds)
     for key in runners:
         lat = latency[key][opts.batch_size]
         measured[key].update(p50_ms=lat.p50_us / 1000, p99_ms=lat.p99_us / 1000)
-    diff = compare_outputs(meta.task, outputs["baseline"], outputs["candidate"])
     cand, base = measured["candidate"], measured["baseline"]
-    result = GateResult(name, cand_version, base_version, str(baseline), metric, len(x),
-                        opts.batch_size, cand, base)
+    result.candidate, result.baseline = cand, base
     result.checks = [
-        _check_p99(cand, opts), _check_slowdown(cand, base, opts),
-        _check_accuracy(metric, cand, base, opts), _check_disagreement(diff, opts),
+        sig, _check_p99(cand, opts), _check_slowdown(cand, base, opts),
+        _check_accuracy(metric, measured, replicates, opts),
+        _check_answers(cand_meta.task, outputs, y, opts, resamples),
     ]
     return result
+
+
+def _gate_metrics(task: str, metric: str) -> list[str]:
+    if task != "classification":
+        return ["rmse"]
+    return list(dict.fromkeys([metric, "accuracy", *PROPER_SCORES]))
+
+
+def _full_value(rows: MetricRows, n: int) -> float:
+    if rows.per_row is not None:
+        return float(rows.finish(np.asarray([np.mean(rows.per_row)]))[0])
+    assert rows.on_rows is not None
+    return float(rows.on_rows(np.arange(n)))
+
+
+def _check_fit(x: np.ndarray, name: str, base: ModelMetadata, cand: ModelMetadata) -> None:
+    """Data must fit both models: a clear error, never an ONNX Runtime traceback."""
+    wants = {"baseline": _widths(base), "candidate": _widths(cand)}
+    misfit = {who: w for who, w in wants.items() if w is not None and w != x.shape[1]}
+    if misfit:
+        fits = [who for who in wants if who not in misfit]
+        raise InvalidInput(
+            f"the data has {x.shape[1]} features per row but model '{name}' "
+            + ", ".join(f"{who} v{(base if who == 'baseline' else cand).version} expects {w}"
+                        for who, w in misfit.items())
+            + (f" (it fits the {fits[0]} only)" if fits else "")
+            + "; the gate compares both on the same rows: pass rows with the models' features")
 
 
 def _check_p99(cand: dict[str, float], opts: GateOptions) -> Check:
@@ -225,25 +346,65 @@ def _check_slowdown(cand: dict[str, float], base: dict[str, float], opts: GateOp
                  f"{opts.max_slowdown:g}x", ratio, opts.max_slowdown)
 
 
-def _check_accuracy(metric: str, cand: dict[str, float], base: dict[str, float],
-                    opts: GateOptions) -> Check:
+def _check_accuracy(metric: str, measured: dict[str, dict[str, float]],
+                    replicates: dict[str, dict[str, np.ndarray]], opts: GateOptions) -> Check:
     if opts.max_accuracy_drop is None:
         return Check("accuracy", EXIT_ACCURACY, None, "no accuracy tolerance given")
-    drop = (base[metric] - cand[metric]) * METRIC_DIRECTION[metric]
+    cand, base = measured["candidate"], measured["baseline"]
+    if metric not in cand or metric not in base:
+        raise InvalidInput(f"metric '{metric}' cannot be computed for these models and labels "
+                           "(log loss and Brier need probability outputs; ROC AUC two classes)")
+    direction = METRIC_DIRECTION[metric]
+    drop = (base[metric] - cand[metric]) * direction
+    reps = (replicates["baseline"][metric] - replicates["candidate"][metric]) * direction
+    ci = interval(reps)
     ok = bool(drop <= opts.max_accuracy_drop)
     word = "worse" if drop > 0 else "better"
     return Check("accuracy", EXIT_ACCURACY, ok,
                  f"candidate {metric} {cand[metric]:.4f} vs baseline {base[metric]:.4f}: "
-                 f"{abs(drop):.4f} {word}; allowed drop {opts.max_accuracy_drop:g}",
-                 float(drop), opts.max_accuracy_drop)
+                 f"{abs(drop):.4f} {word} (95% interval of the drop {ci.low:+.4f} to "
+                 f"{ci.high:+.4f}); allowed drop {opts.max_accuracy_drop:g}",
+                 float(drop), opts.max_accuracy_drop, ci.to_list())
 
 
-def _check_disagreement(diff: dict[str, float], opts: GateOptions) -> Check:
-    if opts.max_disagreement is None:
+def _check_answers(task: str, outputs: dict[str, Outputs], y: np.ndarray | None,
+                   opts: GateOptions, resamples: Resamples) -> Check:
+    base, cand = outputs["baseline"], outputs["candidate"]
+    if task != "classification" or base.labels is None or cand.labels is None:
+        if opts.max_relative_error is None or not opts.check_disagreement:
+            return Check("relative_error", EXIT_DISAGREEMENT, None, "no answer-change limit")
+        diff = cand.scores - base.scores if cand.scores.shape == base.scores.shape else None
+        if diff is None:
+            return Check("relative_error", EXIT_DISAGREEMENT, False,
+                         f"candidate outputs {cand.scores.shape[1]} columns, the baseline "
+                         f"{base.scores.shape[1]}", float("inf"), opts.max_relative_error)
+        spread = base.scores - base.scores.mean(axis=0)
+        rows = MetricRows(per_row=np.mean(diff ** 2, axis=1), finish=np.sqrt)
+        scale = float(np.sqrt(np.mean(spread ** 2))) or 1.0
+        value = float(np.sqrt(np.mean(diff ** 2))) / scale
+        ci = interval(resamples.replicates(rows) / scale)
+        ok = bool(value <= opts.max_relative_error)
+        return Check("relative_error", EXIT_DISAGREEMENT, ok,
+                     f"candidate answers differ from the baseline's by {value:.2%} of their "
+                     f"spread (RMS of the difference / RMS around the mean; 95% interval "
+                     f"{ci.low:.2%} to {ci.high:.2%}); allowed {opts.max_relative_error:.2%}",
+                     value, opts.max_relative_error, ci.to_list())
+    if not opts.check_disagreement:
         return Check("disagreement", EXIT_DISAGREEMENT, None, "no disagreement limit given")
-    share = diff["disagreement"]
-    ok = share <= opts.max_disagreement
+    changed = ~same_labels(cand.labels, base.labels)
+    share = float(changed.mean())
+    limit, why = opts.max_disagreement, "as set"
+    if limit is None:
+        if y is not None:
+            error = float(1.0 - same_labels(base.labels, y).mean())
+            limit = max(MIN_DISAGREEMENT, error)
+            why = (f"default: the baseline's error rate {error:.2%} on these rows, at least "
+                   f"{MIN_DISAGREEMENT:.0%}")
+        else:
+            limit, why = UNLABELED_DISAGREEMENT, "default without labels"
+    ci = share_interval(changed, resamples)
+    ok = share <= limit
     return Check("disagreement", EXIT_DISAGREEMENT, ok,
                  f"candidate answers differently from the baseline on {share:.2%} of rows "
-                 f"(largest output difference {diff['max_abs_diff']:.3g}); allowed "
-                 f"{opts.max_disagreement:.2%}", share, opts.max_disagreement)
+                 f"(95% interval {ci.low:.2%} to {ci.high:.2%}); allowed {limit:.2%} ({why})",
+                 share, limit, ci.to_list())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
@@ -20,8 +20,13 @@ from redline.config import RuntimeSettings
 from redline.errors import CorruptModel, InvalidInput
 from redline.models import choose_providers, session_options
 
+if TYPE_CHECKING:
+    from redline.optimize.uncertainty import MetricRows
+
 # metric name -> +1 when higher is better, -1 when lower is better
-METRIC_DIRECTION = {"accuracy": 1, "roc_auc": 1, "log_loss": -1, "rmse": -1}
+METRIC_DIRECTION = {"accuracy": 1, "roc_auc": 1, "log_loss": -1, "brier": -1, "rmse": -1}
+# Proper scoring rules: judge the probabilities themselves, not only their argmax.
+PROPER_SCORES = ("log_loss", "brier")
 _ORT_NUMPY = {"tensor(float)": np.float32, "tensor(double)": np.float64,
               "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
@@ -106,26 +111,70 @@ def same_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def task_metrics(task: str, out: Outputs, y: np.ndarray,
                  class_labels: list[Any] | None) -> dict[str, float]:
-    """Accuracy, log loss and (binary) ROC AUC for classifiers; RMSE for regressors."""
+    """Accuracy, log loss, Brier score and (binary) ROC AUC for classifiers; RMSE for
+    regressors. Log loss and Brier appear only when the scores are probabilities."""
+    names = ["rmse"] if task != "classification" else [
+        "accuracy", "log_loss", "brier", "roc_auc"]
+    metrics = {}
+    for name in names:
+        rows = metric_rows(task, name, out, y, class_labels)
+        if rows is None:
+            continue
+        if rows.per_row is not None:
+            metrics[name] = float(rows.finish(np.asarray([np.mean(rows.per_row)]))[0])
+        else:
+            assert rows.on_rows is not None
+            metrics[name] = float(rows.on_rows(np.arange(len(y))))
+    return metrics
+
+
+def is_probabilistic(out: Outputs, n_classes: int) -> bool:
+    """Scores that are a probability distribution over the classes (rows sum to one)."""
+    s = out.scores
+    return bool(s.ndim == 2 and s.shape[1] == n_classes and len(s) and
+                np.all(s >= -1e-6) and np.allclose(s.sum(axis=1), 1.0, atol=1e-3))
+
+
+def metric_rows(task: str, metric: str, out: Outputs, y: np.ndarray,
+                class_labels: list[Any] | None) -> MetricRows | None:
+    """``metric`` in a form the bootstrap can resample, or None when it does not apply."""
+    from redline.optimize.uncertainty import MetricRows
+
     if task != "classification":
+        if metric != "rmse":
+            return None
         target = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
         if target.shape[1] != out.scores.shape[1]:
             raise InvalidInput(
                 f"the labels have {target.shape[1]} column(s) but the model predicts "
                 f"{out.scores.shape[1]}; pass the regression targets as the label column"
             )
-        return {"rmse": float(np.sqrt(np.mean((out.scores - target) ** 2)))}
+        return MetricRows(per_row=np.mean((out.scores - target) ** 2, axis=1), finish=np.sqrt)
     assert out.labels is not None
-    metrics = {"accuracy": float(same_labels(out.labels, y).mean())}
+    if metric == "accuracy":
+        return MetricRows(per_row=same_labels(out.labels, y).astype(np.float64))
     classes = class_labels or list(range(out.scores.shape[1]))
-    if out.scores.shape[1] == len(classes):
-        index = _class_index(y, classes)
-        if index is not None:
-            p = np.clip(out.scores[np.arange(len(y)), index], 1e-15, 1.0)
-            metrics["log_loss"] = float(-np.log(p).mean())
-            if len(classes) == 2 and 0 < index.sum() < len(index):
-                metrics["roc_auc"] = roc_auc(index == 1, out.scores[:, 1])
-    return metrics
+    if out.scores.shape[1] != len(classes):
+        return None
+    index = _class_index(y, classes)
+    if index is None:
+        return None
+    rows = np.arange(len(y))
+    if metric == "log_loss" and is_probabilistic(out, len(classes)):
+        return MetricRows(per_row=-np.log(np.clip(out.scores[rows, index], 1e-15, 1.0)))
+    if metric == "brier" and is_probabilistic(out, len(classes)):
+        onehot = np.zeros_like(out.scores)
+        onehot[rows, index] = 1.0
+        return MetricRows(per_row=((out.scores - onehot) ** 2).sum(axis=1))
+    if metric == "roc_auc" and len(classes) == 2 and 0 < index.sum() < len(index):
+        positive, score = index == 1, out.scores[:, 1]
+
+        def auc(idx: np.ndarray) -> float:
+            pos = positive[idx]
+            return roc_auc(pos, score[idx]) if 0 < pos.sum() < len(pos) else float("nan")
+
+        return MetricRows(on_rows=auc)
+    return None
 
 
 def _class_index(y: np.ndarray, classes: list[Any]) -> np.ndarray | None:
@@ -137,16 +186,9 @@ def _class_index(y: np.ndarray, classes: list[Any]) -> np.ndarray | None:
 
 def roc_auc(positive: np.ndarray, score: np.ndarray) -> float:
     """ROC AUC as the Mann-Whitney statistic, ties averaged."""
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    sorted_scores = score[order]
-    i = 0
-    while i < len(score):
-        j = i
-        while j + 1 < len(score) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    from scipy.stats import rankdata
+
+    ranks = rankdata(score)
     n_pos = int(positive.sum())
     n_neg = len(positive) - n_pos
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
@@ -154,7 +196,8 @@ def roc_auc(positive: np.ndarray, score: np.ndarray) -> float:
 
 def primary_metric(task: str, requested: str | None = None) -> str:
     metric = requested or ("accuracy" if task == "classification" else "rmse")
-    allowed = ["accuracy", "roc_auc", "log_loss"] if task == "classification" else ["rmse"]
+    allowed = ["accuracy", "roc_auc", "log_loss", "brier"] if task == "classification" \
+        else ["rmse"]
     if metric not in allowed:
         raise InvalidInput(
             f"metric '{metric}' does not apply to a {task} model; use one of {allowed}")
@@ -208,49 +251,63 @@ class Latency:
                 "samples": int(self.samples_us.size)}
 
 
+RunnerFactory = Callable[[], ModelRunner]
+
+
 def measure_latency(
-    runners: dict[str, ModelRunner],
+    models: dict[str, RunnerFactory] | dict[str, ModelRunner],
     x: np.ndarray,
     batch_sizes: list[int],
     *,
     rounds: int = 300,
-    warmup: int = 20,
+    passes: int = 5,
+    warmup: int = 10,
     max_seconds: float | None = None,
     on_round: Callable[[], None] | None = None,
 ) -> dict[str, dict[int, Latency]]:
-    """Interleaved latency of every runner at every batch size, on real rows of ``x``.
+    """Latency of every model at every batch size, one session alive at a time.
 
-    ``max_seconds`` bounds the wall time per batch size: rounds stop early (all runners keep the
-    same number of samples) so a slow model cannot stall a CI job.
+    Each of ``passes`` passes visits every model in a rotating order: the model's session is
+    created, warmed up and timed for ``rounds / passes`` calls per batch size, then released
+    before the next model's session exists. So no model is timed while another model's weights
+    compete for the same caches (four sessions of a 64 MB forest evict each other and inflate
+    every figure), and machine noise still falls on all models alike, pass after pass.
+
+    ``models`` maps names to factories that build a fresh ``ModelRunner`` (the honest way);
+    ready runners are accepted too and are then shared across passes (tests, tiny models).
+    ``max_seconds`` bounds the wall time per batch size: passes stop early (every model keeps
+    the same number of samples) so a slow model cannot stall a CI job.
     """
     if len(x) == 0:
         raise InvalidInput("no rows to measure latency on")
-    names = list(runners)
-    result: dict[str, dict[int, Latency]] = {name: {} for name in names}
+    names = list(models)
+    per_pass = max(1, -(-rounds // max(1, passes)))
+    samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in names}
+    blocks = {size: [np.take(x, np.arange(start, start + size) % len(x), axis=0)
+                     for start in range(0, max(len(x), size), max(size, 1))][:16]
+              for size in batch_sizes}
     clock = time.perf_counter_ns
-    for size in batch_sizes:
-        blocks = [np.take(x, np.arange(start, start + size) % len(x), axis=0)
-                  for start in range(0, max(len(x), size) * 1, max(size, 1))][:16]
-        feeds = {name: [runners[name].feed(b) for b in blocks] for name in names}
-        for name in names:
-            for i in range(warmup):
-                runners[name].run_feed(feeds[name][i % len(blocks)])
-        samples = {name: np.empty(rounds) for name in names}
-        deadline = time.monotonic() + max_seconds if max_seconds else None
-        done = 0
-        for r in range(rounds):
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
-                feed = feeds[name][r % len(blocks)]
-                run = runners[name].run_feed
-                t0 = clock()
-                run(feed)
-                samples[name][r] = (clock() - t0) / 1000.0
-            done = r + 1
+    budget = max_seconds * len(batch_sizes) if max_seconds else None
+    started = time.monotonic()
+    for p in range(max(1, passes)):
+        shift = p % len(names)
+        for name in names[shift:] + names[:shift]:
+            source = models[name]
+            runner = source if isinstance(source, ModelRunner) else source()
+            for size in batch_sizes:
+                feeds = [runner.feed(b) for b in blocks[size]]
+                for i in range(warmup):
+                    runner.run_feed(feeds[i % len(feeds)])
+                out = samples[name][size]
+                for r in range(per_pass):
+                    feed = feeds[(p * per_pass + r) % len(feeds)]
+                    t0 = clock()
+                    runner.run_feed(feed)
+                    out.append((clock() - t0) / 1000.0)
+            del runner  # released before the next model's session is created
             if on_round is not None:
                 on_round()
-            if deadline is not None and done >= 20 and time.monotonic() > deadline:
-                break
-        for name in names:
-            result[name][size] = Latency(size, samples[name][:done])
-    return result
+        if budget is not None and p >= 1 and time.monotonic() - started > budget:
+            break
+    return {name: {size: Latency(size, np.asarray(samples[name][size][:rounds]))
+                   for size in batch_sizes} for name in names}

@@ -82,11 +82,13 @@ def _chain(model: bytes, ctx: TuneContext) -> tuple[DenseChain, np.ndarray, np.n
     if chain is None:
         return ("not a plain MLP (a chain of MatMul/Gemm layers with Relu/Tanh/Sigmoid); "
                 "structured pruning applies to dense networks — for tree ensembles see 'trees'")
+    if len(ctx.x) == 0 or not np.isfinite(ctx.x).all():  # NaN in a fine-tune: NaN weights
+        return "no fit rows without NaN or infinite values to fine-tune on"
     x = augment(ctx.x, 1 if ctx.fast else 3, ctx.seed)
     h0 = chain_input(chain, x)
     target = teacher_target(chain.net, ctx.teacher_predict(x).scores)
     gap = float(np.abs(chain.net.forward(h0[:len(ctx.x)]) - target[:len(ctx.x)]).max())
-    if gap > 1e-3:
+    if not gap <= 1e-3:  # also catches NaN
         return (f"the dense layers found do not reproduce the model's outputs (gap {gap:.3g}); "
                 "the graph has operations redline cannot see through")
     return chain, h0, target

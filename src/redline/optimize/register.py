@@ -1,5 +1,10 @@
 """Store the chosen candidate in the repository, with how it was made and what it measured.
 
+Registration is not deployment: the new version is written with ``requires_promotion``, so it
+is not served by default, not loaded by a ``latest`` version policy, and not picked up by the
+next ``optimize`` run, until ``redline gate --promote production`` or ``redline models
+promote`` points an alias at it.
+
 As a new version of the same model (the default), or as a separate fallback model that the
 server routes to when the budget is short: then a new version of the original (same bytes) gets
 ``metadata.fallback`` pointing at it (``models.<name>.fallback`` in redline.yaml also works).
@@ -11,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from redline.errors import InvalidInput
 from redline.models import ModelMetadata, ModelRepository
 from redline.optimize.optimizer import CandidateResult, OptimizeReport
+from redline.optimize.safety import nonfinite_weights
 
 
 def register_candidate(
@@ -25,6 +32,10 @@ def register_candidate(
     fallback_name: str | None = None,
 ) -> ModelMetadata:
     assert result.candidate is not None
+    bad, total = nonfinite_weights(result.candidate.onnx_bytes)
+    if bad:  # the optimizer rejects these already; a second lock on the repository's door
+        raise InvalidInput(f"refusing to register '{result.name}': {bad} of {total} weights "
+                           "are NaN or infinite")
     target = (fallback_name or f"{source.name}-fast") if as_fallback else source.name
     optimization: dict[str, Any] = {
         "source": {"model": source.name, "version": source.version, "sha256": source.sha256},
@@ -63,6 +74,7 @@ def register_candidate(
         fallback=None if as_fallback else source.fallback,
         description=f"{result.name} of {source.name} v{source.version} ({result.note})",
         extra=extra,
+        requires_promotion=not as_fallback,  # a fallback serves only via a promoted link
     )
 
 
@@ -82,4 +94,5 @@ def link_fallback(repo: ModelRepository, source: ModelMetadata, fallback: str) -
         feature_views=source.feature_views, fallback=fallback,
         description=f"version {source.version} of {source.name} with fallback '{fallback}'",
         extra=extra,
+        requires_promotion=True,
     )

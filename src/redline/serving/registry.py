@@ -55,11 +55,20 @@ class ModelRegistry:
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
 
     # ------------------------------------------------------------------ request path
-    def get(self, name: str, version: str | None = None) -> ModelHandle:
-        """The handle serving ``name`` (at ``version``, a number or alias, when given)."""
+    def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle:
+        """The handle serving ``name`` (at ``version``, a number or alias, when given).
+
+        Without a version a rollout ``router`` (scaling/rollout.py) may pick a candidate version
+        for this request; ``key`` (a /v1 request's entities) keeps that choice sticky.
+        """
         if not version:
+            if self.router is not None:
+                routed = self.router(name, key)
+                if routed is not None:
+                    return routed  # type: ignore[no-any-return]
             handle = self._default.get(name)
             if handle is not None:
                 return handle

@@ -104,7 +104,7 @@ class PredictPipeline:
         is known: the edge parsed what the client sent; this applies the model's default.
         """
         reasons: list[str] = []
-        handle = self.registry.get(name, req.version)
+        handle = self.registry.get(name, req.version, key=req.entities)
         record.model, record.version = handle.name, handle.version_str
         budget: Budget = budget_of(handle)
         route = self.route(handle)
