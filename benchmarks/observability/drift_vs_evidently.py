@@ -167,7 +167,8 @@ def run(trials: int, seed: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             judge.drifted(live)
             times.append(time.perf_counter() - t0)
-        cost[name] = {"first_ms": round(first * 1e3, 1), "per_10k_rows_ms": round(min(times) * 1e3, 1)}
+        cost[name] = {"first_ms": round(first * 1e3, 1),
+                      "per_10k_rows_ms": round(min(times) * 1e3, 1)}
     results["cost"] = cost
     return results
 
@@ -191,7 +192,8 @@ def table(results: dict[str, Any]) -> str:
     lines += ["", f"cost per 10,000 live rows (9 features, reference 20,000): redline "
               f"{cost['redline']['per_10k_rows_ms']} ms (first, with calibration: "
               f"{cost['redline']['first_ms']} ms), Evidently "
-              f"{cost['evidently']['per_10k_rows_ms']} ms (first {cost['evidently']['first_ms']} ms)"]
+              f"{cost['evidently']['per_10k_rows_ms']} ms "
+              f"(first {cost['evidently']['first_ms']} ms)"]
     return "\n".join(lines)
 
 

@@ -41,7 +41,9 @@ class ModelWindows:
         self._lock = threading.Lock()  # absorb runs on the tick's thread and in routes
 
     def request_finished(self, record: RequestRecord) -> None:
-        if record.status == "ok" and (record.inputs is not None or record.outputs is not None):
+        # Only what the model itself answered: a fallback's rows are not this model's inputs.
+        if record.status == "ok" and record.path == "primary" and (
+                record.inputs is not None or record.outputs is not None):
             self._pending.append((record.model, record.version, record.request_id,
                                   record.inputs, record.outputs))
 
