@@ -17,6 +17,11 @@ from redline.errors import RedlineError
 
 # command name -> (module, attribute, one-line help shown in `redline --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": (
+        "redline.commands.init",
+        "init",
+        "Create a project (settings, features, data, training script) that serves at once.",
+    ),
     "models": (
         "redline.commands.models",
         "models",
