@@ -65,6 +65,15 @@ class RedlineServer:
         self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
         V1Rest(self.pipeline, self.app).install(self.app)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
+        # Metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
+        self.monitor: Any = None
+        if settings.monitoring.enabled:
+            from redline.monitoring import ServerMonitor
+
+            self.monitor = ServerMonitor(settings, self.registry, self.pipeline)
+            for observer in self.monitor.observers():
+                self.observers.add(observer)
+            self.monitor.install(self.app)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -133,8 +142,11 @@ class RedlineServer:
         grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
         log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
                  server.host, self.http_port, grpc_text)
+        ticker = loop.create_task(self.monitor.run()) if self.monitor is not None else None
         self.started.set()
         await self._stop.wait()
+        if ticker is not None:
+            ticker.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
         self.app.draining = self.servicer.draining = True
         if watcher is not None:
@@ -148,6 +160,8 @@ class RedlineServer:
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         self.pipeline.close()
+        if self.monitor is not None:
+            self.monitor.close()
         log.info("redline stopped after draining")
 
     def stop(self) -> None:
