@@ -28,6 +28,7 @@ from redline.serving.http_protocol import JsonErrorHttpProtocol
 from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers
+from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
 
@@ -87,6 +88,10 @@ class RedlineServer:
         """Load models, serve until ``stop()`` or a signal, then drain."""
         server = self.settings.server
         await self.registry.sync()
+        # The online store's reachability: logged now and on every change, in the health body.
+        store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
+        await store_health.check()
+        self.app.health_details = store_health.body  # type: ignore[attr-defined]
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
@@ -133,8 +138,10 @@ class RedlineServer:
         watcher = None
         if server.watch_repository:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
-        log.warning("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
-                    server.host, self.http_port, self.grpc_port)
+        store_watch = loop.create_task(store_health.watch()) if store_health.remote else None
+        grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
+        log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
+                 server.host, self.http_port, grpc_text)
         ticker = loop.create_task(self.monitor.run()) if self.monitor is not None else None
         self.started.set()
         await self._stop.wait()
@@ -144,6 +151,8 @@ class RedlineServer:
         self.app.draining = self.servicer.draining = True
         if watcher is not None:
             watcher.cancel()
+        if store_watch is not None:
+            store_watch.cancel()
         self._http.should_exit = True
         waits: list[Any] = [http_task]
         if grpc_server is not None:
@@ -153,7 +162,7 @@ class RedlineServer:
         self.pipeline.close()
         if self.monitor is not None:
             self.monitor.close()
-        log.warning("redline stopped after draining")
+        log.info("redline stopped after draining")
 
     def stop(self) -> None:
         self._stop.set()
