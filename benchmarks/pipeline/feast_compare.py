@@ -195,7 +195,10 @@ def start_redline(args: argparse.Namespace, work: Path, procs: list, label: str 
         ["taskset", "-c", "0", sys.executable, "-m", "redline.cli", "serve", "--config",
          str(config), "--http-port", str(hport), "--no-grpc"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src else {})}))
+        # One worker process (`serve` defaults to one per core since scaling landed; a tree
+        # from before that knows no scaling settings).
+        env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src
+                              else {"REDLINE_SCALING__WORKERS": "1"})}))
     http = f"http://127.0.0.1:{hport}"
     wait_http(http, "/v2/health/ready")
     import httpx

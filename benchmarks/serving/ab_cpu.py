@@ -38,6 +38,9 @@ def main() -> None:
     ap.add_argument("-c", "--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--duration", type=float, default=2.0)
+    ap.add_argument("--no-monitoring", action="store_true",
+                    help="serve this tree with monitoring.enabled false (no request observers), "
+                         "to compare the request path alone with an older tree")
     args = ap.parse_args()
     kit = args.kit.resolve()
     scratch = Path(tempfile.mkdtemp(prefix="redline-ab-"))
@@ -49,7 +52,11 @@ def main() -> None:
     servers: dict[str, tuple[list[str], Path, int, dict[str, str]]] = {
         "raw_asgi": ([str(args.kit_venv / "bin/python"), *uv, "raw_asgi:app", "--port", "8097"],
                      kit, 8097, {"MODEL": str(kit / "models/rf.onnx")}),
-        "redline": ([*serve, "--http-port", "8300", "--grpc-port", "8301"], ROOT, 8300, {}),
+        # One process: `redline serve` defaults to a worker per core (scaling.workers: 0), and
+        # this measures one server process's CPU per request.
+        "redline": ([*serve, "--http-port", "8300", "--grpc-port", "8301"], ROOT, 8300,
+                    {"REDLINE_SCALING__WORKERS": "1",
+                     **({"REDLINE_MONITORING__ENABLED": "false"} if args.no_monitoring else {})}),
     }
     if args.before:
         servers["redline_before"] = ([*serve, "--http-port", "8350", "--grpc-port", "8351"],

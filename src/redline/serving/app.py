@@ -170,7 +170,13 @@ class RestApp:
                 status, body, headers = response.status, response.body, response.headers
         except Exception as exc:  # noqa: BLE001 - a bug must not take the connection down
             status, body, headers = self._error_answer(exc, method, path)
-        await self._send(send, status, body, headers)
+        # The two sends inline, not through _send: one coroutine less per request (hot path).
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", b"%d" % len(body))],
+        })
+        await send({"type": "http.response.body", "body": body})
 
     async def _read_body(self, receive: Receive, declared: int | None) -> bytes:
         if declared is not None and declared > self.max_body:

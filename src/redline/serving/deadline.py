@@ -92,9 +92,8 @@ def parse_budget(value: bytes | str | float | int | None, source: str, *, defaul
     elif isinstance(value, int | float):
         ms = float(value)
     else:
-        text = value.decode("latin-1") if isinstance(value, bytes) else value
         try:
-            ms = float(text) if text.strip().isascii() else math.nan
+            ms = float(value)  # bytes or str; float() also reads other scripts' decimal digits
         except ValueError:
             ms = math.nan
     if source == FROM_GRPC_DEADLINE:
