@@ -386,7 +386,11 @@ class RestApp:
 
     async def _ready(self, request: HttpRequest) -> HttpResponse:
         ready = not self.draining and self.registry.all_ready()
-        return HttpResponse.json({"ready": ready}, 200 if ready else 503)
+        doc: dict[str, Any] = {"ready": ready}
+        health = getattr(self, "health_details", None)  # serving/store_health.py, when set
+        if health is not None:
+            doc.update(health())
+        return HttpResponse.json(doc, 200 if ready else 503)
 
     async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(model_metadata(self.registry, request.params))

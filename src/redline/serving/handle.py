@@ -71,8 +71,9 @@ class ModelHandle:
             name=f"{self.name}:{self.version}",
         )
         self._runtime = settings.runtime
-        # Keep each request's inputs and outputs on its record (a shadow rollout replays them).
-        self.keep_io = False
+        # Keep each request's inputs and outputs on its record (a shadow rollout replays them;
+        # monitoring's drift, quality and review read them).
+        self.keep_io = settings.monitoring.enabled
         self._input_names = set(self.input_specs)
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
