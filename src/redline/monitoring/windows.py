@@ -87,45 +87,59 @@ class ModelWindows:
         xs: list[np.ndarray] = []
         ss: list[np.ndarray] = []
         ids: list[str] = []
+        paired: list[tuple[np.ndarray, np.ndarray, list[str]]] = []
         for rid, inputs, outputs in items:
             x = input_matrix(inputs)
             s = scores(outputs)
-            if x is not None:
-                xs.append(x)
+            row_ids = None
             if s is not None:
                 ss.append(s)
-                if s.size == 1:
-                    ids.append(rid)
-                else:
-                    ids.extend(f"{rid}:{i}" if rid else "" for i in range(s.size))
-            if x is not None and s is not None and x.shape[0] == s.size:
-                self._maybe_review(key, drift, rid, x, s)
+                row_ids = [rid] if s.size == 1 else [f"{rid}:{i}" if rid else ""
+                                                     for i in range(s.size)]
+                ids.extend(row_ids)
+            if x is not None:
+                xs.append(x)
+                if row_ids is not None and x.shape[0] == s.size:  # type: ignore[union-attr]
+                    paired.append((x, s, row_ids))  # type: ignore[arg-type]
         x_all = np.concatenate(xs) if xs else None
         s_all = np.concatenate(ss) if ss else None
         drift.add(x_all, s_all)
         if s_all is not None:
             quality.predicted(ids, s_all)
+        if paired and self.review.bucket.peek():
+            self._review(key, drift, quality.classification, paired)
 
-    def _maybe_review(self, key: tuple[str, str], drift: DriftMonitor, rid: str,
-                      x: np.ndarray, s: np.ndarray) -> None:
-        margin = self.settings.review_margin
-        drifted = set(drift.last_report["drifted"]) if drift.last_report else set()
-        classification = self.quality[key].classification
-        for i in range(x.shape[0]):
+    def _review(self, key: tuple[str, str], drift: DriftMonitor, classification: bool,
+                paired: list[tuple[np.ndarray, np.ndarray, list[str]]]) -> None:
+        """Offer edge cases to the review queue: found with whole-array tests, and only while
+        the queue's rate allows (it bounds this work too)."""
+        x = np.concatenate([p[0] for p in paired]).astype(np.float64, copy=False)
+        s = np.concatenate([p[1] for p in paired])
+        row_ids = [rid for p in paired for rid in p[2]]
+        if x.shape[1] != len(drift.names):
+            return
+        lo, hi = drift.bounds()
+        with np.errstate(invalid="ignore"):
+            outside = (x < lo) | (x > hi)
+        uncertain = (np.abs(s - 0.5) < self.settings.review_margin) if classification else \
+            np.zeros(s.size, dtype=bool)
+        drifted = sorted(drift.last_report["drifted"]) if drift.last_report else []
+        candidates = (np.flatnonzero(outside.any(axis=1) | uncertain) if not drifted
+                      else np.arange(s.size))
+        for i in candidates:
             reasons = []
-            score = float(s[i])
-            if classification and abs(score - 0.5) < margin:
+            if uncertain[i]:
                 reasons.append("uncertain")
-            bad = drift.out_of_range(x[i])
+            bad = [drift.names[j] for j in np.flatnonzero(outside[i])]
             if bad:
                 reasons.append("out_of_range:" + ",".join(bad))
             if drifted:
-                reasons.append("drift:" + ",".join(sorted(drifted)))
-            if not reasons:
-                continue
+                reasons.append("drift:" + ",".join(drifted))
             features = {name: _py(x[i, j]) for j, name in enumerate(drift.names)}
-            row_id = rid if x.shape[0] == 1 else (f"{rid}:{i}" if rid else "")
-            self.review.offer(key[0], key[1], row_id, reasons, features, score, score)
+            score = float(s[i])
+            if not self.review.offer(key[0], key[1], row_ids[i], reasons, features, score,
+                                     score):
+                return  # the rate is spent: the rest waits for the next tick
 
     # ------------------------------------------------------------------ labels
     def label(self, model: str | None, request_id: str, label: float) -> bool:
