@@ -84,6 +84,14 @@ class ModelWindows:
         drift, quality = self._monitors(key)
         if drift is None or quality is None:
             return
+        fast = _same_shape(items)
+        if fast is not None:
+            x_fast, s_fast, fast_ids = fast
+            drift.add(x_fast, s_fast)
+            quality.predicted(fast_ids, s_fast)
+            if self.review.bucket.peek():
+                self._review(key, drift, quality.classification, [(x_fast, s_fast, fast_ids)])
+            return
         xs: list[np.ndarray] = []
         ss: list[np.ndarray] = []
         ids: list[str] = []
@@ -151,6 +159,39 @@ class ModelWindows:
 
     def versions(self, model: str) -> list[tuple[str, str]]:
         return sorted((k for k in self.drift if k[0] == model), key=lambda k: _vkey(k[1]))
+
+
+def _same_shape(items: list[tuple[str, Any, Any]]
+                ) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """The common case at once: every request has one input tensor and a binary classifier's
+    ``probabilities`` (or one output), so the arrays concatenate and convert in one go. None
+    when the requests are not alike (the general path then takes them one by one)."""
+    inputs, outputs = items[0][1], items[0][2]
+    if not (isinstance(inputs, dict) and len(inputs) == 1 and isinstance(outputs, dict)):
+        return None
+    in_key = next(iter(inputs))
+    out_key = "probabilities" if "probabilities" in outputs else (
+        next(iter(outputs)) if len(outputs) == 1 else None)
+    if out_key is None:
+        return None
+    try:
+        x = np.concatenate([it[1][in_key] for it in items])
+        y = np.concatenate([it[2][out_key] for it in items])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if x.ndim != 2 or x.dtype.kind not in "fiu" or y.dtype.kind not in "fiu":
+        return None
+    score = scores({out_key: y} if out_key == "probabilities" else y)
+    if score is None or score.size != x.shape[0]:
+        return None
+    if score.size == len(items):
+        ids = [it[0] for it in items]
+    else:
+        ids = []
+        for rid, _, out in items:
+            n = int(out[out_key].shape[0])
+            ids.extend([rid] if n == 1 else [f"{rid}:{i}" if rid else "" for i in range(n)])
+    return x, score, ids
 
 
 def input_matrix(inputs: Any) -> np.ndarray | None:
