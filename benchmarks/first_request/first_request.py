@@ -28,12 +28,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# "off": the server without serving/warmup.py's self-requests (for the comparison only)
+# "off": the server without serving/warmup.py's preparation (for the comparison only)
 SERVE = ("import sys\n"
          "if sys.argv[1] == 'off':\n"
          "    import redline.serving.server as s\n"
-         "    async def nothing(*a): return 0\n"
-         "    s.warm_request_path = nothing\n"
+         "    s.prepare_request_path = lambda *a: 0\n"
          "from redline.cli import main\n"
          "main(sys.argv[2:])")
 

@@ -385,8 +385,7 @@ class RestApp:
         return HttpResponse.json({"live": True})
 
     async def _ready(self, request: HttpRequest) -> HttpResponse:
-        warming = getattr(self, "warming", False)  # serving/warmup.py runs before ready
-        ready = not self.draining and not warming and self.registry.all_ready()
+        ready = not self.draining and self.registry.all_ready()
         doc: dict[str, Any] = {"ready": ready}
         health = getattr(self, "health_details", None)  # serving/store_health.py, when set
         if health is not None:

@@ -3,16 +3,15 @@ what the hundredth does.
 
 Model warm-up (``runtime.warmup_batch_sizes``) runs each session, but the first real request
 still paid for first-time work on the way: building the ``/v1`` route (plan, feature reader),
-the JSON decoders, the store client, the inline-run estimate. So after the listener is up and
-before readiness turns true, the server sends itself a few real requests over loopback for every
-served model: V2 ``infer`` with zeros shaped from its metadata, and ``/v1 predict`` (entity
-``__warmup__``, request fields 0) where the model reads features. Measured in
+the first run of the request decoders and of the reader. Before readiness turns true the server
+does that work itself, by calling the pieces directly with a synthetic body per model (V2 zeros
+shaped from its metadata; ``/v1`` entity ``__warmup__``, request fields 0) rather than sending
+itself requests, which observers, metrics, caches and counters would all see. Measured in
 ``benchmarks/first_request`` (docs/performance.md#first-request).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -52,43 +51,26 @@ def v1_body(pipeline: Any, handle: Any) -> bytes | None:
                          "request": {f: 0 for f in route.request_fields}})
 
 
-async def _post(host: str, port: int, path: str, body: bytes) -> int:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\nconnection: close\r\n\r\n"
-                     % (path.encode(), host.encode(), len(body)) + body)
-        await writer.drain()
-        status_line = await reader.readline()
-        await reader.read()
-        parts = status_line.split()
-        return int(parts[1]) if len(parts) > 1 else 0
-    finally:
-        writer.close()
+def prepare_request_path(registry: Any, pipeline: Any) -> int:
+    """Do the first-request work now, without sending a request (so no observer, metric, cache
+    or counter sees it): build each model's ``/v1`` route (plan, feature reader) and run the
+    ``/v1`` request decoder once. Returns how many models were prepared. Never raises."""
+    from redline.serving.predict.request import parse_request
 
-
-async def warm_request_path(registry: Any, pipeline: Any, host: str, port: int) -> int:
-    """Send the warm-up requests; returns how many were answered 200. Never raises."""
-    target = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    ok = 0
+    done = 0
     for name in registry.models():
         try:
             handle = registry.get(name)
-        except Exception:  # noqa: BLE001 - not loaded (failed or unloaded): nothing to warm
-            continue
-        calls = [(f"/v2/models/{name}/infer", v2_body(handle))]
-        body = v1_body(pipeline, handle)
-        if body is not None:
-            calls.append((f"/v1/models/{name}/predict", body))
-        for path, payload in calls:
-            for _ in range(ROUNDS):
-                try:
-                    status = await asyncio.wait_for(_post(target, port, path, payload), 10)
-                except (TimeoutError, OSError) as exc:
-                    log.debug("warm-up %s: %s", path, exc)
-                    break
-                if status != 200:
-                    log.debug("warm-up %s answered %s", path, status)
-                    break
-                ok += 1
-    return ok
+            body = v1_body(pipeline, handle)
+            if body is not None:
+                parse_request(orjson.loads(body), pipeline.max_instances)
+                route = pipeline.route(handle)
+                if route.reader is not None and pipeline.store.kind == "memory":
+                    # the reader's first read (an absent entity; the memory store only, so no
+                    # shared store sees a read nobody asked for)
+                    route.reader.read({e: [WARMUP_ENTITY] for e in route.entity_names})
+            orjson.loads(v2_body(handle))
+            done += 1
+        except Exception as exc:  # noqa: BLE001 - not loaded, or not a /v1 model: nothing to do
+            log.debug("warm-up of %s skipped: %s", name, exc)
+    return done
