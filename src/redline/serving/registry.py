@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -55,6 +56,9 @@ class ModelRegistry:
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        # Checks a loaded version must pass to serve (the /v1 pipeline's feature-view and
+        # missing-value checks); a failure is a load failure: logged, not ready, with its reason.
+        self.admit: Callable[[ModelHandle], None] | None = None
         self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
 
     # ------------------------------------------------------------------ request path
@@ -229,6 +233,8 @@ class ModelRegistry:
         def build() -> ModelHandle:
             session = InferenceSession.load(self.repository, name, version, self.settings.runtime)
             handle = ModelHandle(session, self.settings)
+            if self.admit is not None:
+                self.admit(handle)
             handle.warm()
             return handle
 
@@ -289,8 +295,11 @@ class ModelRegistry:
                     row["state"] = "UNAVAILABLE"
                     row["reason"] = self.failures[(name, version)]
                 else:
-                    row["state"] = "UNLOADED" if name in self.unloaded else "UNAVAILABLE"
-                    row["reason"] = "unloaded" if name in self.unloaded else "not live"
+                    # Deliberately not loaded (admin unload, or outside the version policy):
+                    # UNLOADED, as Triton says; UNAVAILABLE is for versions that failed.
+                    row["state"] = "UNLOADED"
+                    row["reason"] = ("unloaded through the admin API" if name in self.unloaded
+                                     else "not live (version policy)")
                 rows.append(row)
         return rows
 

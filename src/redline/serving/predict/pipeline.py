@@ -18,7 +18,8 @@ Each stage is a span on the request's :class:`~redline.serving.stages.RequestRec
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -31,7 +32,7 @@ from redline.errors import (
     Overloaded,
     RedlineError,
 )
-from redline.features.definitions import FeatureDefinitions
+from redline.features.definitions import FeatureDefinitions, RequestTransform
 from redline.features.ingest import Ingestor
 from redline.features.online.base import OnlineStore
 from redline.serving.deadline import Budget
@@ -80,6 +81,20 @@ class PredictPipeline:
         self.degraded = 0
         self._ingestor: Ingestor | None = None
 
+    def admit(self, handle: ModelHandle) -> None:
+        """Load-time check of a model version that reads features (``ModelRegistry.admit``):
+        pinned view versions must be the live ones, NaN defaults must meet a model that allows
+        NaN. A model that would always answer 409 or 400 fails to load instead, with the reason."""
+        meta = handle.metadata
+        names = meta.feature_names or []
+        if self.defs is None or not (meta.feature_views or any(
+                ":" in n or n in self.defs.transforms for n in names)):
+            return
+        from redline.features.versioning import check_model_features
+
+        check_model_features(meta.name, names, meta.feature_views, meta.missing_values,
+                             self.defs)
+
     @property
     def near(self) -> FeatureNearCache:
         return self.features.near
@@ -96,7 +111,8 @@ class PredictPipeline:
         return self._ingestor
 
     # ------------------------------------------------------------------ the request
-    async def predict(self, name: str, req: PredictRequest, budget_of: Any,
+    async def predict(self, name: str, req: PredictRequest,
+                      budget_of: Callable[[ModelHandle], Budget],
                       record: RequestRecord) -> dict[str, Any]:
         """Serve one request; the answer is a JSON-ready dict (see ``docs/pipeline.md``).
 
@@ -347,7 +363,7 @@ def _assemble(plan: ModelPlan, route: Route, feats: np.ndarray, fields: dict[str
         elif kind == "request":
             x[:, j] = fields[what]  # type: ignore[index]
         elif kind == "transform":
-            t: Any = what
+            t = cast(RequestTransform, what)
             args = [fields[f] for f in t.request]
             args += [feats[:, col[ref]].astype(np.float64) for ref in t.features]
             x[:, j] = t.compute(args) if args else t.default
