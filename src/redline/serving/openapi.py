@@ -202,7 +202,9 @@ def document(routes: list[tuple[str, str, dict[str, Any] | None, bool]]) -> dict
             params = [{"name": p[1:-1], "in": "path", "required": True,
                        "schema": {"type": "string"}}
                       for p in template.split("/") if p.startswith("{")]
-            op = _op(f"{method} {template}", params=params or None)
+            # Mounted without a description: any content type (a /metrics page is text).
+            op = _op(f"{method} {template}", {"description": "OK", "content": {"*/*": {}}},
+                     params=params or None)
         paths.setdefault(template, {})[method.lower()] = op
     return {
         "openapi": "3.1.0",
