@@ -24,15 +24,27 @@ STAGE_ORDER = ("decode", "admission", "features", "sessions", "queue", "inferenc
 
 
 def url_option(func: Any) -> Any:
-    return click.option("--url", default="http://127.0.0.1:8000", show_default=True,
-                        help="The server's HTTP address.")(func)
+    return click.option("--url", default=None,
+                        help="The server's HTTP address (default: http://127.0.0.1:"
+                             "<server.http_port>, 8000).")(func)
 
 
 def token_option(func: Any) -> Any:
     return click.option("--admin-token", envvar="REDLINE_ADMIN_TOKEN", default=None,
                         metavar="TOKEN",
-                        help="server.admin_token (or env REDLINE_ADMIN_TOKEN): needed for the "
-                             "slow-request log and the review queue.")(func)
+                        help="Needed for the slow-request log and the review queue (default: "
+                             "env REDLINE_ADMIN_TOKEN, else server.admin_token).")(func)
+
+
+def _defaults(url: str | None, token: str | None) -> tuple[str, str | None]:
+    """The local server's address and admin token from the settings, where not given."""
+    if url is not None and token is not None:
+        return url, token
+    from redline.config import load_settings
+
+    server = load_settings().server
+    url = url or f"http://127.0.0.1:{server.http_port}"
+    return (url if "://" in url else f"http://{url}"), token or server.admin_token
 
 
 def call(url: str, path: str, token: str | None = None, body: Any = None,
@@ -76,8 +88,8 @@ def call(url: str, path: str, token: str | None = None, body: Any = None,
               help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one view and exit (no live screen).")
 @json_options
-def top(url: str, admin_token: str | None, model: str | None, interval: float, once: bool,
-        as_json: bool, json_out: str | None) -> None:
+def top(url: str | None, admin_token: str | None, model: str | None, interval: float,
+        once: bool, as_json: bool, json_out: str | None) -> None:
     """Live view of a running server: rate, p50/p95/p99 per stage, errors, queue, batch size.
 
     One row per stage of each series (API, model, version), the last second's figures; below,
@@ -92,6 +104,7 @@ def top(url: str, admin_token: str | None, model: str | None, interval: float, o
     from rich.console import Console, Group
     from rich.live import Live
 
+    url, admin_token = _defaults(url, admin_token)
     console = Console()
     if once or as_json:
         view = snapshot(url, admin_token, model)
@@ -127,26 +140,24 @@ def snapshot(url: str, token: str | None, model: str | None) -> dict[str, Any]:
 def render_top(view: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     when = time.strftime("%H:%M:%S", time.localtime(view["time"])) if view["time"] else "–"
-    table = Table(title=f"redline {view['url']}  {when}", title_justify="left", expand=False)
-    for col in ("series", "req/s", "errors", "stage", "n", "p50 µs", "p95 µs", "p99 µs",
-                "queue", "batch"):
-        table.add_column(col, justify="left" if col in ("series", "stage") else "right")
+    parts: list[Any] = [Text(f"redline {view['url']}  {when}  (last second)", style="bold")]
     if not view["series"]:
-        table.add_row("(no requests in the last second)", *[""] * 9)
+        parts.append(Text("no requests in the last second"))
     for key, s in sorted(view["series"].items()):
         m = view["models"].get(f"{s['model']}:{s['version']}", {})
-        first = True
+        batch = m.get("batch_mean")
+        title = (f"{key}  {s['rate']:,.0f} req/s · {s['errors']} errors · queue "
+                 f"{m.get('queue', '–')} · batch {'–' if batch is None else batch}")
+        table = Table(title=title, title_justify="left")
+        for col in ("stage", "n", "p50 µs", "p95 µs", "p99 µs"):
+            table.add_column(col, justify="left" if col == "stage" else "right")
         for stage in [st for st in STAGE_ORDER if st in s["stages"]]:
             v = s["stages"][stage]
-            table.add_row(key if first else "", f"{s['rate']:,.0f}" if first else "",
-                          str(s["errors"]) if first else "", stage, f"{v['n']:,}",
-                          _us(v["p50"]), _us(v["p95"]), _us(v["p99"]),
-                          str(m.get("queue", "")) if first else "",
-                          _us(m.get("batch_mean")) if first else "")
-            first = False
-    parts: list[Any] = [table]
+            table.add_row(stage, f"{v['n']:,}", _us(v["p50"]), _us(v["p95"]), _us(v["p99"]))
+        parts.append(table)
     if view["slow"] is not None:
         slow = Table(title="slowest requests, last minute", title_justify="left")
         for col in ("total µs", "series", "status", "request id", "stages µs"):
@@ -170,7 +181,7 @@ def _us(v: Any) -> str:
 @click.option("--version", "version", default=None, help="One version (default: every version "
               "with live traffic).")
 @json_options
-def drift(url: str, model: str | None, version: str | None, as_json: bool,
+def drift(url: str | None, model: str | None, version: str | None, as_json: bool,
           json_out: str | None) -> None:
     """Drift of a served model's live inputs and predictions against its training profile.
 
@@ -186,6 +197,7 @@ def drift(url: str, model: str | None, version: str | None, as_json: bool,
     if not model:
         raise click.UsageError("name the model with -m/--model NAME, e.g. `redline drift -m "
                                "fraud`")
+    url, _ = _defaults(url, "")
     path = f"/v1/models/{model}" + (f"/versions/{version}" if version else "") + "/drift"
     doc = call(url, path)
     emit_json(doc, as_json, json_out)
@@ -233,7 +245,7 @@ def drift(url: str, model: str | None, version: str | None, as_json: bool,
 @model_option
 @json_options
 @click.pass_context
-def review(ctx: click.Context, url: str, admin_token: str | None, model: str | None,
+def review(ctx: click.Context, url: str | None, admin_token: str | None, model: str | None,
            as_json: bool, json_out: str | None) -> None:
     """The human review queue: uncertain, out-of-range and drifted requests to label.
 
@@ -246,6 +258,7 @@ def review(ctx: click.Context, url: str, admin_token: str | None, model: str | N
       redline review --admin-token "$TOKEN" label r12 1      # item r12 is class 1
       redline review --admin-token "$TOKEN" export labels.parquet
     """
+    url, admin_token = _defaults(url, admin_token)
     ctx.obj = {"url": url, "token": admin_token}
     if ctx.invoked_subcommand is not None:
         return
