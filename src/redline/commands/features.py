@@ -282,7 +282,9 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
 def _run(source: Any, max_events: int | None, stats_every: float) -> None:
     """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C."""
     from redline.features.ingest import run_source
+    from redline.monitoring.ingest import metered
 
+    source = metered(source)  # ingest metrics, when the server's metrics directory is shared
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     try:
