@@ -144,6 +144,8 @@ def write(data: Dataset, out: Path) -> None:
     from features import events_of, label_event
 
     out.mkdir(parents=True, exist_ok=True)
+    (out / "period.json").write_bytes(orjson.dumps({"start_ms": data.start_ms,
+                                                    "end_ms": data.end_ms}))
     events = [e for t in data.transactions for e in events_of(t)]
     events += [label_event(r) for r in data.labels]
     events.sort(key=lambda e: e["ts"])
@@ -160,6 +162,17 @@ def write(data: Dataset, out: Path) -> None:
         for t in data.transactions:
             f.write(orjson.dumps({"txn_id": t["txn_id"], "is_fraud": t["is_fraud"],
                                   "kind": t["kind"]}) + b"\n")
+
+
+def read(folder: Path) -> Dataset:
+    """A dataset ``write`` left in ``folder`` (transactions with their truth, and labels)."""
+    truth = {r["txn_id"]: r for r in map(orjson.loads, (folder / "truth.jsonl").read_bytes()
+                                         .splitlines())}
+    txns = [{**t, "is_fraud": truth[t["txn_id"]]["is_fraud"], "kind": truth[t["txn_id"]]["kind"]}
+            for t in map(orjson.loads, (folder / "transactions.jsonl").read_bytes().splitlines())]
+    labels = [orjson.loads(line) for line in (folder / "labels.jsonl").read_bytes().splitlines()]
+    meta = orjson.loads((folder / "period.json").read_bytes())
+    return Dataset(txns, labels, meta["start_ms"], meta["end_ms"])
 
 
 def main() -> None:

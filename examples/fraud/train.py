@@ -6,7 +6,7 @@ arithmetic as the online stores), so training and serving see the same numbers. 
 registered with the feature-view versions it was trained on; serving it against other versions
 is refused.
 
-    python train.py --data data --repository ../../.redline/models
+    python train.py --data data      # registers into the repository redline.yaml names
 """
 
 from __future__ import annotations
@@ -93,18 +93,26 @@ def train(data: object, repository: str | Path, *, holdout_days: float = 2.0,
 
 
 def main() -> None:
-    from generate import Dataset, generate
+    from generate import Dataset, generate, read
+
+    from redline.config import load_settings
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repository", default=".redline/models")
+    parser.add_argument("--repository", default=None,
+                        help="model repository (default: the one redline.yaml here names)")
+    parser.add_argument("--data", default=None,
+                        help="a folder generate.py wrote (default: generate in memory)")
     parser.add_argument("--cards", type=int, default=2000)
     parser.add_argument("--days", type=float, default=8)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    data: Dataset = generate(args.cards, args.days, args.seed)
-    result = train(data, args.repository)
-    print(f"registered fraud version {result['version']}: ROC AUC {result['roc_auc']:.3f} on "
+    data: Dataset = read(Path(args.data)) if args.data else generate(args.cards, args.days,
+                                                                     args.seed)
+    repository = args.repository or load_settings(HERE / "redline.yaml", environ={}).repository
+    result = train(data, repository)
+    print(f"registered fraud version {result['version']} in {repository}: ROC AUC "
+          f"{result['roc_auc']:.3f} on "
           f"{result['holdout_rows']} held-out transactions ({result['holdout_fraud']} fraud)")
 
 

@@ -17,6 +17,11 @@ from redline.errors import RedlineError
 
 # command name -> (module, attribute, one-line help shown in `redline --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": (
+        "redline.commands.init",
+        "init",
+        "Create a project (settings, features, data, training script) that serves at once.",
+    ),
     "models": (
         "redline.commands.models",
         "models",
@@ -46,6 +51,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "redline.commands.features",
         "ingest",
         "Ingest events into the online store (Redis Streams, HTTP push, file replay).",
+    ),
+    "rollout": (
+        "redline.commands.rollout",
+        "rollout",
+        "Canary and shadow rollouts of a candidate version, with automatic rollback.",
     ),
     "optimize": (
         "redline.commands.optimize",

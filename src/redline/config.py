@@ -126,7 +126,8 @@ class ScalingSettings:
     queue_low: float = 0.5  # ... and below which a worker may go
     scale_up_cooldown_s: float = 5.0
     scale_down_cooldown_s: float = 30.0
-    rollout_file: str = field(default=".redline/rollout.json", metadata={"path": True})
+    # canary/shadow rollouts every server follows (default: rollout.json in the project folder)
+    rollout_file: str | None = field(default=None, metadata={"path": True})
 
 
 @dataclass
@@ -162,6 +163,12 @@ class FeatureSettings:
     ingest_batch: int = 1000  # events per atomic write
     claim_idle_ms: int = 30000  # pending entries idle this long are claimed from dead consumers
     http_port: int = 8010  # `redline ingest http` (POST /v1/events)
+    # `redline ingest kafka` (redline[kafka]): messages keyed by entity id, JSON values
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_topic: str = "redline-events"
+    kafka_group: str = "redline-ingest"
+    # any librdkafka setting, e.g. security.protocol, sasl.mechanism, sasl.username, ssl.ca.location
+    kafka_config: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -43,6 +44,31 @@ def time_calls(fn: Callable[[], object], calls: int, label: str, progress: Progr
             progress.update(task, completed=i)
     progress.update(task, completed=calls)
     return samples
+
+
+def demo_dir(root: Path) -> Path:
+    """Where the demo leaves real inputs for the docs: next to the repository (.redline/demo)."""
+    out = root.parent / "demo"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_engine_inputs(out: Path, onnx_bytes: bytes, forest: object, x_val: np.ndarray,
+                        y_val: np.ndarray, feature_names: list[str]) -> None:
+    """The files README.md and docs/ use: an ONNX file, a pickled estimator, rows, a V2 body."""
+    import joblib
+
+    (out / "breast_cancer.onnx").write_bytes(onnx_bytes)
+    joblib.dump(forest, out / "forest.joblib")
+    np.savez(out / "val.npz", X=x_val, y=y_val)
+    (out / "sample.npz").write_bytes((out / "val.npz").read_bytes())
+    row = [round(float(v), 6) for v in x_val[0]]
+    (out / "row.json").write_text(json.dumps([row]) + "\n")
+    (out / "features.json").write_text(json.dumps(dict(zip(feature_names, row, strict=True)),
+                                                  indent=1) + "\n")
+    body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, len(row)],
+                        "data": row}]}
+    (out / "infer.json").write_text(json.dumps(body) + "\n")
 
 
 def engine_step(root: Path, calls: int) -> dict[str, float]:
@@ -76,6 +102,8 @@ def engine_step(root: Path, calls: int) -> dict[str, float]:
         f"registered [bold]breast_cancer[/] version {meta.version} in {root} "
         f"(ROC AUC {auc:.3f}, conversion max |diff| {meta.extra['conversion_max_abs_diff']:.1e})"
     )
+    write_engine_inputs(demo_dir(root), repo.model_path("breast_cancer", meta.version).read_bytes(),
+                        forest, x_test, y_test, [str(n) for n in data.feature_names])
     session = InferenceSession.load(repo, "breast_cancer")
     session.warmup()
     row = x_test[:1]
@@ -179,6 +207,7 @@ def fraud_step(root: Path, cards: int, days: float, replay_n: int, bench_s: floa
     settings.server.grpc_enabled = False
     settings.server.watch_repository = False
     settings.features.definitions = str(example / "features.py")
+    logging.getLogger("redline").setLevel(logging.ERROR)  # the demo prints its own progress
     with console.status("starting the server (embedded in-memory online store)…"):
         server, thread = _serve_in_thread(settings)
     url = f"http://127.0.0.1:{server.http_port}"  # type: ignore[attr-defined]
@@ -212,6 +241,7 @@ def fraud_step(root: Path, cards: int, days: float, replay_n: int, bench_s: floa
         many = _bench(url, body, 8, bench_s)
     server.stop()  # type: ignore[attr-defined]
     thread.join(30)
+    write_fraud_inputs(demo_dir(root), root, example, data, fx)
     table = Table(title="/v1/models/fraud/predict (features + transforms + model), one process")
     for col in ("clients", "requests/s", "p50 ms", "p99 ms", "errors"):
         table.add_column(col, justify="right")
@@ -222,6 +252,42 @@ def fraud_step(root: Path, cards: int, days: float, replay_n: int, bench_s: floa
     return {"roc_auc": result["roc_auc"], "live_auc": live_auc,
             "p50_ms": one["latency_ms"]["p50"], "p99_ms": one["latency_ms"]["p99"],
             "rps_1": one["throughput_rps"], "rps_8": many["throughput_rps"]}
+
+
+def write_fraud_inputs(out: Path, root: Path, example: Path, data: object, fx: object) -> None:
+    """What `redline serve --config .redline/demo/redline.yaml` needs to serve the fraud model
+    as the demo did: every event (replayed into the memory store at start), a config, and a real
+    request for a card the history knows."""
+    import os
+
+    import orjson
+
+    txns = data.transactions  # type: ignore[attr-defined]
+    events = [e for t in txns for e in fx.events_of(t)]  # type: ignore[attr-defined]
+    events += [fx.label_event(r) for r in data.labels]  # type: ignore[attr-defined]
+    events.sort(key=lambda e: e["ts"])
+    with open(out / "fraud-events.jsonl", "wb") as f:
+        for e in events:
+            f.write(orjson.dumps(e) + b"\n")
+    # The last stolen card's last large charge, scored once more a minute later.
+    cash_outs = [t for t in txns if t.get("kind") == "cash_out"] or txns
+    last = cash_outs[-1]
+    later = {**last, "ts": last["ts"] + 60_000}
+    request = fx.request_of(later)  # type: ignore[attr-defined]
+    request.pop("request_id", None)
+    (out / "fraud-request.json").write_text(json.dumps(request) + "\n")
+    rel = os.path.relpath
+    (out / "redline.yaml").write_text(
+        "# Written by `make demo`: serve what the demo built, fraud example included, on the\n"
+        "# embedded memory store (one process). Paths are relative to this file.\n"
+        "#   redline serve --config .redline/demo/redline.yaml\n"
+        f"project: {rel(root.resolve().parent, out.resolve())}\n"
+        f"repository: {rel(root.resolve(), out.resolve())}\n"
+        "features:\n"
+        f"  definitions: {rel((example / 'features.py').resolve(), out.resolve())}\n"
+        "  store: memory\n"
+        "  preload: fraud-events.jsonl   # replayed into the memory store at start\n"
+        "models:\n  fraud:\n    slo_ms: 20\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -246,10 +312,15 @@ def main(argv: list[str] | None = None) -> None:
         f"ms[/] at 1 client, [bold]{fraud['rps_8']:.0f} req/s[/] at 8 clients "
         f"(demo took {time.perf_counter() - started:.0f} s)"
     )
+    out = demo_dir(Path(args.repository))
     console.print(
-        "next: [bold]examples/fraud/README.md[/] (run it against Redis with replicas), "
-        "[bold]docs/pipeline.md[/] (sessions, caches, degradation, fallback), "
-        "[bold]docs/performance.md[/], [bold]redline models list[/], [bold]redline serve[/]"
+        f"inputs for the docs in [bold]{out}[/] (model, rows, val.npz, requests). Serve all of "
+        f"it: [bold]redline serve --config {out}/redline.yaml[/]"
+    )
+    console.print(
+        "next: [bold]README.md[/] (call it), [bold]docs/your-own-model.md[/], "
+        "[bold]examples/fraud/README.md[/] (Redis and replicas), [bold]docs/pipeline.md[/], "
+        "[bold]docs/performance.md[/]"
     )
 
 

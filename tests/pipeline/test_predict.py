@@ -148,8 +148,10 @@ def test_model_pinned_to_other_view_versions_is_refused(serve, repo_path, defs_p
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         r = c.post("/v1/models/stale/predict",
                    json={"entities": {"card_id": "c"}, "request": {"amount": 1}})
-    assert r.status_code == 409
+        ready = c.get("/v2/models/stale/ready")
+    # refused when it loads (issue 10): not ready, the reason logged and in every answer
+    assert r.status_code == 503 and ready.status_code != 200
     doc = r.json()
-    assert doc["code"] == "feature_version_mismatch"
+    assert doc["code"] == "model_not_ready"
     assert "'card_txn' is served at version" in doc["error"] and "0123456789ab" in doc["error"]
     assert "retrain" in doc["error"]

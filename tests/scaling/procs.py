@@ -116,8 +116,11 @@ class SteadyLoad:
     """
 
     def __init__(self, url: str, threads: int = 4, seconds: float = 20.0, retries: int = 2,
-                 path: str = "/v2/models/affine/infer", pause_s: float = 0.002) -> None:
+                 path: str = "/v2/models/affine/infer", pause_s: float = 0.002,
+                 body: dict | None = None) -> None:  # type: ignore[type-arg]
         self.url, self.path, self.retries, self.pause = url, path, retries, pause_s
+        self.body = body or BODY
+        self.answers: list[dict] = []  # type: ignore[type-arg]
         self.result = LoadResult()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -151,7 +154,7 @@ class SteadyLoad:
         last = ""
         for attempt in range(self.retries + 1):
             try:
-                r = client.post(self.path, json=BODY)
+                r = client.post(self.path, json=self.body)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
                     httpx.WriteError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
@@ -162,6 +165,7 @@ class SteadyLoad:
             with self._lock:
                 if r.status_code == 200:
                     self.result.ok += 1
+                    self.answers.append(r.json())
                 else:
                     self.result.failed += 1
                     self.result.errors.append(f"{r.status_code} {r.text[:200]}")

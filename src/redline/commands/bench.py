@@ -14,8 +14,9 @@ from redline.errors import ModelNotFound, Unreachable
 
 
 @click.command("bench")
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True,
-              help="REST base URL, or host:port (grpc://host:port) with --protocol grpc.")
+@click.option("--url", default=None,
+              help="REST base URL (default: http://127.0.0.1:<server.http_port>, 8000), or "
+                   "host:port (grpc://host:port) with --protocol grpc.")
 @click.option("--model", "-m", "model", required=True, metavar="NAME", help="Model name to call.")
 @click.option("--protocol", type=click.Choice(["json", "binary", "grpc"]), default="json",
               show_default=True, help="REST JSON, REST binary tensor extension, or gRPC.")
@@ -38,7 +39,7 @@ from redline.errors import ModelNotFound, Unreachable
                    "\"request\": ...}) to /v1/models/MODEL/predict, or as a redline.v1 "
                    "PredictRequest with --protocol grpc.")
 @json_options
-def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: int,
+def bench(url: str | None, model: str, protocol: str, rate: float | None, concurrency: int,
           schedule: str, duration: float, warmup: float, rows: int, budget_ms: float | None,
           find_max: bool, slo_p99: float | None, input_specs: tuple[str, ...],
           v1_body: str | None, as_json: bool, json_out: str | None) -> None:
@@ -60,6 +61,12 @@ def bench(url: str, model: str, protocol: str, rate: float | None, concurrency: 
     from redline.bench.runner import LoadSpec, run_load
     from redline.bench.runner import find_max as search
 
+    if url is None:
+        from redline.config import load_settings
+
+        server = load_settings().server
+        port = server.grpc_port if protocol == "grpc" else server.http_port
+        url = f"127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
     if protocol == "grpc" and url.startswith("http"):
         raise click.BadParameter("gRPC needs host:port (or grpc://host:port)", param_hint="--url")
     if protocol != "grpc" and "://" not in url:

@@ -13,7 +13,7 @@ import click
 
 from redline.commands._common import config_option
 from redline.config import FeatureSettings, load_settings
-from redline.errors import ConfigError, InvalidInput, StoreUnavailable
+from redline.errors import ConfigError, InvalidInput
 
 
 def _settings(config_path: str | None, definitions: str | None, store: str | None = None,
@@ -197,6 +197,7 @@ def ingest() -> None:
     \b
     Examples:
       redline ingest redis-stream                 # consumer group member (run N of these)
+      redline ingest kafka --topic card-events    # Kafka consumer group member (run N)
       redline ingest file events.jsonl --store redis
       redline ingest http --port 8010             # POST /v1/events
     """
@@ -234,37 +235,74 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
                           batch=batch or fs.ingest_batch,
                           claim_idle_ms=fs.claim_idle_ms if claim_idle_ms is None
                           else claim_idle_ms)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     click.echo(f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}", err=True)
-    next_stats = time.monotonic() + stats_every
-    seen = 0
-    backoff = 0.1
+    _run(cons, max_events, stats_every)
+
+
+def _run(source: Any, max_events: int | None, stats_every: float) -> None:
+    """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C."""
+    from redline.features.ingest import run_source
+
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     try:
-        while not stopping:
-            try:
-                seen += cons.poll()
-                backoff = 0.1
-            except StoreUnavailable as exc:
-                # Redis is down or restarting: nothing is lost (unacked entries stay pending);
-                # wait, then resume where the stream says we are.
-                click.echo(f"ingest: {exc.message}; retrying in {backoff:.1f}s", err=True)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                try:
-                    cons.reset()
-                except Exception:  # noqa: BLE001 - still down: try again next round
-                    pass
-                continue
-            if stats_every and time.monotonic() >= next_stats:
-                next_stats = time.monotonic() + stats_every
-                click.echo(json.dumps(cons.stats()), err=True)
-            if max_events is not None and seen >= max_events:
-                break
+        stats = run_source(source, stop=lambda: bool(stopping), max_events=max_events,
+                           stats_every=stats_every, log=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
-        pass
-    cons.flush()
-    click.echo(json.dumps(cons.stats()))
+        source.flush()
+        stats = source.stats()
+    source.close()
+    click.echo(json.dumps(stats))
+
+
+@ingest.command("kafka")
+@config_option
+@definitions_option
+@click.option("--redis-url", default=None, help="Redis URL (default: features.redis_url).")
+@click.option("--bootstrap-servers", default=None,
+              help="Kafka brokers, host:port[,...] (default: features.kafka_bootstrap_servers).")
+@click.option("--topic", default=None, help="Topic (default: features.kafka_topic).")
+@click.option("--group", default=None, help="Consumer group (default: features.kafka_group).")
+@click.option("--kafka-option", "kafka_options", multiple=True, metavar="KEY=VALUE",
+              help="A librdkafka setting (security.protocol=SASL_SSL, ...); repeatable; adds to "
+                   "features.kafka_config.")
+@click.option("--batch", type=int, default=None, help="Messages per atomic apply.")
+@click.option("--max-events", type=int, default=None, help="Stop after this many (for tests).")
+@click.option("--stats-every", type=float, default=10.0, show_default=True,
+              help="Seconds between stats lines on stderr (0: never).")
+def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: str | None,
+                 bootstrap_servers: str | None, topic: str | None, group: str | None,
+                 kafka_options: tuple[str, ...], batch: int | None, max_events: int | None,
+                 stats_every: float) -> None:
+    """Consume a Kafka topic as one member of a consumer group, with exactly-once effect.
+
+    Run several: partitions are shared and rebalance when one joins, leaves or dies. Messages
+    should be keyed by entity id. Works with redis_cluster: true.
+
+    \b
+    Examples:
+      redline ingest kafka --bootstrap-servers 127.0.0.1:9092 --topic card-events
+      redline ingest kafka --kafka-option security.protocol=SASL_SSL \
+        --kafka-option sasl.mechanism=PLAIN --kafka-option sasl.username=me
+    """
+    from redline.features.ingest.kafka import KafkaSource
+    from redline.features.online.redis import RedisStore
+
+    fs, defs = _settings(config_path, definitions, "redis", redis_url)
+    config = dict(fs.kafka_config)
+    for opt in kafka_options:
+        key, sep, value = opt.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--kafka-option must be KEY=VALUE, got {opt!r}")
+        config[key] = value
+    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
+    store.ping()
+    src = KafkaSource(defs, store, topic=topic or fs.kafka_topic,
+                      bootstrap=bootstrap_servers or fs.kafka_bootstrap_servers,
+                      group=group or fs.kafka_group, batch=batch or fs.ingest_batch,
+                      config=config)
+    click.echo(f"ingest: {src.name} on kafka topic {src.topic} group {src.group}", err=True)
+    _run(src, max_events, stats_every)
 
 
 @ingest.command("file")

@@ -316,11 +316,11 @@ def promote(
     if version is None:
         raise click.UsageError(f"name the version to promote: `{usage}`")
     repo = ModelRepository(settings_and_repo(config_path, repository)[1])
-    before = repo.aliases(name).get(alias)
-    number = repo.promote(name, version, alias)
-    if before == number:
-        click.echo(f"{name}: {alias} already points at version {number}; nothing changed")
+    target = repo.metadata(name, version).version
+    if repo.aliases(name).get(alias) == target:
+        click.echo(f"{name}: {alias} already points at version {target}; nothing changed")
         return
+    number = repo.promote(name, version, alias)
     click.echo(f"{name}: {alias} -> version {number}")
 
 

@@ -72,6 +72,9 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
     from redline.serving.server import RedlineServer
 
     server = RedlineServer(settings)
+    from redline.scaling.rollout import install
+
+    install(server)  # canary/shadow rollouts (redline rollout start)
     if settings.features.preload:
         preload_store(server, settings.features.preload)
     import uvloop

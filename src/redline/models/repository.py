@@ -90,7 +90,7 @@ class ModelRepository:
             known = ", ".join(self.list_models()) or "none"
             raise ModelNotFound(
                 f"model '{name}' not found in repository {self.root} (known models: {known}); "
-                "add it with `redline models add`"
+                "add it with `redline models add -m NAME FILE`"
             )
         return versions
 

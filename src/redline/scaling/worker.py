@@ -46,6 +46,9 @@ def main() -> None:
         if spec.get("grpc_port") is not None:
             settings.server.grpc_port = spec["grpc_port"]
         server = RedlineServer(settings)
+        from redline.scaling.rollout import install
+
+        install(server)
         server.http_socket = socket.socket(fileno=spec["http_fd"])
         board = LoadBoard(spec["board_fd"])
         server.asgi = LoadMeter(server.app, board, spec["slot"])

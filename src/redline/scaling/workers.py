@@ -91,6 +91,7 @@ class Supervisor:
         self.count = workers
         self.workers: dict[int, _Worker] = {}
         self.restarts = 0
+        self._finished: dict[int, int] = {}
         self._stopping = False
         self._exit_code = 0
         s = settings.scaling
@@ -208,10 +209,14 @@ class Supervisor:
         in_flight = 0.0
         p99 = 0.0
         for worker in live:
-            flying, _, p99_us, pid = self.board.read(worker.slot)
+            flying, finished, p99_us, pid = self.board.read(worker.slot)
             if worker.proc is not None and pid == worker.proc.pid:
                 in_flight += flying
-                p99 = max(p99, p99_us / 1000.0) if flying or p99_us else p99
+                # A worker's p99 is of its recent requests; one that finished nothing since the
+                # last tick is idle, and its old p99 no longer says anything about now.
+                if flying or finished != self._finished.get(worker.slot):
+                    p99 = max(p99, p99_us / 1000.0)
+                self._finished[worker.slot] = finished
         return LoadSample(len(live), in_flight, p99)
 
     # ------------------------------------------------------------------ main loop

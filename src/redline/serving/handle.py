@@ -71,6 +71,8 @@ class ModelHandle:
             name=f"{self.name}:{self.version}",
         )
         self._runtime = settings.runtime
+        # Keep each request's inputs and outputs on its record (a shadow rollout replays them).
+        self.keep_io = False
         self._input_names = set(self.input_specs)
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
@@ -186,12 +188,18 @@ class ModelHandle:
                 return outputs
             return await batcher.submit(inputs, rows, deadline, priority)
         t0 = perf_ns()
+        if self.keep_io:
+            record.inputs = inputs
         outputs = batcher.run_now(inputs, rows)
         if outputs is not None:
             record.add(INFERENCE, t0, perf_ns())
+            if self.keep_io:
+                record.outputs = outputs
             return outputs
         outputs = await batcher.submit(inputs, rows, deadline, priority)
         t1 = perf_ns()
+        if self.keep_io:
+            record.outputs = outputs
         # The batch that resumed this request ran last_run_s; the rest of the wait was queue.
         ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
         record.add(QUEUE, t0, ran)

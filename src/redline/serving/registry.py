@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -55,11 +56,23 @@ class ModelRegistry:
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        # Checks a loaded version must pass to serve (the /v1 pipeline's feature-view and
+        # missing-value checks); a failure is a load failure: logged, not ready, with its reason.
+        self.admit: Callable[[ModelHandle], None] | None = None
+        self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
 
     # ------------------------------------------------------------------ request path
-    def get(self, name: str, version: str | None = None) -> ModelHandle:
-        """The handle serving ``name`` (at ``version``, a number or alias, when given)."""
+    def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle:
+        """The handle serving ``name`` (at ``version``, a number or alias, when given).
+
+        Without a version a rollout ``router`` (scaling/rollout.py) may pick a candidate version
+        for this request; ``key`` (a /v1 request's entities) keeps that choice sticky.
+        """
         if not version:
+            if self.router is not None:
+                routed = self.router(name, key)
+                if routed is not None:
+                    return routed  # type: ignore[no-any-return]
             handle = self._default.get(name)
             if handle is not None:
                 return handle
@@ -220,6 +233,8 @@ class ModelRegistry:
         def build() -> ModelHandle:
             session = InferenceSession.load(self.repository, name, version, self.settings.runtime)
             handle = ModelHandle(session, self.settings)
+            if self.admit is not None:
+                self.admit(handle)
             handle.warm()
             return handle
 

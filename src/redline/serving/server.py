@@ -61,6 +61,7 @@ class RedlineServer:
         self.servicer = InferenceServicer(self.registry, settings, self.observers)
         # Entity predictions (/v1 REST routes and the redline.v1 gRPC service).
         self.pipeline = build_pipeline(self.registry, settings)
+        self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
         V1Rest(self.pipeline, self.app).install(self.app)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
         self.http_port: int | None = None

@@ -210,6 +210,7 @@ class RedisStore:
         self.cluster = cluster
         self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
         self.writer = self.client.register_script(WRITE_SCRIPT)
+        self._threads: ThreadPoolExecutor | None = None
 
     def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None,
                cache: bool = True) -> RedisReader:
@@ -227,18 +228,64 @@ class RedisStore:
             return
         guarded(self.url, lambda: self._cluster_write(batch))
 
-    def _cluster_write(self, batch: UpdateBatch) -> None:
+    def _cluster_write(self, batch: UpdateBatch, head: Sequence[Any] = ("0",)) -> None:
+        """One atomic script call per slot (every key of one entity shares its hash tag), the
+        calls for one shard in one pipeline, shards in parallel."""
         by_slot: dict[int, list[int]] = {}
         for i, key in enumerate(batch.keys):
             by_slot.setdefault(self.client.keyslot(key), []).append(i)
-        for idxs in by_slot.values():
+        by_node: dict[str, list[tuple[list[str], list[Any]]]] = {}
+        for slot, idxs in by_slot.items():
             sub = UpdateBatch()
             remap = {}
             for i in idxs:
                 remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i])
             sub.ops = [(remap[op[0]], *op[1:]) for op in batch.ops if op[0] in remap]  # type: ignore[misc]
-            self.writer(keys=[*sub.keys, *map(cache_key, sub.keys)],
-                        args=["0", *write_args(sub)])
+            sub.accepted = batch.accepted
+            node = self.client.nodes_manager.get_node_from_slot(slot).name
+            by_node.setdefault(node, []).append(
+                ([*sub.keys, *map(cache_key, sub.keys)], [*head, *write_args(sub)]))
+
+        def run(node_name: str) -> None:
+            node = self.client.get_node(node_name=node_name)
+            pipe = node.redis_connection.pipeline(transaction=False)
+            for keys, args in by_node[node_name]:
+                self.writer(keys=keys, args=args, client=pipe)
+            pipe.execute()
+
+        try:
+            list(self._pool().map(run, list(by_node)))
+        except redis.ResponseError as exc:
+            if "MOVED" not in str(exc) and "ASK" not in str(exc):
+                raise
+            # slots moved: each call again through the cluster client (writes are idempotent
+            # only with positions; a plain write may then apply twice, as any retried write)
+            self.client.nodes_manager.initialize()
+            for calls in by_node.values():
+                for keys, args in calls:
+                    self.writer(keys=keys, args=args)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(8, thread_name_prefix="redline-cluster-write")
+        return self._threads
+
+    def write_positioned(self, topic: str, positions: Sequence[tuple[int, int]],
+                         batch: UpdateBatch) -> None:
+        """Exactly-once apply of events from a partitioned log: ``positions[tag]`` is event
+        ``tag``'s (partition, offset). Each key records the highest offset per partition applied
+        to it in the same atomic script as its tiles, so a replay (a crash before the offsets were
+        committed to the log, a rebalance) skips what was applied, on one Redis or a cluster."""
+        if not batch.ops:
+            return
+        blob = array("d", chain.from_iterable(positions)).tobytes()
+        head = ["2", topic, blob]
+        if not self.cluster:
+            args = [*head, *write_args(batch)]
+            keys = [*batch.keys, *map(cache_key, batch.keys)]
+            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            return
+        guarded(self.url, lambda: self._cluster_write(batch, head))
 
     def write_from_stream(self, stream: str, group: str, consumer: str, ids: Sequence[bytes | str],
                           batch: UpdateBatch) -> tuple[int, int, int]:

@@ -68,6 +68,16 @@ local p = 2
 local nfixed = 0
 local ok = nil
 local acked = 0
+-- mode 2 (a partitioned log such as Kafka): ARGV[2] the topic, ARGV[3] each event's (partition,
+-- offset) as packed doubles, indexed by tag. Each key keeps, per partition, the highest offset
+-- applied to it (a hash field beside its tiles, so on a cluster it lives on the same shard and
+-- changes in the same script): an op whose offset is not above it was applied before (a replay
+-- after a crash or a rebalance) and is skipped.
+local topic, positions = nil, nil
+if mode == 2 then
+  topic, positions = ARGV[2], ARGV[3]
+  p = 4
+end
 if mode == 1 then
   nfixed = 3
   local group, consumer = ARGV[2], ARGV[3]
@@ -130,10 +140,28 @@ local ops = ARGV[p]
 -- One HGET + one HSET per update, all in locals: measured faster than batching a key's fields
 -- through HMGET/HSET, whose per-op Lua tables cost more than the calls they save.
 local touched = {}
+local seen, marks = {}, {}  -- mode 2: per key and partition, the stored and the new offset
 for pos = 1, #ops, 88 do
   local k, gid, idx, slot, ts, ar, id, x, reg, rank, tag = unpack_('<ddddddddddd', ops, pos)
   k = k + 1
-  if ok == nil or ok[tag] then
+  local apply = ok == nil or ok[tag]
+  if positions then
+    local part, off = unpack_('<dd', positions, tag * 16 + 1)
+    local wk = k .. ':' .. part
+    local w = seen[wk]
+    if w == nil then
+      local cur = redis.call('HGET', KEYS[nfixed + k], '@o:' .. topic .. ':' .. part)
+      w = -1
+      if cur then w = unpack_('<d', cur) end
+      seen[wk] = w
+    end
+    if off <= w then
+      apply = false
+    elseif marks[wk] == nil or marks[wk][3] < off then
+      marks[wk] = {k, part, off}
+    end
+  end
+  if apply then
     local key = KEYS[nfixed + k]
     touched[k] = true
     local f = pack('<HH', gid, slot)  -- field name: group and ring slot, 4 bytes
@@ -174,6 +202,9 @@ for pos = 1, #ops, 88 do
     end
     -- else: the slot holds a newer tile; this one has left every window
   end
+end
+for _, m in pairs(marks) do
+  redis.call('HSET', KEYS[nfixed + m[1]], '@o:' .. topic .. ':' .. m[2], pack('<d', m[3]))
 end
 for k, _ in pairs(touched) do
   redis.call('PEXPIRE', KEYS[nfixed + k], ttl[k])
@@ -256,7 +287,7 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 lines.append("          end")
         if not first:
             lines.append("        end")
-        lines.append("      else")
+        lines.append("      elseif #v == 272 then  -- HyperLogLog tiles (other fields: offsets)")
         lines.append("        local gid, idx = unpack_('<dd', v)")
         for g in lay.groups:
             wins = [w for w in lay.windows if w.gid == g.gid]

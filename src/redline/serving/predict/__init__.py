@@ -22,8 +22,11 @@ def build_pipeline(registry: ModelRegistry, settings: Settings) -> PredictPipeli
     defs = store = None
     if settings.features.definitions:
         from redline.features.definitions import load_definitions
+        from redline.features.versioning import ViewRegistry, live_definitions
 
-        defs = load_definitions(settings.features.definitions)
+        # the registry decides which version of each view serves (`features apply`)
+        defs = live_definitions(load_definitions(settings.features.definitions),
+                                ViewRegistry(settings.features.registry))
         store = open_store(settings, defs)
     return PredictPipeline(registry, settings, defs, store, open_sessions(store, settings))
 

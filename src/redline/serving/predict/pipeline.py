@@ -80,6 +80,20 @@ class PredictPipeline:
         self.degraded = 0
         self._ingestor: Ingestor | None = None
 
+    def admit(self, handle: ModelHandle) -> None:
+        """Load-time check of a model version that reads features (``ModelRegistry.admit``):
+        pinned view versions must be the live ones, NaN defaults must meet a model that allows
+        NaN. A model that would always answer 409 or 400 fails to load instead, with the reason."""
+        meta = handle.metadata
+        names = meta.feature_names or []
+        if self.defs is None or not (meta.feature_views or any(
+                ":" in n or n in self.defs.transforms for n in names)):
+            return
+        from redline.features.versioning import check_model_features
+
+        check_model_features(meta.name, names, meta.feature_views, meta.missing_values,
+                             self.defs)
+
     @property
     def near(self) -> FeatureNearCache:
         return self.features.near
@@ -104,7 +118,7 @@ class PredictPipeline:
         is known: the edge parsed what the client sent; this applies the model's default.
         """
         reasons: list[str] = []
-        handle = self.registry.get(name, req.version)
+        handle = self.registry.get(name, req.version, key=req.entities)
         record.model, record.version = handle.name, handle.version_str
         budget: Budget = budget_of(handle)
         route = self.route(handle)

@@ -14,7 +14,7 @@ import numpy as np
 from redline.errors import FeatureNotFound, InvalidInput
 from redline.features.definitions import FeatureDefinitions, FeatureView, RequestTransform
 from redline.features.online.base import FeatureReader, OnlineStore
-from redline.features.versioning import check_model_views
+from redline.features.versioning import check_missing_policy, check_model_views
 from redline.models.datatypes import V2_TO_NUMPY
 from redline.serving.handle import ModelHandle
 
@@ -47,6 +47,8 @@ class ModelPlan:
         self.dtype = V2_TO_NUMPY[specs[0].datatype]
         check_model_views(meta.name, meta.feature_views,
                           defs.versions() if defs is not None else {})
+        if defs is not None:
+            check_missing_policy(meta.name, names, meta.missing_values, defs)
         self.features: list[str] = []  # "view:feature" refs this model reads
         self.columns: list[Column] = []
         self.request_fields: list[str] = []

@@ -1,0 +1,198 @@
+"""Kafka ingest against a real Kafka-protocol broker (tansu): consumer groups, dead letters with
+reasons, exactly-once effect through replays, SIGKILL, restarts and a member joining; on one
+Redis and on a 3-node Redis Cluster. Final online values equal a brute-force count of what was
+produced."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from redline.features import load_definitions
+from redline.features.ingest.kafka import KafkaSource, dead_letter_key
+from redline.features.online.redis import RedisStore
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFS = str(Path(__file__).with_name("defs_tx.py"))
+BAD = [b"{not json", orjson.dumps({"card_id": "c1", "ts": 1}),
+       orjson.dumps({"card_id": "c1", "amount": "12", "merchant": "m", "ts": 0}),
+       orjson.dumps({"card_id": "c1", "amount": 1.0, "merchant": "m", "ts": "yesterday"}),
+       None]
+# tansu holds a group's first join for about half the session timeout (23 s at librdkafka's
+# default 45 s, 3 s at 6 s); a short one also lets the group notice a SIGKILLed member quickly
+FAST_GROUP = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}
+
+
+def _produce(bootstrap: str, topic: str, n: int, *, seed: int, bad_every: int = 0,
+             rate: float = 0.0) -> tuple[dict[str, list[float]], int]:
+    """Produce ``n`` good events keyed by card (and a bad one every ``bad_every``); returns the
+    brute-force (count, sum) per card and the number of bad messages."""
+    from confluent_kafka import Producer
+
+    rng = random.Random(seed)
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    want: dict[str, list[float]] = {}
+    bad = 0
+    t0 = time.monotonic()
+    for i in range(n):
+        card = f"c{rng.randrange(200)}"
+        amount = round(rng.uniform(1, 500), 2)
+        cnt = want.setdefault(card, [0, 0.0])
+        cnt[0] += 1
+        cnt[1] += amount
+        ev = {"card_id": card, "amount": amount, "merchant": f"m{rng.randrange(30)}",
+              "ts": int(time.time() * 1000) - rng.randint(0, 2000)}
+        prod.produce(topic, key=card.encode(), value=orjson.dumps(ev))
+        if bad_every and i % bad_every == 0:
+            prod.produce(topic, key=b"c1", value=BAD[bad % len(BAD)])
+            bad += 1
+        if i % 500 == 0:
+            prod.poll(0)
+            if rate:
+                ahead = i / rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+    assert prod.flush(30) == 0
+    return want, bad
+
+
+def _online(store: RedisStore, cards: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    defs = load_definitions(DEFS)
+    reader = store.reader([defs.view("card_stats")], ["card_stats:count_1h",
+                                                      "card_stats:amount_sum_1h"])
+    vals, _ = reader.read(cards, int(time.time() * 1000), dtype=np.float64)
+    return vals[:, 0], vals[:, 1]
+
+
+def _assert_exact(store: RedisStore, want: dict[str, list[float]]) -> None:
+    cards = sorted(want)
+    counts, sums = _online(store, cards)
+    lost_or_doubled = {c: (int(n), want[c][0]) for c, n in zip(cards, counts, strict=True)
+                       if n != want[c][0]}
+    assert lost_or_doubled == {}
+    assert all(math.isclose(s, want[c][1], rel_tol=1e-9) for c, s in zip(cards, sums, strict=True))
+
+
+def _drain(src: KafkaSource, total: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while src.counts.accepted + src.counts.dead < total and time.monotonic() < deadline:
+        src.poll()
+    src.flush()
+
+
+def test_kafka_source_dead_letters_and_replays_exactly_once(kafka_broker, redis_server) -> None:
+    kafka_broker.create_topic("tx1", 4)
+    want, bad = _produce(kafka_broker.bootstrap, "tx1", 3000, seed=1, bad_every=97)
+    defs = load_definitions(DEFS)
+    store = RedisStore(redis_server.url, timeout_ms=10_000)
+    src = KafkaSource(defs, store, topic="tx1", bootstrap=kafka_broker.bootstrap, group="g1",
+                      batch=250, config=FAST_GROUP)
+    _drain(src, 3000 + bad)
+    assert (src.counts.accepted, src.counts.dead) == (3000, bad)
+    assert set(src.counts.by_reason) >= {"unparseable", "missing", "field"}
+    _assert_exact(store, want)
+    dead = store.client.hgetall(dead_letter_key("tx1"))
+    assert len(dead) == bad and all(b"reason" in v for v in dead.values())
+    src.close()
+    # a second group reads the whole topic again into the same store: a replay of everything
+    # already applied (what a crash before the offset commit looks like): nothing doubles
+    again = KafkaSource(defs, store, topic="tx1", bootstrap=kafka_broker.bootstrap, group="g2",
+                        batch=333, config=FAST_GROUP)
+    _drain(again, 3000 + bad)
+    again.close()
+    _assert_exact(store, want)
+    assert len(store.client.hgetall(dead_letter_key("tx1"))) == bad
+
+
+def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str
+            ) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "redline.cli", "ingest", "kafka", "-d", DEFS, "--redis-url", url,
+         "--bootstrap-servers", bootstrap, "--topic", topic, "--group", f"{topic}-group",
+         "--batch", "200",
+         "--stats-every", "0", "--kafka-option", "session.timeout.ms=6000",
+         "--kafka-option", "heartbeat.interval.ms=500", "--kafka-option", f"client.id={name}",
+         *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+
+
+def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
+               extra: tuple[str, ...] = ()) -> None:
+    """Two members on a 4-partition topic while events are produced; one is SIGKILLed mid-stream
+    and restarted, then a third joins (a rebalance); at the end every card's count and sum equal
+    the brute force: 0 lost, 0 doubled."""
+    kafka_broker.create_topic(topic, 4)
+    n = 12_000
+    result: dict[str, Any] = {}
+    def produce() -> None:
+        result["want"], result["bad"] = _produce(kafka_broker.bootstrap, topic, n, seed=7,
+                                                 rate=1500.0)
+
+    producer = threading.Thread(target=produce)
+    a = _member(kafka_broker.bootstrap, url, topic, "a", *extra)
+    b = _member(kafka_broker.bootstrap, url, topic, "b", *extra)
+    procs = [a, b]
+    try:
+        producer.start()
+        time.sleep(3.5)
+        for p in procs:
+            assert p.poll() is None, p.communicate()[1].decode()[-2000:]
+        a.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, offsets not committed
+        a.wait(10)
+        procs.append(_member(kafka_broker.bootstrap, url, topic, "a2", *extra))
+        time.sleep(2.0)
+        procs.append(_member(kafka_broker.bootstrap, url, topic, "c", *extra))  # joins: rebalance
+        producer.join(60)
+        want = result["want"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            counts, _ = _online(store, sorted(want))
+            if counts.sum() >= n:
+                break
+            time.sleep(0.3)
+        time.sleep(1.0)  # anything still being applied twice would land now
+        _assert_exact(store, want)
+        assert a.returncode == -signal.SIGKILL
+        joined = procs[-1]
+        joined.send_signal(signal.SIGTERM)
+        out, err = joined.communicate(timeout=30)
+        stats = orjson.loads(out.decode().strip().splitlines()[-1])
+        assert stats["accepted"] > 0, err.decode()[-2000:]  # the rebalance gave it partitions
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.mark.slow
+def test_kafka_members_killed_restarted_and_joining_lose_and_double_nothing(
+        kafka_broker, redis_server) -> None:
+    _kill_test(kafka_broker, RedisStore(redis_server.url, timeout_ms=10_000), redis_server.url,
+               "tx-kill")
+
+
+@pytest.mark.slow
+def test_kafka_exactly_once_on_a_redis_cluster(kafka_broker, redis_cluster, tmp_path) -> None:
+    cfg = tmp_path / "redline.yaml"
+    cfg.write_text(f"features:\n  store: redis\n  redis_url: {redis_cluster.url}\n"
+                   "  redis_cluster: true\n")
+    store = RedisStore(redis_cluster.url, cluster=True, timeout_ms=10_000)
+    _kill_test(kafka_broker, store, redis_cluster.url, "tx-cluster", ("--config", str(cfg)))

@@ -1,0 +1,72 @@
+"""The autoscaler: its decision function through a surge and a lull, then one real surge."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from redline.models import ModelRepository
+from redline.scaling.autoscaler import Autoscaler, LoadSample, ScalePolicy, decide
+from tests.scaling.models import slow_affine
+from tests.scaling.procs import CONFIG, Serve, SteadyLoad
+
+POLICY = ScalePolicy(min_workers=1, max_workers=4, objective_p99_ms=10, queue_high=4,
+                     queue_low=0.5, up_cooldown_s=5, down_cooldown_s=30)
+
+
+def test_surge_then_lull_tick_by_tick() -> None:
+    scaler = Autoscaler(POLICY)
+    workers = 1
+    trace = []
+    # (second, in flight, p99 ms): quiet, a surge of 20 in flight, then a lull.
+    timeline = [(0, 0.2, 2.0), (1, 20, 30.0), (2, 20, 30.0), (6, 18, 25.0), (12, 6, 9.0),
+                (20, 0.1, 2.0), (40, 0.1, 2.0), (50, 0.1, 2.0), (75, 0.1, 2.0), (110, 0.1, 2.0)]
+    for t, flying, p99 in timeline:
+        decision = scaler.tick(LoadSample(workers, flying, p99), now=float(t))
+        workers = decision.target
+        trace.append(workers)
+    # Up at once to enough workers for the queue (20 / 4 = 5, capped at 4); held during the
+    # cool-down; then down one at a time, 30 s apart, to the minimum - never below it.
+    assert trace == [1, 4, 4, 4, 4, 4, 3, 3, 2, 1]
+    assert scaler.counts == {"up": 1, "down": 3, "hold": 6}
+    assert [h[3].split(":")[0] for h in scaler.history] == ["up", "down", "down", "down"]
+
+
+def test_latency_alone_scales_up_and_bounds_hold() -> None:
+    slow = decide(POLICY, LoadSample(2, 1.0, 25.0), now=100.0, last_change=0.0)
+    assert slow.target == 3 and "p99" in slow.reason
+    at_max = decide(POLICY, LoadSample(4, 100.0, 50.0), now=100.0, last_change=0.0)
+    assert at_max.target == 4  # never past the maximum, however loaded
+    cooling = decide(POLICY, LoadSample(2, 30.0, 50.0), now=3.0, last_change=0.0)
+    assert cooling.target == 2 and cooling.reason.startswith("hold")
+    busy_but_fast = decide(POLICY, LoadSample(2, 3.0, 1.0), now=100.0, last_change=0.0)
+    assert busy_but_fast.target == 2  # between the marks: no flapping
+
+
+def test_a_real_surge_adds_a_worker_and_the_lull_removes_it(tmp_path: Path) -> None:
+    ModelRepository(tmp_path / "repo").add_onnx("affine", slow_affine(layers=60))
+    config = CONFIG + ("scaling:\n  min_workers: 1\n  max_workers: 2\n  queue_high: 1.0\n"
+                       "  queue_low: 0.5\n  autoscale_interval_s: 0.2\n"
+                       "  scale_up_cooldown_s: 0.5\n  scale_down_cooldown_s: 1.5\n")
+    serve = Serve(tmp_path, "--workers", "1", config=config).wait_ready()
+    try:
+        serve.wait_children(1)
+        with SteadyLoad(serve.url, threads=8, seconds=20, pause_s=0.0) as load:
+            deadline = time.monotonic() + 15
+            while "autoscale 1 -> 2" not in serve.log.read_text():
+                assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
+                time.sleep(0.1)
+            serve.wait_children(2)
+            result = load.stop()
+        assert result.failed == 0, result.errors[:5]
+        deadline = time.monotonic() + 15
+        while "autoscale 2 -> 1" not in serve.log.read_text():
+            assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
+            time.sleep(0.1)
+        serve.wait_children(1)  # the retired worker drained and exited; none replaced it
+        log = serve.log.read_text()
+        assert re.search(r"autoscale 1 -> 2 workers: up: queue", log)
+        assert "restarting" not in log  # a retirement is not a crash
+    finally:
+        assert serve.stop() == 0

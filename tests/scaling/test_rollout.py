@@ -1,0 +1,180 @@
+"""Canary with automatic rollback (a wrong and a slow candidate), sticky shares, and shadow."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from redline.cli import main
+from redline.config import load_settings
+from redline.models import ModelRepository
+from redline.scaling.rollout import (
+    RolloutSpec,
+    VersionStats,
+    aggregate_stats,
+    decide_rollback,
+    install,
+    sticky_share,
+)
+from tests.scaling.models import failing_affine, slow_affine
+from tests.serving.helpers import ServerThread, affine_model
+
+BIG = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [5, 5, 5, 5]}]}
+
+
+def cli(*args: str) -> None:
+    try:
+        main([*args])
+    except SystemExit as done:
+        assert done.code in (0, None), done
+
+
+@pytest.fixture()
+def project(tmp_path: Path):  # type: ignore[no-untyped-def]
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_onnx("affine", affine_model())            # v1: the baseline
+    repo.add_onnx("affine", failing_affine())          # v2: errors on real traffic
+    repo.add_onnx("affine", slow_affine(layers=150))   # v3: right answers, milliseconds late
+    repo.add_onnx("affine", affine_model(scale=3.0))   # v4: fast, wrong answers
+    repo.promote("affine", 1)
+    config = tmp_path / "redline.yaml"
+    config.write_text("project: .\nrepository: models\nruntime:\n  warmup_batch_sizes: [1]\n"
+                      "  warmup_runs: 1\nbatching:\n  max_batch_size: 1\n"
+                      "server:\n  watch_interval_s: 0.2\n  grpc_enabled: false\n"
+                      "models:\n  affine:\n    version_policy: all\n")
+    settings = load_settings(config)
+    server = ServerThread(settings, repo)
+    controller = install(server.server)
+    server.start()
+    try:
+        yield server, controller, str(config), tmp_path
+    finally:
+        server.stop()
+
+
+def post(client: httpx.Client, n: int, body: dict = BIG) -> list[tuple[int, str]]:  # type: ignore[type-arg]
+    out = []
+    for _ in range(n):
+        r = client.post("/v2/models/affine/infer", json=body)
+        out.append((r.status_code, r.json().get("model_version", "")))
+    return out
+
+
+def wait_state(path: Path, model: str, state: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = json.loads(path.read_text())["rollouts"][model]
+        if doc["state"] == state:
+            return doc  # type: ignore[no-any-return]
+        time.sleep(0.05)
+    raise AssertionError(f"rollout not {state}: {path.read_text()}")
+
+
+def test_canary_rolls_back_a_failing_candidate(project, capsys) -> None:  # type: ignore[no-untyped-def]
+    server, controller, config, root = project
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "2",
+        "--percent", "30", "--min-requests", "20")
+    time.sleep(0.6)  # servers poll the rollout file twice a second
+    with httpx.Client(base_url=server.http, timeout=10) as client:
+        first = post(client, 300)
+        served_by = {v for code, v in first if code == 200}
+        failed = [c for c, _ in first if c != 200]
+        assert "1" in served_by and failed  # the candidate got real traffic, and failed it
+        doc = wait_state(root / "rollout.json", "affine", "rolled_back")
+        assert "error rate" in doc["reason"]
+        # Decided over enough requests to tell, and well before 300: the damage is bounded.
+        assert 20 <= len(failed) < 120
+        after = post(client, 50)
+    assert after == [(200, "1")] * 50
+    cli("rollout", "status", "--config", config, "-m", "affine", "--json")
+    status = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert status["rollouts"]["affine"]["state"] == "rolled_back"
+
+
+def test_canary_rolls_back_a_slow_candidate_and_promote_works(project, capsys) -> None:  # type: ignore[no-untyped-def]
+    server, controller, config, root = project
+    small = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                         "data": [0.1, 0.2, 0.3, 0.4]}]}
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "3",
+        "--percent", "50", "--min-requests", "30", "--max-p99-ratio", "2")
+    time.sleep(0.6)
+    with httpx.Client(base_url=server.http, timeout=10) as client:
+        results = post(client, 200, small)
+        assert all(code == 200 for code, _ in results)  # slow, not wrong: every answer is fine
+        doc = wait_state(root / "rollout.json", "affine", "rolled_back")
+        assert "p99" in doc["reason"]
+        assert post(client, 20, small) == [(200, "1")] * 20
+    # A healthy candidate is promoted by hand: production moves, the rollout ends.
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "4",
+        "--percent", "10")
+    cli("rollout", "promote", "--config", config, "-m", "affine")
+    repo = ModelRepository(root / "models")
+    assert repo.resolve("affine", None) == 4
+    capsys.readouterr()
+
+
+def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # type: ignore[no-untyped-def]
+    server, controller, config, root = project
+    small = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                         "data": [0.1, 0.2, 0.3, 0.4]}]}
+    # A wrong candidate in shadow: every answer is still the baseline's; mismatches reported.
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "4",
+        "--shadow", "--percent", "100")
+    time.sleep(0.6)
+    with httpx.Client(base_url=server.http, timeout=10) as client:
+        for _ in range(100):
+            r = client.post("/v2/models/affine/infer", json=small)
+            assert r.status_code == 200 and r.json()["model_version"] == "1"
+            assert np.allclose(r.json()["outputs"][0]["data"], [0.2, 0.4, 0.6, 0.8])
+        time.sleep(0.3)
+        shadow = controller.shadow["affine"]
+        assert shadow.compared >= 50 and shadow.mismatched == shadow.compared
+        assert shadow.max_abs_diff == pytest.approx(0.4, rel=1e-3)
+        cli("rollout", "abort", "--config", config, "-m", "affine")
+        # A slow candidate in shadow: answers come back at the baseline's speed, not its.
+        cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "3",
+            "--shadow", "--percent", "100")
+        time.sleep(0.6)
+        waited = []
+        for _ in range(60):
+            t0 = time.perf_counter()
+            r = client.post("/v2/models/affine/infer", json=small)
+            waited.append(time.perf_counter() - t0)
+            assert r.json()["model_version"] == "1"
+            time.sleep(0.005)
+        time.sleep(0.3)
+    slow = controller.shadow["affine"]
+    assert slow.compared >= 20 and slow.mismatched == 0  # same answers, just slower
+    candidate_p50_ms = float(np.median(slow.candidate._lat_us[-slow.candidate.requests:])) / 1e3
+    assert np.median(waited) * 1e3 < candidate_p50_ms / 2, (np.median(waited), candidate_p50_ms)
+    time.sleep(1.1)
+    controller.refresh(force=True)  # writes this process's counts for `rollout status`
+    stats = aggregate_stats(controller.file)
+    assert stats["processes"] == 1 and stats["shadow"]["affine"]["compared"] >= 20
+    capsys.readouterr()
+
+
+def test_decisions_and_sticky_shares() -> None:
+    spec = RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)
+    base, cand = VersionStats(), VersionStats()
+    for _ in range(99):
+        base.add(True, 1000)
+        cand.add(False, 1000)
+    assert decide_rollback(spec, base, cand) is None  # not enough requests to tell
+    base.add(True, 1000)
+    cand.add(False, 1000)
+    assert "error rate" in (decide_rollback(spec, base, cand) or "")
+    fast, same = VersionStats(), VersionStats()
+    for i in range(200):
+        fast.add(True, 1000 + i)
+        same.add(True, 1100 + i)
+    assert decide_rollback(spec, fast, same) is None  # 0.1 ms worse is noise, not a regression
+    keys = [{"card_id": f"c{i}"} for i in range(2000)]
+    shares = [sticky_share([k]) for k in keys]
+    assert shares == [sticky_share([k]) for k in keys]  # stable: an entity keeps its version
+    assert 0.07 < sum(s < 10 for s in shares) / len(shares) < 0.13

@@ -1,0 +1,76 @@
+"""``redline init``: the scaffold serves at once, and its training script adds a model that the
+running server picks up and answers ``/v1`` predictions with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from redline.cli import main
+from tests.conftest import free_port
+
+
+def wait_ready(url: str, proc: subprocess.Popen[str], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"redline serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail("redline serve did not become ready")
+
+
+@pytest.mark.timeout(180)
+def test_init_serves_at_once_then_trains_and_predicts(tmp_path: Path, capsys) -> None:
+    project = tmp_path / "shop"
+    main(["init", str(project), "--users", "30"])
+    assert "created a redline project" in capsys.readouterr().out
+    for name in ("redline.yaml", "features.py", "train.py", "README.md", "data/events.jsonl",
+                 "data/labels.jsonl"):
+        assert (project / name).is_file(), name
+    http = free_port()
+    env = {**os.environ, "REDLINE_SERVER__HTTP_PORT": str(http)}
+    env.pop("REDLINE_CONFIG", None)
+    # `redline serve` in the new folder, with nothing else: the scaffold's redline.yaml is used
+    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--no-grpc"],
+                            cwd=project, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{http}"
+    try:
+        wait_ready(url, proc)
+        done = subprocess.run([sys.executable, "train.py"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "registered purchases version 1" in done.stdout
+        body = {"entities": {"user_id": "u1"}, "request": {"amount": 250.0}}
+        deadline = time.monotonic() + 30
+        while True:  # the watcher loads the new model within a second or so
+            r = httpx.post(f"{url}/v1/models/purchases/predict", json=body, timeout=5)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert doc["entity_missing"] is False  # the preloaded events are in the store
+        assert 0.0 <= doc["prediction"] <= 1.0 and doc["model_version"] == "1"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_init_refuses_an_existing_project(tmp_path: Path, capsys) -> None:
+    (tmp_path / "redline.yaml").write_text("{}\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["init", str(tmp_path)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("error [invalid_input]: ")
