@@ -93,7 +93,8 @@ def _headers(report: OptimizeReport) -> list[str]:
              "size KiB", f"{report.metric} [95% CI]", f"Δ{report.metric} [95% CI]"]
     if report.guard_metric:
         heads.append(f"Δ{report.guard_metric} [95% CI]")
-    return heads + ["max abs Δout", "changed rows", "status"]
+    moved = "changed rows" if report.task == "classification" else "Δout / spread"
+    return heads + ["max abs Δout", moved, "status"]
 
 
 def _intro(report: OptimizeReport) -> str:
