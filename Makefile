@@ -36,19 +36,19 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/mypy src
 
 proto: $(VENV)/.dev-installed
-	$(PY) -m grpc_tools.protoc -I src/redline/serving/proto --python_out=src/redline/serving/proto \
-	  --pyi_out=src/redline/serving/proto \
-	  --grpc_python_out=src/redline/serving/proto src/redline/serving/proto/grpc_service.proto
+	$(PY) -m grpc_tools.protoc -I src/redline/proto --python_out=src/redline/proto \
+	  --pyi_out=src/redline/proto \
+	  --grpc_python_out=src/redline/proto src/redline/proto/grpc_service.proto
 	sed -i 's/^import grpc_service_pb2 as/from . import grpc_service_pb2 as/' \
-	  src/redline/serving/proto/grpc_service_pb2_grpc.py
+	  src/redline/proto/grpc_service_pb2_grpc.py
 	# A private descriptor pool, so tritonclient's own `inference.*` protos can share the process.
 	sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/_POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
-	  src/redline/serving/proto/grpc_service_pb2.py
+	  src/redline/proto/grpc_service_pb2.py
 	# redline's own API (entity predictions), a separate service so the KServe proto stays standard.
-	$(PY) -m grpc_tools.protoc -I src/redline/serving/proto --python_out=src/redline/serving/proto \
-	  --grpc_python_out=src/redline/serving/proto src/redline/serving/proto/redline_v1.proto
+	$(PY) -m grpc_tools.protoc -I src/redline/proto --python_out=src/redline/proto \
+	  --grpc_python_out=src/redline/proto src/redline/proto/redline_v1.proto
 	sed -i 's/^import redline_v1_pb2 as/from . import redline_v1_pb2 as/' \
-	  src/redline/serving/proto/redline_v1_pb2_grpc.py
+	  src/redline/proto/redline_v1_pb2_grpc.py
 
 clean:
 	rm -rf $(VENV) .redline build dist .pytest_cache .mypy_cache .ruff_cache

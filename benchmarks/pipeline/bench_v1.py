@@ -63,7 +63,7 @@ def main() -> None:
     from redline.features import load_definitions
     from redline.features.ingest import Ingestor
     from redline.features.online.redis import RedisStore
-    from redline.serving.proto import redline_v1_pb2 as v1
+    from redline.proto import redline_v1_pb2 as v1
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--cards", type=int, default=2000)

@@ -148,8 +148,12 @@ def compare(targets: list[Target], duration: float) -> dict:
     return out
 
 
-def start_redline(args: argparse.Namespace, work: Path, procs: list) -> tuple[Target, dict]:
-    """Backfill a fresh redis-server with the peer's values, register the peer's model, serve."""
+def start_redline(args: argparse.Namespace, work: Path, procs: list, label: str = "redline",
+                  src: str | None = None) -> tuple[Target, dict]:
+    """Backfill a fresh redis-server with the peer's values, register the peer's model, serve
+    (``src``: another redline tree's ``src/`` to serve instead, for before/after runs)."""
+    work = work / label
+    work.mkdir()
     from redline.features import load_definitions
     from redline.features.ingest import Ingestor
     from redline.features.online.redis import RedisStore
@@ -190,7 +194,8 @@ def start_redline(args: argparse.Namespace, work: Path, procs: list) -> tuple[Ta
     procs.append(subprocess.Popen(
         ["taskset", "-c", "0", sys.executable, "-m", "redline.cli", "serve", "--config",
          str(config), "--http-port", str(hport), "--no-grpc"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ}))
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src else {})}))
     http = f"http://127.0.0.1:{hport}"
     wait_http(http, "/v2/health/ready")
     import httpx
@@ -198,7 +203,7 @@ def start_redline(args: argparse.Namespace, work: Path, procs: list) -> tuple[Ta
     body = orjson.dumps({"entities": {"card": "7"}, "request": {}})
     doc = httpx.post(http + "/v1/models/feastpeer/predict", content=body).json()
     assert doc["path"] == "primary" and not doc["entity_missing"], doc
-    return Target("redline", http, "feastpeer", body, None), {
+    return Target(label, http, "feastpeer", body, None), {
         "backfill_s": round(load_s, 2), "sample_response": doc}
 
 
@@ -273,6 +278,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12.0,
                         help="seconds measured per side and case (in 4 interleaved slices)")
     parser.add_argument("--skip-feast", action="store_true")
+    parser.add_argument("--before", help="src/ of another redline tree, served as a third "
+                        "target (redline_before) interleaved with the others")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the load generator shares CPU 1 with redis, as in the peer kit
     work = Path(tempfile.mkdtemp(prefix="redline-vs-feast-"))
@@ -280,6 +287,8 @@ def main() -> None:
     try:
         target, info = start_redline(args, work, procs)
         targets = [target]
+        if args.before:
+            targets.append(start_redline(args, work, procs, "redline_before", args.before)[0])
         if not args.skip_feast:
             targets.append(start_feast(args, procs))
         targets.append(start_floor(work, procs))

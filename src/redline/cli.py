@@ -62,6 +62,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "optimize",
         "Produce faster candidates of a model and register the best one.",
     ),
+    "top": (
+        "redline.commands.monitoring",
+        "top",
+        "Live terminal view of a running server: rate, p50/p95/p99 per stage, slow requests.",
+    ),
+    "drift": (
+        "redline.commands.monitoring",
+        "drift",
+        "Drift of a served model's live inputs against its training profile.",
+    ),
+    "review": (
+        "redline.commands.monitoring",
+        "review",
+        "Human review queue of edge-case requests: list, label, export.",
+    ),
     "gate": (
         "redline.commands.optimize",
         "gate",

@@ -92,8 +92,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
     def grpc_call() -> None:
         import grpc
 
-        from redline.serving.proto import grpc_service_pb2 as pb
-        from redline.serving.proto import grpc_service_pb2_grpc as pbg
+        from redline.proto import grpc_service_pb2 as pb
+        from redline.proto import grpc_service_pb2_grpc as pbg
 
         req = pb.ModelInferRequest(model_name="heavy")
         req.inputs.add(name="x", datatype="FP32", shape=[1, 384])

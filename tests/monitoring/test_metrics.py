@@ -91,20 +91,25 @@ def test_several_worker_processes_add_up(tmp_path: Path) -> None:
     """Two real worker processes write the multiprocess files; one scrape sums them."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join(["src", "."])}
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(n), str(queue)], env=env,
+                                stdout=subprocess.PIPE, text=True, cwd=Path.cwd())
+               for n, queue in ((7, 2), (5, 3))]  # two processes at once
     pids = []
-    for n, queue in ((7, 2), (5, 3)):
-        out = subprocess.run([sys.executable, "-c", WORKER, str(n), str(queue)], env=env,
-                             capture_output=True, text=True, check=True, cwd=Path.cwd())
-        flag, pid = out.stdout.split()
-        assert flag == "True"
+    for proc in workers:
+        out, _ = proc.communicate(timeout=60)
+        flag, pid = out.split()
+        assert proc.returncode == 0 and flag == "True"
         pids.append(pid)
 
-    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def scrape(*dead: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         out = subprocess.run(
             [sys.executable, "-c",
-             "from redline.monitoring.metrics import PrometheusExport, latency_buckets;"
-             "import sys; sys.stdout.write(PrometheusExport(latency_buckets([5.0])).render()[0]"
-             ".decode())"], env=env, capture_output=True, text=True, check=True)
+             "import sys\n"
+             "from redline.monitoring.metrics import PrometheusExport, latency_buckets, "
+             "worker_exited\n"
+             "for pid in sys.argv[1:]: worker_exited(int(pid))\n"
+             "sys.stdout.write(PrometheusExport(latency_buckets([5.0])).render()[0].decode())",
+             *dead], env=env, capture_output=True, text=True, check=True)
         return samples(out.stdout.encode())
 
     got = scrape()
@@ -115,10 +120,6 @@ def test_several_worker_processes_add_up(tmp_path: Path) -> None:
     assert got[("redline_stage_duration_seconds_count", inf)] == 12
     assert got[("redline_queue_depth", (("model", "m"), ("version", "1")))] == 5
     # the supervisor reports the workers gone: their gauges leave, their counts stay
-    for pid in pids:
-        subprocess.run([sys.executable, "-c", "import sys; from redline.monitoring.metrics "
-                        "import worker_exited; worker_exited(int(sys.argv[1]))", pid],
-                       env=env, check=True)
-    got = scrape()
+    got = scrape(*pids)
     assert not any(k[0] == "redline_queue_depth" for k in got)
     assert got[("redline_requests_total", ok)] == 12

@@ -114,8 +114,8 @@ def test_malformed_json_and_unknown_model(server):
 
 
 def test_grpc_predict_has_the_same_meaning(server, repo_path):
-    from redline.serving.proto import redline_v1_pb2 as v1
-    from redline.serving.proto import redline_v1_pb2_grpc as v1g
+    from redline.proto import redline_v1_pb2 as v1
+    from redline.proto import redline_v1_pb2_grpc as v1g
 
     with httpx.Client(base_url=server.url, timeout=10) as c:
         c.post("/v1/events", content=events("g1", [10.0, 30.0]))

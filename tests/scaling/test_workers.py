@@ -17,9 +17,9 @@ import pytest
 
 from redline.config import Settings
 from redline.errors import ConfigError
+from redline.proto import grpc_service_pb2 as pb
+from redline.proto import grpc_service_pb2_grpc as pbg
 from redline.scaling.workers import resolve_workers
-from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
 from tests.scaling.procs import Serve, SteadyLoad
 
 

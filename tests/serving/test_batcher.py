@@ -183,8 +183,8 @@ def test_overload_maps_to_429_and_resource_exhausted(served: ServerThread) -> No
     """A request that cannot make its budget behind a running batch is refused at once."""
     import grpc
 
-    from redline.serving.proto import grpc_service_pb2 as pb
-    from redline.serving.proto import grpc_service_pb2_grpc as pbg
+    from redline.proto import grpc_service_pb2 as pb
+    from redline.proto import grpc_service_pb2_grpc as pbg
 
     x = np.ones((1, 384), np.float32)
     body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",

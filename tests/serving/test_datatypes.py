@@ -8,9 +8,10 @@ import numpy as np
 import orjson
 import pytest
 
-from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
-from redline.serving.protocol import GRPC_CONTENTS_FIELD, array_to_wire
+from redline.models.datatypes import array_to_wire
+from redline.proto import grpc_service_pb2 as pb
+from redline.proto import grpc_service_pb2_grpc as pbg
+from redline.serving.protocol import GRPC_CONTENTS_FIELD
 from tests.serving.helpers import ALL_DATATYPES, ServerThread
 
 NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,

@@ -6,8 +6,8 @@ import grpc
 import numpy as np
 import pytest
 
-from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
+from redline.proto import grpc_service_pb2 as pb
+from redline.proto import grpc_service_pb2_grpc as pbg
 from tests.serving.helpers import ServerThread
 
 

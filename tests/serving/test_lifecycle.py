@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from redline.config import Settings
 from redline.models import ModelRepository, VersionPolicy
-from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
+from redline.proto import grpc_service_pb2 as pb
+from redline.proto import grpc_service_pb2_grpc as pbg
 from tests.serving.helpers import ServerThread, affine_model, slow_model
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from redline.serving.protocol import array_to_wire
+from redline.models.datatypes import array_to_wire
 
 
 class RequestFailed(Exception):
@@ -49,7 +49,7 @@ def rest_body(
 
 
 def grpc_request_bytes(model: str, inputs: dict[str, tuple[str, np.ndarray]]) -> bytes:
-    from redline.serving.proto import grpc_service_pb2 as pb
+    from redline.proto import grpc_service_pb2 as pb
 
     req = pb.ModelInferRequest(model_name=model)
     for name, (datatype, array) in inputs.items():

@@ -116,8 +116,8 @@ def fetch_metadata(spec: LoadSpec) -> dict[str, Any]:
     if spec.protocol == "grpc":
         import grpc
 
-        from redline.serving.proto import grpc_service_pb2 as pb
-        from redline.serving.proto import grpc_service_pb2_grpc as pbg
+        from redline.proto import grpc_service_pb2 as pb
+        from redline.proto import grpc_service_pb2_grpc as pbg
 
         with grpc.insecure_channel(grpc_target(spec.url)) as channel:
             reply = pbg.GRPCInferenceServiceStub(channel).ModelMetadata(

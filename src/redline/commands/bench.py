@@ -176,7 +176,7 @@ def _v1_body(text: str, model: str, protocol: str) -> bytes:
                                  param_hint="--protocol")
     if protocol != "grpc":
         return text.encode()
-    from redline.serving.proto import redline_v1_pb2 as v1
+    from redline.proto import redline_v1_pb2 as v1
 
     rows = doc.get("instances") or [doc]
     try:

@@ -65,7 +65,13 @@ def features() -> None:
 @config_option
 @definitions_option
 def list_views(config_path: str | None, definitions: str | None) -> None:
-    """Views, their semantic versions, and each feature's dtype and default."""
+    """Views, their semantic versions, and each feature's dtype and default.
+
+    \b
+    Examples:
+      redline features list -d examples/fraud/features.py
+      redline features list --config examples/fraud/redline.yaml
+    """
     _, defs = _settings(config_path, definitions)
     for name, view in sorted(defs.views.items()):
         click.echo(f"{name}  version {view.version}  entity {view.entity.name} "
@@ -82,7 +88,13 @@ def list_views(config_path: str | None, definitions: str | None) -> None:
 @config_option
 @definitions_option
 def plan(config_path: str | None, definitions: str | None) -> None:
-    """Show what `apply` would change against the registry."""
+    """Show what `apply` would change against the registry.
+
+    \b
+    Examples:
+      redline features plan -d examples/fraud/features.py
+      redline features plan --config examples/fraud/redline.yaml
+    """
     from redline.features.versioning import ViewRegistry
 
     fs, defs = _settings(config_path, definitions)
@@ -100,7 +112,13 @@ def plan(config_path: str | None, definitions: str | None) -> None:
               help="Also make changed views' new versions live (default: old versions keep "
                    "serving).")
 def apply(config_path: str | None, definitions: str | None, switch: bool) -> None:
-    """Register every view version; new views go live, changed ones only with --switch."""
+    """Register every view version; new views go live, changed ones only with --switch.
+
+    \b
+    Examples:
+      redline features apply -d examples/fraud/features.py
+      redline features apply -d examples/fraud/features.py --switch   # changed views go live
+    """
     from redline.features.versioning import ViewRegistry
 
     fs, defs = _settings(config_path, definitions)
@@ -120,11 +138,20 @@ def apply(config_path: str | None, definitions: str | None, switch: bool) -> Non
 @click.option("--out", "out_path", required=True, help="Output .parquet or .csv.")
 @click.option("--features", "feature_list", default=None,
               help="Comma-separated view:feature refs and transforms (default: all).")
-@click.option("--time-column", default="ts", show_default=True)
+@click.option("--time-column", default="ts", show_default=True,
+              help="Column of --labels with each row's time (epoch ms).")
 def training_set(config_path: str | None, definitions: str | None, events_path: str,
                  labels_path: str, out_path: str, feature_list: str | None,
                  time_column: str) -> None:
-    """Point-in-time training table: each row's features as the online store answered them."""
+    """Point-in-time training table: each row's features as the online store answered them.
+
+    \b
+    Examples:
+      redline features training-set -d features.py --events events.jsonl --labels rows.csv \\
+          --out train.parquet
+      redline features training-set -d features.py --events events.parquet \\
+          --labels rows.parquet --features card_activity:count_1h,amount_vs_card_mean --out t.csv
+    """
     from redline.features.offline import build_training_set, read_table
 
     _, defs = _settings(config_path, definitions)
@@ -149,8 +176,9 @@ def training_set(config_path: str | None, definitions: str | None, events_path: 
 @config_option
 @definitions_option
 @store_options
-@click.option("--events-per-view", default=1500, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--events-per-view", default=1500, show_default=True,
+              help="Random events generated per view.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random stream.")
 @click.option("--served", "served_path", default=None,
               help="Log of values actually served (entity id, ts, view:feature columns); with "
                    "--events, recompute each offline and report mismatches per feature.")
@@ -159,7 +187,14 @@ def verify(config_path: str | None, definitions: str | None, store: str | None,
            redis_url: str | None, events_per_view: int, seed: int, served_path: str | None,
            events_path: str | None) -> None:
     """Prove online == offline: replay a random stream (out-of-order and late events) into the
-    store, read at random times and entities, compare with the offline builder."""
+    store, read at random times and entities, compare with the offline builder.
+
+    \b
+    Examples:
+      redline features verify -d examples/fraud/features.py               # memory store
+      redline features verify -d examples/fraud/features.py --redis-url redis://127.0.0.1:6379/0
+      redline features verify -d features.py --served served.csv --events events.jsonl
+    """
     from redline.features.offline import read_table
     from redline.features.online import open_online_store
     from redline.features.verify import verify_served, verify_store
@@ -199,19 +234,21 @@ def ingest() -> None:
       redline ingest redis-stream                 # consumer group member (run N of these)
       redline ingest kafka --topic card-events    # Kafka consumer group member (run N)
       redline ingest file events.jsonl --store redis
-      redline ingest http --port 8010             # POST /v1/events
+      redline ingest http --http-port 8010        # POST /v1/events
     """
 
 
 @ingest.command("redis-stream")
 @config_option
 @definitions_option
-@click.option("--redis-url", default=None)
+@click.option("--redis-url", default=None, help="Redis URL (default: features.redis_url).")
 @click.option("--stream", default=None, help="Stream key (default: features.stream).")
 @click.option("--group", default=None, help="Consumer group (default: features.consumer_group).")
 @click.option("--consumer", default=None, help="Consumer name (default: host-pid).")
 @click.option("--batch", type=int, default=None, help="Entries per atomic apply.")
-@click.option("--claim-idle-ms", type=int, default=None)
+@click.option("--claim-idle-ms", type=int, default=None,
+              help="Claim pending entries idle this long from dead consumers (default: "
+                   "features.claim_idle_ms).")
 @click.option("--max-events", type=int, default=None, help="Stop after this many (for tests).")
 @click.option("--stats-every", type=float, default=10.0, show_default=True,
               help="Seconds between stats lines on stderr (0: never).")
@@ -219,7 +256,14 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
                   stream: str | None, group: str | None, consumer: str | None,
                   batch: int | None, claim_idle_ms: int | None, max_events: int | None,
                   stats_every: float) -> None:
-    """Consume a Redis Stream as one member of a consumer group, exactly once per event."""
+    """Consume a Redis Stream as one member of a consumer group, exactly once per event.
+
+    \b
+    Examples:
+      redline ingest redis-stream --config redline.yaml            # run N of these
+      redline ingest redis-stream -d features.py --redis-url redis://127.0.0.1:6379/0 \\
+          --stream events --group ingest
+    """
     from redline.features.ingest import StreamConsumer
     from redline.features.online.redis import RedisStore
 
@@ -310,10 +354,20 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
 @definitions_option
 @store_options
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--batch", type=int, default=5000, show_default=True)
+@click.option("--batch", type=int, default=5000, show_default=True,
+              help="Events per atomic write.")
 def ingest_file(config_path: str | None, definitions: str | None, store: str | None,
                 redis_url: str | None, path: str, batch: int) -> None:
-    """Replay a JSONL/CSV/Parquet file (arrival = `_arrival_ms` column, else event time)."""
+    """Replay a JSONL/CSV/Parquet file (arrival = `_arrival_ms` column, else event time).
+
+    With the memory store this fills a store inside this command's process only; to give a
+    server its history use `redline serve --preload FILE`, or POST to its /v1/events.
+
+    \b
+    Examples:
+      redline ingest file data/events.jsonl --config redline.yaml        # into Redis
+      redline ingest file events.parquet -d features.py --redis-url redis://127.0.0.1:6379/0
+    """
     from redline.features.ingest import Ingestor, replay_file
     from redline.features.online import open_online_store
 
@@ -334,20 +388,32 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
 @config_option
 @definitions_option
 @store_options
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=None, help="Default: features.http_port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--http-port", "port", type=int, default=None,
+              help="Port (default: features.http_port, 8010).")
+@click.option("--port", "legacy_port", type=int, default=None, hidden=True)  # the old name
 def ingest_http(config_path: str | None, definitions: str | None, store: str | None,
-                redis_url: str | None, host: str, port: int | None) -> None:
-    """Serve POST /v1/events (JSON array, object or lines) and GET /v1/ingest/stats."""
+                redis_url: str | None, host: str, port: int | None,
+                legacy_port: int | None) -> None:
+    """Serve POST /v1/events (JSON array, object or lines) and GET /v1/ingest/stats.
+
+    \b
+    Examples:
+      redline ingest http --config redline.yaml                         # :8010
+      redline ingest http -d features.py --redis-url redis://127.0.0.1:6379/0 --http-port 8011
+    """
     import uvicorn
 
     from redline.features.ingest import Ingestor, events_asgi_app
     from redline.features.online import open_online_store
 
+    port = port if port is not None else legacy_port
     fs, defs = _settings(config_path, definitions, store, redis_url)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     online.ping()
     app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead"))
+    click.echo(f"ingest: POST http://{host}:{port or fs.http_port}/v1/events into the "
+               f"{fs.store} store ({len(defs.views)} views)", err=True)
     uvicorn.run(app, host=host, port=port or fs.http_port, log_level="warning",
                 access_log=False, lifespan="on")
 

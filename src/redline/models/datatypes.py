@@ -1,9 +1,12 @@
 """Datatype names of the Open Inference Protocol v2, and their numpy and ONNX equivalents.
 
-Defined once here so the repository, the runtime and the wire codec agree on every name.
+Defined once here so the repository, the runtime, the wire codec and the load generator agree
+on every name, and on the raw wire form of a tensor.
 """
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 
@@ -63,13 +66,33 @@ FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
 INT_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 
 
-def numpy_dtype(datatype: str) -> np.dtype:
-    """The numpy dtype of a V2 datatype name; raises KeyError on an unknown name."""
-    return V2_TO_NUMPY[datatype]
-
-
 def v2_datatype(dtype: np.dtype) -> str:
     """The V2 datatype name of a numpy dtype (strings and objects map to BYTES)."""
+    name = NUMPY_TO_V2.get(dtype)
+    if name is not None:
+        return name  # the common case: one dict lookup
     if dtype.kind in ("U", "S", "O"):
         return "BYTES"
-    return NUMPY_TO_V2[np.dtype(dtype)]
+    return NUMPY_TO_V2[np.dtype(dtype).newbyteorder("=")]
+
+
+def bytes_elements_to_wire(array: np.ndarray) -> bytes:
+    """The BYTES wire form (each element: 4-byte little-endian length, then its bytes)."""
+    parts: list[bytes] = []
+    for item in array.ravel():
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def array_to_wire(array: np.ndarray) -> bytes:
+    """Raw little-endian bytes of a tensor: Triton's binary extension and gRPC raw contents.
+
+    Neutral on purpose: the server's codec and the load generator (``bench``) both use it.
+    """
+    if array.dtype.kind in "OUS":
+        return bytes_elements_to_wire(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).tobytes()

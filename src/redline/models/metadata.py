@@ -98,7 +98,10 @@ def profile_inputs(
         }
         # A low-cardinality integer column is taken as categorical: drift compares its shares.
         values, value_counts = np.unique(finite, return_counts=True)
-        if values.size <= max_categories and np.all(values == np.round(values)):
+        integer = bool(np.all(values == np.round(values)))
+        if integer:
+            profile["features"][name]["integer"] = True
+        if values.size <= max_categories and integer:
             shares = value_counts / finite.size
             profile["features"][name]["categories"] = {
                 str(int(v)): float(c) for v, c in zip(values, shares, strict=True)

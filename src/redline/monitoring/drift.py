@@ -12,7 +12,7 @@ compares each feature with its profile:
 
 No p-values: a test's p-value shrinks with the sample, so a large window of unchanged data
 alarms on differences too small to matter. Instead each statistic has a threshold that is an
-*effect size*: the larger of a floor (a shift small enough to ignore) and the 99.5th percentile
+*effect size*: the larger of a floor (a shift small enough to ignore) and the 99.9th percentile
 of the statistic on windows of the same size drawn from the reference profile itself (the
 statistic's own noise at that size). So a small window does not alarm on noise and a large one
 does not alarm on a trivial difference.
@@ -33,8 +33,12 @@ PSI_FLOOR = 0.1
 JS_FLOOR = 0.1
 WASSERSTEIN_FLOOR = 0.1  # in reference standard deviations
 RATE_FLOOR = 0.05  # missing / out-of-range rate increase
-NULL_QUANTILE = 99.5
-NULL_DRAWS = 400
+# The noise part of a threshold: a high percentile of the statistic over reference-drawn windows
+# (each feature has two or three statistics, a model tens of features: stay far in the tail).
+NULL_QUANTILE = 99.9
+NULL_DRAWS = 2000  # bin-share draws (cheap: multinomial)
+W_DRAWS = 400  # Wasserstein draws of 1,000 values each
+W_QUANTILE = 99.75
 _EPS = 1e-4
 # Quantile levels for Wasserstein, the outer 1% of each tail left out: the profile knows the
 # extremes only as one min and one max, too coarse to compare tails against.
@@ -76,12 +80,16 @@ class FeatureReference:
     hi: float = math.inf
     scale: float = 1.0
     missing_share: float = 0.0
+    ref_rows: int = 0  # rows behind the profile (0: unknown, taken as exact)
+    integer: bool = False  # integer-valued: the quantile function is a step, not a line
     _thresholds: dict[int, dict[str, float]] = field(default_factory=dict)
     _w1000: float | None = None
 
     @classmethod
-    def from_profile(cls, name: str, prof: dict[str, Any], levels: list[float]) -> FeatureReference:
+    def from_profile(cls, name: str, prof: dict[str, Any], levels: list[float],
+                     rows: int = 0) -> FeatureReference:
         missing = float(prof.get("missing_share", 0.0))
+        ref_rows = int(rows * (1 - missing))
         cats = prof.get("categories")
         if cats:
             values = np.array([float(k) for k in cats])
@@ -89,7 +97,8 @@ class FeatureReference:
             order = np.argsort(values)
             ref_p = np.append(shares[order] / shares.sum(), 0.0)  # last: unseen categories
             return cls(name, "categorical", ref_p, categories=values[order],
-                       lo=float(values.min()), hi=float(values.max()), missing_share=missing)
+                       lo=float(values.min()), hi=float(values.max()), missing_share=missing,
+                       ref_rows=ref_rows, integer=True)
         hist = prof["histogram"]
         edges = np.asarray(hist["edges"], dtype=np.float64)
         counts = np.asarray(hist["counts"], dtype=np.float64)
@@ -107,7 +116,7 @@ class FeatureReference:
         scale = std if std > 0 else (iqr if iqr > 0 else 1.0)
         return cls(name, "numeric", ref_p, inner_edges=edges[1:-1], u_points=u_arr,
                    v_points=v_arr, lo=float(edges[0]), hi=float(edges[-1]), scale=scale,
-                   missing_share=missing)
+                   missing_share=missing, ref_rows=ref_rows, integer=bool(prof.get("integer")))
 
     # ------------------------------------------------------------------ live values -> shares
     def shares(self, x: np.ndarray) -> np.ndarray:
@@ -125,13 +134,19 @@ class FeatureReference:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` values drawn from the reference (for the threshold calibration)."""
         if self.kind == "numeric":
-            return np.interp(rng.random(n), self.u_points, self.v_points)
+            values = np.interp(rng.random(n), self.u_points, self.v_points)
+            return np.floor(values) if self.integer else values
         idx = rng.choice(self.categories.size, size=n, p=self.ref_p[:-1] / self.ref_p[:-1].sum())
         return self.categories[idx]
 
-    def wasserstein(self, x: np.ndarray) -> float:
-        live = np.quantile(x, _GRID)
+    def reference_quantiles(self) -> np.ndarray:
+        # For integers the knots are (P(X < k), k): between two knots the quantile is still k.
         ref = np.interp(_GRID, self.u_points, self.v_points)
+        return np.floor(ref) if self.integer else ref
+
+    def wasserstein(self, x: np.ndarray) -> float:
+        live = np.quantile(x, _GRID, method="inverted_cdf" if self.integer else "linear")
+        ref = self.reference_quantiles()
         return float(np.mean(np.abs(live - ref)) / self.scale)
 
     def statistics(self, x: np.ndarray) -> dict[str, float]:
@@ -144,9 +159,11 @@ class FeatureReference:
     def thresholds(self, n: int) -> dict[str, float]:
         """Effect-size thresholds for a window of ``n`` rows (cached per size class).
 
-        The noise part is the 99.5th percentile of the statistic over windows of that size drawn
-        from the reference itself: bin shares by multinomial draws (exact for PSI and JS), and
-        Wasserstein from 1,000-row draws scaled by sqrt(1000 / n), as its noise shrinks so.
+        The noise part is the 99.9th percentile (Wasserstein: 99.75th) of the statistic over
+        windows of that size drawn from the reference itself: bin shares by multinomial draws
+        (exact for PSI and JS), and
+        Wasserstein from 1,000-row draws scaled to the window's size. The reference side is
+        redrawn too (it is a sample of ``ref_rows``), so a small training profile widens them.
         """
         size = _size_class(n)
         cached = self._thresholds.get(size)
@@ -155,23 +172,29 @@ class FeatureReference:
         rng = np.random.default_rng(size)
         q = self.ref_p / self.ref_p.sum()
         p = rng.multinomial(size, q, size=NULL_DRAWS) / size
-        pc, qc = np.clip(p, _EPS, None), np.clip(q, _EPS, None)
-        psis = np.sum((pc - qc) * np.log(pc / qc), axis=1)
-        m = 0.5 * (p + q)
+        # The profile is itself a sample: compare with a redrawn reference of the same size, so
+        # a small training sample's own noise is not taken for drift.
+        r = (rng.multinomial(self.ref_rows, q, size=NULL_DRAWS) / self.ref_rows
+             if self.ref_rows else np.broadcast_to(q, p.shape))
+        pc, rc = np.clip(p, _EPS, None), np.clip(r, _EPS, None)
+        psis = np.sum((pc - rc) * np.log(pc / rc), axis=1)
+        m = 0.5 * (p + r)
         with np.errstate(divide="ignore", invalid="ignore"):
             kl_p = np.nansum(np.where(p > 0, p * np.log2(p / m), 0.0), axis=1)
-            kl_q = np.nansum(np.where(q > 0, q * np.log2(q / m), 0.0), axis=1)
-        jss = np.sqrt(np.maximum(0.0, 0.5 * kl_p + 0.5 * kl_q))
+            kl_r = np.nansum(np.where(r > 0, r * np.log2(r / m), 0.0), axis=1)
+        jss = np.sqrt(np.maximum(0.0, 0.5 * kl_p + 0.5 * kl_r))
         out = {"psi": max(PSI_FLOOR, float(np.percentile(psis, NULL_QUANTILE))),
                "js": max(JS_FLOOR, float(np.percentile(jss, NULL_QUANTILE)))}
         if self.kind == "numeric":
             if self._w1000 is None:
-                draws = self.sample(rng, NULL_DRAWS * 1000).reshape(NULL_DRAWS, 1000)
-                live = np.quantile(draws, _GRID, axis=1).T
-                ref = np.interp(_GRID, self.u_points, self.v_points)
-                ws = np.mean(np.abs(live - ref), axis=1) / self.scale
-                self._w1000 = float(np.percentile(ws, NULL_QUANTILE))
-            out["wasserstein"] = max(WASSERSTEIN_FLOOR, self._w1000 * math.sqrt(1000 / size))
+                draws = self.sample(rng, W_DRAWS * 1000).reshape(W_DRAWS, 1000)
+                live = np.quantile(draws, _GRID, axis=1,
+                                   method="inverted_cdf" if self.integer else "linear").T
+                ws = np.mean(np.abs(live - self.reference_quantiles()), axis=1) / self.scale
+                self._w1000 = float(np.percentile(ws, W_QUANTILE))
+            # Its noise shrinks as sqrt(1/n + 1/n_reference): both sides are samples.
+            inv = 1 / size + (1 / self.ref_rows if self.ref_rows else 0.0)
+            out["wasserstein"] = max(WASSERSTEIN_FLOOR, self._w1000 * math.sqrt(1000 * inv))
         self._thresholds[size] = out
         return out
 
@@ -235,7 +258,8 @@ class DriftMonitor:
         for i, name in enumerate(names):
             prof = feats.get(name)
             if prof and "histogram" in prof:
-                self.references[i] = FeatureReference.from_profile(name, prof, levels)
+                self.references[i] = FeatureReference.from_profile(name, prof, levels,
+                                                                   int(profile.get("rows", 0)))
         self.window = RollingWindow(len(names), window_rows)
         self.predictions = RollingWindow(1, window_rows)
         self.prediction_ref: FeatureReference | None = None
@@ -274,8 +298,8 @@ class DriftMonitor:
         prof = profile_inputs(base.reshape(-1, 1), ["prediction"])
         feat = prof.get("features", {}).get("prediction")
         if feat and "histogram" in feat:
-            self.prediction_ref = FeatureReference.from_profile("prediction", feat,
-                                                                prof["quantile_levels"])
+            self.prediction_ref = FeatureReference.from_profile(
+                "prediction", feat, prof["quantile_levels"], int(prof.get("rows", 0)))
         self._baseline = []
         self.predictions = RollingWindow(1, self.predictions.capacity)
 

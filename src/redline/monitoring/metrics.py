@@ -20,11 +20,12 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from redline.serving.stages import STAGES, RequestRecord
+if TYPE_CHECKING:
+    from redline.serving.stages import RequestRecord
 
 # Conventional latency buckets (seconds), from 100 µs to 10 s; each model's objective is added.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -328,9 +329,10 @@ class PrometheusExport:
     # ------------------------------------------------------------------ sampled state
     def count_to(self, counter: Any, key: tuple[str, ...], total: float, *labels: str) -> None:
         """Bring a counter up to a running total read from elsewhere (stats dicts)."""
-        last = self._last.get(key, 0.0)
-        if total > last:
-            (counter.labels(*labels) if labels else counter).inc(total - last)
+        last = self._last.get(key)
+        child = counter.labels(*labels) if labels else counter  # exposed from zero
+        if total > (last or 0.0):
+            child.inc(total - (last or 0.0))
         self._last[key] = total
 
     def render(self) -> tuple[bytes, str]:
@@ -360,13 +362,6 @@ def _add_histogram(child: Any, counts: list[int], flushed: list[int], dsum: floa
 
 
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "half-open": 1, "open": 2}
-
-
-def stage_order(names: list[str]) -> list[str]:
-    """Stages in the order a request meets them, then any others, then ``total``."""
-    known = [s for s in STAGES if s in names]
-    rest = sorted(n for n in names if n not in STAGES and n != TOTAL)
-    return known + rest + ([TOTAL] if TOTAL in names else [])
 
 
 def finite(x: float) -> float | None:

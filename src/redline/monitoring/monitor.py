@@ -193,8 +193,15 @@ class ServerMonitor:
         window = self._objective_window.setdefault(key[1], deque(maxlen=60))
         window.append((total - last[0], (total - within) - (last[0] - last[1])))
 
-    def _sample_server(self, point: dict[str, Any]) -> None:
-        """Gauges and counters that live in the serving objects: queues, batches, shedding."""
+    def refresh_metrics(self) -> None:
+        """Bring the Prometheus metrics up to this moment (a scrape between two ticks)."""
+        self._sample_server(None)
+        self.export.flush(self.metrics)
+
+    def _sample_server(self, point: dict[str, Any] | None) -> None:
+        """Gauges and counters that live in the serving objects: queues, batches, shedding.
+
+        With a ``point`` (the tick) it also records this tick's batch sizes and shedding."""
         export = self.export
         models: dict[str, Any] = {}
         try:
@@ -216,7 +223,8 @@ class ServerMonitor:
                 export.model_info.labels(name, v).set(1)
                 stats = _stats_dict(handle)
                 last = self._last_stats.get((name, v), {})
-                self._last_stats[(name, v)] = stats
+                if point is not None:
+                    self._last_stats[(name, v)] = stats
                 kv = (name, v)
                 export.count_to(export.batches, ("b", *kv), stats.get("batches", 0), *kv)
                 export.count_to(export.batch_rows, ("r", *kv), stats.get("rows", 0), *kv)
@@ -235,7 +243,8 @@ class ServerMonitor:
                     "shed": shed}
             models.setdefault(name, {"model": name, "versions": versions, "slo_ms": slo})
             models[name]["versions"] = versions
-        point["models"] = models
+        if point is not None:
+            point["models"] = models
         pstats: Any = _pipeline_stats(self.pipeline)
         if pstats:
             breaker: dict[str, Any] = pstats.get("breaker") or {}
@@ -249,8 +258,9 @@ class ServerMonitor:
                 export.count_to(export.cache_misses, ("m", label), c.get("misses", 0) or 0,
                                 label)
             export.count_to(export.degraded, ("degraded",), pstats.get("degraded", 0) or 0)
-            point["pipeline"] = {"breaker": breaker.get("state"),
-                                 "degraded": pstats.get("degraded", 0)}
+            if point is not None:
+                point["pipeline"] = {"breaker": breaker.get("state"),
+                                     "degraded": pstats.get("degraded", 0)}
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()

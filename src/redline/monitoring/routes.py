@@ -25,7 +25,7 @@ def install_routes(app: Any, monitor: Any) -> None:
                            "shows the models")
 
     async def metrics(request: HttpRequest) -> HttpResponse:
-        monitor.export.flush(monitor.metrics)  # this process's latest, not last tick's
+        monitor.refresh_metrics()  # this process's latest, not the last tick's
         body, content_type = monitor.export.render()
         return HttpResponse(200, body, [(b"content-type", content_type.encode())])
 

@@ -21,9 +21,10 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redline.serving.stages import RequestRecord
+if TYPE_CHECKING:
+    from redline.serving.stages import RequestRecord
 
 log = logging.getLogger("redline.monitoring")
 

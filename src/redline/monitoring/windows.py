@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from redline.monitoring.drift import DriftMonitor
 from redline.monitoring.quality import QualityMonitor
 from redline.monitoring.review import ReviewQueue
-from redline.serving.stages import RequestRecord
+
+if TYPE_CHECKING:
+    from redline.serving.stages import RequestRecord
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
 
@@ -39,7 +41,9 @@ class ModelWindows:
         self._lock = threading.Lock()  # absorb runs on the tick's thread and in routes
 
     def request_finished(self, record: RequestRecord) -> None:
-        if record.status == "ok" and (record.inputs is not None or record.outputs is not None):
+        # Only what the model itself answered: a fallback's rows are not this model's inputs.
+        if record.status == "ok" and record.path == "primary" and (
+                record.inputs is not None or record.outputs is not None):
             self._pending.append((record.model, record.version, record.request_id,
                                   record.inputs, record.outputs))
 

@@ -298,14 +298,14 @@ class AsyncClient:
                          ) -> Any:
         import grpc
 
-        from redline.serving.proto import grpc_service_pb2 as pb
-        from redline.serving.proto import redline_v1_pb2 as v1pb
+        from redline.proto import grpc_service_pb2 as pb
+        from redline.proto import redline_v1_pb2 as v1pb
 
         api, model, version, payload = call
         stubs = self._grpc.get(endpoint.address)
         if stubs is None:
-            from redline.serving.proto import grpc_service_pb2_grpc as pbg
-            from redline.serving.proto import redline_v1_pb2_grpc as v1g
+            from redline.proto import grpc_service_pb2_grpc as pbg
+            from redline.proto import redline_v1_pb2_grpc as v1g
 
             channel = grpc.aio.insecure_channel(endpoint.address)
             stubs = self._grpc[endpoint.address] = (

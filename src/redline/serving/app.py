@@ -32,6 +32,7 @@ from redline.errors import (
     RedlineError,
     Unauthorized,
 )
+from redline.serving import openapi
 from redline.serving.deadline import (
     BUDGET_HEADER,
     FROM_HEADER,
@@ -94,13 +95,16 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 class _Route:
-    __slots__ = ("method", "parts", "handler", "admin")
+    __slots__ = ("method", "template", "parts", "handler", "admin", "openapi")
 
-    def __init__(self, method: str, template: str, handler: Handler, admin: bool) -> None:
+    def __init__(self, method: str, template: str, handler: Handler, admin: bool,
+                 openapi: dict[str, Any] | None) -> None:
         self.method = method
+        self.template = template
         self.parts = template.strip("/").split("/")
         self.handler = handler
         self.admin = admin
+        self.openapi = openapi
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         if len(parts) != len(self.parts):
@@ -132,7 +136,8 @@ class RestApp:
         self._install_v2_routes()
 
     def add_route(
-        self, method: str, template: str, handler: Handler, *, admin: bool = False
+        self, method: str, template: str, handler: Handler, *, admin: bool = False,
+        openapi: dict[str, Any] | None = None,
     ) -> None:
         """Serve ``method template`` (``/v1/models/{name}/predict``) with ``handler``.
 
@@ -141,8 +146,10 @@ class RestApp:
         in ``request.params``; the handler returns an :class:`HttpResponse`, and a
         ``RedlineError`` it raises is answered with its status and the V2 error body.
         ``admin=True`` routes exist only when the admin surface is enabled, behind its token.
+        ``openapi`` is the route's OpenAPI operation object for ``GET /v2/openapi.json``
+        (without one the route is listed with the generic error answers).
         """
-        self._routes.append(_Route(method.upper(), template, handler, admin))
+        self._routes.append(_Route(method.upper(), template, handler, admin, openapi))
 
     # ------------------------------------------------------------------ ASGI entry
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -361,6 +368,7 @@ class RestApp:
         add("GET", "/v2", self._server_metadata)
         add("GET", "/v2/health/live", self._live)
         add("GET", "/v2/health/ready", self._ready)
+        add("GET", "/v2/openapi.json", self._openapi)
         for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
             add("GET", prefix, self._model_metadata)
             add("GET", prefix + "/ready", self._model_ready)
@@ -381,12 +389,22 @@ class RestApp:
         return HttpResponse.json({"name": "redline", "version": __version__,
                                   "extensions": extensions})
 
+    async def _openapi(self, request: HttpRequest) -> HttpResponse:
+        admin_on = self.settings.server.admin_enabled
+        return HttpResponse.json(openapi.document(
+            [(r.method, r.template, r.openapi, r.admin) for r in self._routes
+             if admin_on or not r.admin]))
+
     async def _live(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json({"live": True})
 
     async def _ready(self, request: HttpRequest) -> HttpResponse:
         ready = not self.draining and self.registry.all_ready()
-        return HttpResponse.json({"ready": ready}, 200 if ready else 503)
+        doc: dict[str, Any] = {"ready": ready}
+        health = getattr(self, "health_details", None)  # serving/store_health.py, when set
+        if health is not None:
+            doc.update(health())
+        return HttpResponse.json(doc, 200 if ready else 503)
 
     async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(model_metadata(self.registry, request.params))

@@ -20,6 +20,7 @@ import grpc
 from redline import __version__
 from redline.config import Settings
 from redline.errors import InvalidInput, RedlineError
+from redline.proto import grpc_service_pb2 as pb
 from redline.serving.deadline import (
     FROM_GRPC_DEADLINE,
     FROM_METADATA,
@@ -35,7 +36,6 @@ from redline.serving.edge import (
     grpc_metadata,
 )
 from redline.serving.metadata import EXTENSIONS, model_metadata
-from redline.serving.proto import grpc_service_pb2 as pb
 from redline.serving.protocol import decode_grpc, fill_grpc_response
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import DECODE, ENCODE, Observers, RequestRecord, perf_ns

@@ -71,8 +71,9 @@ class ModelHandle:
             name=f"{self.name}:{self.version}",
         )
         self._runtime = settings.runtime
-        # Keep each request's inputs and outputs on its record (a shadow rollout replays them).
-        self.keep_io = False
+        # Keep each request's inputs and outputs on its record (a shadow rollout replays them;
+        # monitoring's drift, quality and review read them).
+        self.keep_io = settings.monitoring.enabled
         self._input_names = set(self.input_specs)
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
@@ -238,10 +239,13 @@ class ModelHandle:
 def _hot_run(session: InferenceSession) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """The session's run, minus onnxruntime's Python-side checks when they can be skipped.
 
-    ``onnxruntime.InferenceSession.run`` re-checks input names and ownership in Python on every
-    call (several µs, a tenth of a one-row request here). Inputs reaching the batcher were
-    already validated against the model, so the compiled ``run`` is called directly; any other
-    session object falls back to ``session.run``.
+    Why a private attribute (the one left in serving, on purpose): ONNX Runtime has no public
+    way to skip the Python checks that ``InferenceSession.run`` repeats on every call (input
+    names, types). Measured on a one-row FP32 model: public ``run`` 14.7 µs, the compiled
+    ``_sess.run`` 10.2 µs, 4.5 µs a request, about 13% of the V2 fast path's server CPU.
+    Inputs reaching the batcher were already validated against the model, so the compiled run
+    is called directly; when either attribute is missing (another ORT version, another session
+    type) it falls back to the public ``session.run``.
     """
     native = getattr(getattr(session, "_session", None), "_sess", None)
     run = getattr(native, "run", None)

@@ -16,7 +16,9 @@ def model_metadata(registry: ModelRegistry, params: dict[str, str]) -> dict[str,
     handle = registry.get(params["name"], params.get("version"))
     return {
         "name": handle.name,
-        "versions": [str(v) for v in registry.versions(handle.name)],
+        # The versions a request can be served by: loaded and warm (not broken, not unloaded,
+        # not outside the version policy; the admin index lists those with their state).
+        "versions": [str(h.version) for h in registry.loaded(handle.name)],
         "platform": "onnxruntime_onnx",
         "inputs": [t.to_dict() for t in handle.session.inputs],
         "outputs": [t.to_dict() for t in handle.session.outputs],

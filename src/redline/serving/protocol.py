@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from redline.errors import InvalidInput
-from redline.models.datatypes import V2_TO_NUMPY
+from redline.models.datatypes import V2_TO_NUMPY, array_to_wire, v2_datatype
 
 _NUMPY_OPT = orjson.OPT_SERIALIZE_NUMPY
 _LE = {name: dt.newbyteorder("<") for name, dt in V2_TO_NUMPY.items() if name != "BYTES"}
@@ -254,38 +254,6 @@ def _decode_bytes_elements(name: str, raw: bytes | memoryview) -> np.ndarray:
     return array
 
 
-def bytes_elements_to_wire(array: np.ndarray) -> bytes:
-    """The BYTES wire form (length-prefixed elements) of an object/str array."""
-    parts: list[bytes] = []
-    for item in array.ravel():
-        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
-    return b"".join(parts)
-
-
-def array_to_wire(array: np.ndarray) -> bytes:
-    """Raw little-endian bytes of a tensor (binary extension, gRPC raw contents)."""
-    if array.dtype.kind in "OUS":
-        return bytes_elements_to_wire(array)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).tobytes()
-
-
-def v2_datatype(array: np.ndarray) -> str:
-    name = _DTYPE_TO_V2.get(array.dtype)
-    if name is not None:
-        return name
-    if array.dtype.kind in "OUS":
-        return "BYTES"
-    return _NUMPY_TO_V2[array.dtype.str[1:]]
-
-
-_NUMPY_TO_V2 = {dt.str[1:]: name for name, dt in V2_TO_NUMPY.items() if name != "BYTES"}
-_DTYPE_TO_V2 = {dt: name for name, dt in V2_TO_NUMPY.items()}
-
-
 def _require(obj: Any, key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
     if not isinstance(value, kind):
@@ -403,7 +371,7 @@ def encode_rest(
     binary_some = bool(request.binary_outputs)
     binary_all = request.binary_default and not binary_some
     for name, array in outputs.items():
-        datatype = v2_datatype(array)
+        datatype = v2_datatype(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if binary_all or (binary_some and name in request.binary_outputs):
             raw = array_to_wire(array)
@@ -515,7 +483,7 @@ def fill_grpc_response(resp: Any, outputs: dict[str, np.ndarray], raw: bool) -> 
     # raw_output_contents holds one entry per output or none; FP16 has no typed field.
     raw = raw or any(a.dtype == np.float16 for a in outputs.values())
     for name, array in outputs.items():
-        datatype = v2_datatype(array)
+        datatype = v2_datatype(array.dtype)
         tensor = resp.outputs.add()
         tensor.name = name
         tensor.datatype = datatype

@@ -295,8 +295,11 @@ class ModelRegistry:
                     row["state"] = "UNAVAILABLE"
                     row["reason"] = self.failures[(name, version)]
                 else:
-                    row["state"] = "UNLOADED" if name in self.unloaded else "UNAVAILABLE"
-                    row["reason"] = "unloaded" if name in self.unloaded else "not live"
+                    # Deliberately not loaded (admin unload, or outside the version policy):
+                    # UNLOADED, as Triton says; UNAVAILABLE is for versions that failed.
+                    row["state"] = "UNLOADED"
+                    row["reason"] = ("unloaded through the admin API" if name in self.unloaded
+                                     else "not live (version policy)")
                 rows.append(row)
         return rows
 

@@ -28,6 +28,7 @@ from redline.serving.http_protocol import JsonErrorHttpProtocol
 from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers
+from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
 
@@ -64,6 +65,15 @@ class RedlineServer:
         self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
         V1Rest(self.pipeline, self.app).install(self.app)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
+        # Metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
+        self.monitor: Any = None
+        if settings.monitoring.enabled:
+            from redline.monitoring import ServerMonitor
+
+            self.monitor = ServerMonitor(settings, self.registry, self.pipeline)
+            for observer in self.monitor.observers():
+                self.observers.add(observer)
+            self.monitor.install(self.app)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -78,6 +88,10 @@ class RedlineServer:
         """Load models, serve until ``stop()`` or a signal, then drain."""
         server = self.settings.server
         await self.registry.sync()
+        # The online store's reachability: logged now and on every change, in the health body.
+        store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
+        await store_health.check()
+        self.app.health_details = store_health.body  # type: ignore[attr-defined]
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
@@ -124,14 +138,21 @@ class RedlineServer:
         watcher = None
         if server.watch_repository:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
-        log.warning("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
-                    server.host, self.http_port, self.grpc_port)
+        store_watch = loop.create_task(store_health.watch()) if store_health.remote else None
+        grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
+        log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
+                 server.host, self.http_port, grpc_text)
+        ticker = loop.create_task(self.monitor.run()) if self.monitor is not None else None
         self.started.set()
         await self._stop.wait()
+        if ticker is not None:
+            ticker.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
         self.app.draining = self.servicer.draining = True
         if watcher is not None:
             watcher.cancel()
+        if store_watch is not None:
+            store_watch.cancel()
         self._http.should_exit = True
         waits: list[Any] = [http_task]
         if grpc_server is not None:
@@ -139,7 +160,9 @@ class RedlineServer:
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         self.pipeline.close()
-        log.warning("redline stopped after draining")
+        if self.monitor is not None:
+            self.monitor.close()
+        log.info("redline stopped after draining")
 
     def stop(self) -> None:
         self._stop.set()

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from redline.errors import InvalidInput, RedlineError
+from redline.proto import redline_v1_pb2 as v1
 from redline.serving.deadline import (
     FROM_GRPC_DEADLINE,
     FROM_GRPC_FIELD,
@@ -34,7 +35,6 @@ from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
 from redline.serving.predict.sessions import check_session_id
-from redline.serving.proto import redline_v1_pb2 as v1
 from redline.serving.stages import Observers, RequestRecord, perf_ns
 
 log = logging.getLogger("redline.serving")

@@ -136,6 +136,12 @@ local ttlblob = ARGV[p]; p = p + 1
 local nkeys = #ttlblob / 8
 local ttl = {}
 for i = 1, nkeys do ttl[i] = unpack_('<d', ttlblob, (i - 1) * 8 + 1) end
+-- per key: the event-id window in ms (0: no deduplication); the key's ids are a sorted set
+-- KEYS[nfixed + 2 * nkeys + k] (member: the packed id, score: its arrival)
+local ddblob = ARGV[p]; p = p + 1
+local dd = {}
+for i = 1, nkeys do dd[i] = unpack_('<d', ddblob, (i - 1) * 8 + 1) end
+local decided, newest = {}, {}
 local ops = ARGV[p]
 -- One HGET + one HSET per update, all in locals: measured faster than batching a key's fields
 -- through HMGET/HSET, whose per-op Lua tables cost more than the calls they save.
@@ -160,6 +166,23 @@ for pos = 1, #ops, 88 do
     elseif marks[wk] == nil or marks[wk][3] < off then
       marks[wk] = {k, part, off}
     end
+  end
+  if apply and dd[k] > 0 then  -- the first op of an event at a key decides for all its ops
+    local dk = k .. ':' .. tag
+    local fresh = decided[dk]
+    if fresh == nil then
+      local member = pack('<d', id)
+      local idkey = KEYS[nfixed + 2 * nkeys + k]
+      local seen = redis.call('ZSCORE', idkey, member)
+      -- a duplicate: the same id arrived at most the window earlier
+      fresh = (not seen) or (ar - tonumber(seen) > dd[k])
+      if fresh then
+        redis.call('ZADD', idkey, ar, member)
+        if newest[k] == nil or newest[k] < ar then newest[k] = ar end
+      end
+      decided[dk] = fresh
+    end
+    apply = fresh
   end
   if apply then
     local key = KEYS[nfixed + k]
@@ -205,6 +228,11 @@ for pos = 1, #ops, 88 do
 end
 for _, m in pairs(marks) do
   redis.call('HSET', KEYS[nfixed + m[1]], '@o:' .. topic .. ':' .. m[2], pack('<d', m[3]))
+end
+for k, top in pairs(newest) do  -- forget ids older than the window
+  local idkey = KEYS[nfixed + 2 * nkeys + k]
+  redis.call('ZREMRANGEBYSCORE', idkey, '-inf', '(' .. string.format('%.17g', top - dd[k]))
+  redis.call('PEXPIRE', idkey, ttl[k])
 end
 for k, _ in pairs(touched) do
   redis.call('PEXPIRE', KEYS[nfixed + k], ttl[k])

@@ -18,7 +18,8 @@ Each stage is a span on the request's :class:`~redline.serving.stages.RequestRec
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -31,7 +32,7 @@ from redline.errors import (
     Overloaded,
     RedlineError,
 )
-from redline.features.definitions import FeatureDefinitions
+from redline.features.definitions import FeatureDefinitions, RequestTransform
 from redline.features.ingest import Ingestor
 from redline.features.online.base import OnlineStore
 from redline.serving.deadline import Budget
@@ -110,7 +111,8 @@ class PredictPipeline:
         return self._ingestor
 
     # ------------------------------------------------------------------ the request
-    async def predict(self, name: str, req: PredictRequest, budget_of: Any,
+    async def predict(self, name: str, req: PredictRequest,
+                      budget_of: Callable[[ModelHandle], Budget],
                       record: RequestRecord) -> dict[str, Any]:
         """Serve one request; the answer is a JSON-ready dict (see ``docs/pipeline.md``).
 
@@ -361,7 +363,7 @@ def _assemble(plan: ModelPlan, route: Route, feats: np.ndarray, fields: dict[str
         elif kind == "request":
             x[:, j] = fields[what]  # type: ignore[index]
         elif kind == "transform":
-            t: Any = what
+            t = cast(RequestTransform, what)
             args = [fields[f] for f in t.request]
             args += [feats[:, col[ref]].astype(np.float64) for ref in t.features]
             x[:, j] = t.compute(args) if args else t.default

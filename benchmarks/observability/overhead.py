@@ -1,0 +1,233 @@
+"""What monitoring costs a request: V2 and /v1 latency and server CPU, four ways, interleaved.
+
+Four servers with the same model run at once: monitoring off, metrics on (the default: metrics,
+slow log, drift/quality windows), tracing at the default 1% head sampling (OTLP to a local
+collector stand-in), and tracing at 100%. The client sends one request at a time over a
+keep-alive connection (a raw socket: no client library in the measurement) and takes turns:
+a short run against each server in a rotating order, for several rounds, so the machine's noise
+(five other engineers share its two cores) hits each configuration alike. Servers are pinned to
+CPU 0, the client and the collector to CPU 1.
+
+Reported per configuration and API: p50 and p99 latency over all rounds, the median of the
+per-round p50s, and the server's CPU time per request (utime + stime from /proc, the most
+stable figure on a busy machine). Ratios are against "off".
+
+    PYTHONPATH=src .venv/bin/python benchmarks/observability/overhead.py --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.monitoring.served import make_repository  # noqa: E402
+
+RUNNER = """
+import json, sys
+from redline.config import Settings
+from redline.models import ModelRepository
+from redline.serving.server import run
+cfg = json.loads(sys.argv[1])
+s = Settings()
+s.server.http_port = cfg["port"]
+s.server.grpc_enabled = False
+s.server.watch_repository = False
+s.monitoring.enabled = cfg["monitoring"]
+s.monitoring.otlp_endpoint = cfg.get("otlp")
+s.monitoring.trace_sample_ratio = cfg.get("ratio", 0.01)
+run(s, ModelRepository(cfg["repo"]))
+"""
+
+CONFIGS = {
+    "off": {"monitoring": False},
+    "metrics": {"monitoring": True},
+    "tracing_default": {"monitoring": True, "ratio": 0.01, "otlp": True},
+    "tracing_100": {"monitoring": True, "ratio": 1.0, "otlp": True},
+}
+
+
+class Collector(BaseHTTPRequestHandler):
+    """Stands in for an OTLP collector: accepts span batches and counts their bytes."""
+
+    received = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        Collector.received += len(self.rfile.read(int(self.headers["content-length"])))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def http_request(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; ``call`` returns the latency in microseconds."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def call(self, request: bytes) -> float:
+        t0 = time.perf_counter_ns()
+        self.sock.sendall(request)
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end >= 0:
+                head = self.buf[:head_end].lower()
+                i = head.find(b"content-length:")
+                length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0
+                                  else None])
+                if len(self.buf) >= head_end + 4 + length:
+                    if not head.startswith(b"http/1.1 200"):
+                        raise RuntimeError(self.buf[: head_end + 4 + length].decode())
+                    self.buf = self.buf[head_end + 4 + length:]
+                    return (time.perf_counter_ns() - t0) / 1000.0
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("connection closed")
+            self.buf += chunk
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_ready(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nhost: x\r\n\r\n")
+                if b" 200 " in s.recv(1024):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server on port {port} did not become ready")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--requests", type=int, default=1500, help="per API, server and round")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+    pin = ["taskset", "-c", "0"] if subprocess.run(["which", "taskset"],
+                                                   capture_output=True).returncode == 0 else []
+    if pin:
+        os.sched_setaffinity(0, {1})
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    otlp = f"http://127.0.0.1:{collector.server_port}/v1/traces"
+    scratch = Path(tempfile.mkdtemp(prefix="redline-obs-"))
+    make_repository(scratch / "repo")
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    ports: dict[str, int] = {}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    try:
+        for name, cfg in CONFIGS.items():
+            ports[name] = free_port()
+            spec = {**cfg, "port": ports[name], "repo": str(scratch / "repo"),
+                    "otlp": otlp if cfg.get("otlp") else None}
+            procs[name] = subprocess.Popen([*pin, sys.executable, "-c", RUNNER, json.dumps(spec)],
+                                           env=env, stderr=subprocess.DEVNULL)
+        for name in CONFIGS:
+            wait_ready(ports[name])
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(64, 3)).astype(np.float32)
+        v2 = [http_request("/v2/models/fraud/infer", json.dumps({"inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [1, 3], "data": row.tolist()}]}).encode())
+            for row in x]
+        v1 = [http_request("/v1/models/fraud/predict", json.dumps({"request": {
+            "amount": float(r[0]), "age": float(r[1]), "channel": int(abs(r[2]) * 2) % 3}})
+            .encode()) for r in x]
+        conns = {name: Connection(port) for name, port in ports.items()}
+        for conn in conns.values():  # warm-up
+            for i in range(300):
+                conn.call(v2[i % 64])
+                conn.call(v1[i % 64])
+        lat: dict[tuple[str, str], list[float]] = {(n, a): [] for n in CONFIGS for a in ("v2",
+                                                                                           "v1")}
+        p50s: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
+        cpu: dict[str, float] = dict.fromkeys(CONFIGS, 0.0)
+        names = list(CONFIGS)
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                conn, pid = conns[name], procs[name].pid
+                c0 = cpu_seconds(pid)
+                for api, reqs in (("v2", v2), ("v1", v1)):
+                    sample = [conn.call(reqs[i % 64]) for i in range(args.requests)]
+                    lat[(name, api)].extend(sample)
+                    p50s[(name, api)].append(float(np.percentile(sample, 50)))
+                cpu[name] += cpu_seconds(pid) - c0
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+        n_per = args.rounds * args.requests * 2
+        results: dict[str, dict[str, float]] = {}
+        for (name, api), values in lat.items():
+            arr = np.asarray(values)
+            results[f"{name}/{api}"] = {
+                "p50_us": round(float(np.percentile(arr, 50)), 1),
+                "p99_us": round(float(np.percentile(arr, 99)), 1),
+                "median_round_p50_us": round(statistics.median(p50s[(name, api)]), 1),
+            }
+        for name in CONFIGS:
+            results[f"{name}/cpu"] = {"server_cpu_us_per_request": round(cpu[name] / n_per * 1e6,
+                                                                        1)}
+        print("| config | API | p50 µs | p99 µs | median round p50 µs | p50 vs off | "
+              "p99 − off µs |")
+        print("|---|---|---|---|---|---|---|")
+        for api in ("v2", "v1"):
+            off = results[f"off/{api}"]
+            for name in CONFIGS:
+                r = results[f"{name}/{api}"]
+                print(f"| {name} | {api} | {r['p50_us']} | {r['p99_us']} | "
+                      f"{r['median_round_p50_us']} | "
+                      f"{r['median_round_p50_us'] / off['median_round_p50_us']:.3f}x | "
+                      f"{r['p99_us'] - off['p99_us']:+.1f} |")
+        print("\nserver CPU per request (µs, both APIs): " + ", ".join(
+            f"{n} {results[f'{n}/cpu']['server_cpu_us_per_request']}" for n in CONFIGS))
+        print(f"collector received {Collector.received:,} bytes of spans")
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        collector.shutdown()
+
+
+if __name__ == "__main__":
+    main()
