@@ -341,7 +341,7 @@ def optimize(
         except Exception as exc:  # one broken technique must not sink the whole run
             skipped.append(Skipped(technique, technique, f"{type(exc).__name__}: {exc}"))
         bar.advance()
-    del original  # from here on, one session at a time
+    del original, ctx  # the teacher's session too: from here on, one session at a time
 
     allowed_bad, _ = nonfinite_weights(model)
     rejected: list[Skipped] = []
