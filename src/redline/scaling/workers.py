@@ -266,7 +266,8 @@ class Supervisor:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.server.drain_timeout_s + 5
+        server = self.settings.server
+        deadline = time.monotonic() + server.drain_grace_s + server.drain_timeout_s + 5
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))

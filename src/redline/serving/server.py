@@ -149,6 +149,10 @@ class RedlineServer:
             ticker.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
         self.app.draining = self.servicer.draining = True
+        if server.drain_grace_s > 0:
+            # Keep accepting while readiness reads false, so a load balancer's health check
+            # takes this replica out before its listeners close (deploy/haproxy).
+            await asyncio.sleep(server.drain_grace_s)
         if watcher is not None:
             watcher.cancel()
         if store_watch is not None:
