@@ -78,7 +78,8 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
 
 def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: str,
            ready: Any, out: Any) -> None:
-    """One consumer process: wait for partitions, then consume until 2 s of silence."""
+    """One consumer process: wait for partitions, then consume until 8 s of silence (longer than
+    a rebalance pause, which would otherwise end a member early)."""
     from confluent_kafka import Consumer
 
     from redline.features.ingest.kafka import KafkaSource
@@ -110,7 +111,7 @@ def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: s
     first = last = 0.0
     n = 0
     idle_since = time.perf_counter()
-    while time.perf_counter() - idle_since < 2.0:
+    while time.perf_counter() - idle_since < 8.0:
         got = poll()
         if got:
             now = time.perf_counter()

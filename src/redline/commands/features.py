@@ -268,11 +268,7 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
     from redline.features.online.redis import RedisStore
 
     fs, defs = _settings(config_path, definitions, "redis", redis_url)
-    if fs.redis_cluster:
-        raise ConfigError("exactly-once stream ingest applies a batch and acks it in one script, "
-                          "which a Redis Cluster cannot do across shards; ingest into a cluster "
-                          "with `redline ingest http` or `redline ingest file`")
-    store = RedisStore(fs.redis_url, cluster=False, timeout_ms=BULK_TIMEOUT_MS)
+    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
                           group=group or fs.consumer_group, consumer=consumer,

@@ -219,7 +219,8 @@ class RedisStore:
     def __init__(self, url: str, *, cluster: bool = False, timeout_ms: float = 50.0) -> None:
         self.url = url
         self.cluster = cluster
-        self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
+        # a cluster client connects (to learn the slot map) when it is made
+        self.client = guarded(url, lambda: connect(url, cluster=cluster, timeout_ms=timeout_ms))
         self.writer = self.client.register_script(WRITE_SCRIPT)
         self._threads: ThreadPoolExecutor | None = None
 
@@ -292,6 +293,26 @@ class RedisStore:
             return
         blob = array("d", chain.from_iterable(positions)).tobytes()
         head = ["2", topic, blob]
+        if not self.cluster:
+            args = [*head, *write_args(batch)]
+            keys = write_keys(batch.keys)
+            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            return
+        guarded(self.url, lambda: self._cluster_write(batch, head))
+
+    def write_stream_entries(self, ids: Sequence[bytes | str], batch: UpdateBatch,
+                             window_ms: int) -> None:
+        """Apply Redis Stream entries ``ids`` (tags index into them) so that an entry delivered
+        again within ``window_ms`` of its id's time is skipped: each key remembers the entry ids
+        applied to it, in the same script as its tiles. This is how stream ingest is exactly-once
+        on a cluster, where the stream and the tiles are on different shards."""
+        if not batch.ops:
+            return
+        pairs = []
+        for i in ids:
+            ms, _, seq = (i.decode() if isinstance(i, bytes) else i).partition("-")
+            pairs += [float(ms), float(seq or 0)]
+        head = ["3", window_ms, array("d", pairs).tobytes()]
         if not self.cluster:
             args = [*head, *write_args(batch)]
             keys = write_keys(batch.keys)
