@@ -15,8 +15,10 @@ import threading
 
 
 class StragglerProxy:
-    def __init__(self, upstream_port: int, share: float, delay_s: float, seed: int = 1) -> None:
+    def __init__(self, upstream_port: int, share: float, delay_s: float, seed: int = 1,
+                 listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.upstream_port = upstream_port
+        self.listen = listen
         self.share = share
         self.delay_s = delay_s
         self.delayed = 0
@@ -38,7 +40,7 @@ class StragglerProxy:
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
         server = self._loop.run_until_complete(
-            asyncio.start_server(self._client, "127.0.0.1", 0))
+            asyncio.start_server(self._client, *self.listen))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -73,3 +75,21 @@ class StragglerProxy:
         finally:
             with contextlib.suppress(Exception):
                 dst.close()
+
+
+def main() -> None:
+    """``python -m benchmarks.scaling.straggler HOST:PORT UPSTREAM_PORT SHARE DELAY_S``: run one
+    until killed (the zone tests run it inside a namespace as the far zone's link delay)."""
+    import sys
+    import time
+
+    host, port = sys.argv[1].rsplit(":", 1)
+    proxy = StragglerProxy(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]),
+                           listen=(host, int(port))).start()
+    print(f"proxy on {host}:{proxy.port}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

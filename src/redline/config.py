@@ -99,6 +99,8 @@ class ServerSettings:
     watch_repository: bool = True
     watch_interval_s: float = 1.0
     drain_timeout_s: float = 10.0
+    # after SIGTERM, answer not-ready but keep serving this long before closing the listeners
+    drain_grace_s: float = 0.0
 
 
 @dataclass

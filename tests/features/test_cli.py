@@ -106,7 +106,13 @@ def test_ingest_file_reports_counts(tmp_path: Path, capsys) -> None:
     assert "missing field" in err
 
 
-def test_stream_ingest_refuses_a_cluster(tmp_path: Path, capsys) -> None:
-    cfg = _config(tmp_path, store="redis", redis_cluster="true")
+def test_stream_ingest_at_an_unreachable_cluster_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    """Stream ingest runs on a cluster now (tests/features/test_cluster.py); with nothing
+    listening it says so, with a code, not a traceback."""
+    from tests.conftest import free_port
+
+    cfg = _config(tmp_path, store="redis", redis_cluster="true",
+                  redis_url=f"redis://127.0.0.1:{free_port()}/0")
     code, _, err = run(capsys, "ingest", "redis-stream", "--config", cfg)
-    assert code == 2 and "cannot do across shards" in err
+    assert code == 2 and "Traceback" not in err
+    assert "store_unavailable" in err or "unavailable" in err.lower()

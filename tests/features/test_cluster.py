@@ -5,6 +5,7 @@ cluster failure is ``StoreUnavailable``, never a raw redis-py exception."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,63 @@ def test_stream_ingest_at_a_cluster_node_without_the_flag_is_a_clear_error(redis
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "MovedError" not in proc.stderr
     assert "redis_cluster: true" in proc.stderr
+
+
+def test_redis_stream_ingest_on_a_cluster_survives_sigkill_exactly_once(redis_cluster,
+                                                                         tmp_path) -> None:
+    """Consumers killed mid-stream and restarted; claims move entries between them; the online
+    values on the cluster equal the brute force: the keys skip entry ids they already applied."""
+    import signal
+
+    import redis as redis_py
+
+    from tests.features.test_ingest_stream import DEFS, STREAM, _consumer, _produce
+
+    cfg = tmp_path / "redline.yaml"
+    cfg.write_text(f"features:\n  store: redis\n  redis_url: {redis_cluster.url}\n"
+                   "  redis_cluster: true\n")
+    client = redis_py.RedisCluster.from_url(redis_cluster.url)
+    expected, bad = _produce(client, 6_000)
+    total = 6_000 + bad
+
+    def wait(pred, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.02)
+
+    stats = f"{STREAM}:stats"
+
+    def processed() -> int:
+        got = client.hgetall(stats)
+        return int(got.get(b"accepted", 0)) + int(got.get(b"dead", 0))
+
+    a = _consumer(redis_cluster.url, "A", "--config", str(cfg))
+    wait(lambda: processed() > 1_000)
+    a.send_signal(signal.SIGKILL)
+    a.wait(10)
+    b = _consumer(redis_cluster.url, "B", "--config", str(cfg), "--claim-idle-ms", "200")
+    wait(lambda: processed() > 3_000)
+    b.send_signal(signal.SIGKILL)
+    b.wait(10)
+    a2 = _consumer(redis_cluster.url, "A", "--config", str(cfg), "--claim-idle-ms", "200")
+    try:
+        wait(lambda: client.xpending(STREAM, "g")["pending"] == 0 and processed() >= total)
+        time.sleep(0.5)
+    finally:
+        a2.send_signal(signal.SIGTERM)
+        a2.communicate(timeout=30)
+    defs = load_definitions(DEFS)
+    reader = RedisStore(redis_cluster.url, cluster=True, timeout_ms=5000).reader(
+        [defs.view("card_stats")], ["card_stats:count_1h", "card_stats:amount_sum_1h"])
+    cards = sorted(expected)
+    values, missing = reader.read(cards, dtype=float)
+    assert not missing.any()
+    wrong = {c: (v[0], expected[c][0]) for c, v in zip(cards, values, strict=True)
+             if v[0] != expected[c][0]}
+    assert wrong == {}  # 0 lost, 0 doubled
+    for c, v in zip(cards, values, strict=True):
+        assert v[1] == pytest.approx(expected[c][1], rel=1e-12)
 
 
 def test_a_cluster_outage_is_store_unavailable(redis_cluster) -> None:

@@ -129,6 +129,15 @@ def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
 
 
+def _wait_for(store: RedisStore, want: dict[str, list[float]], n: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        counts, _ = _online(store, sorted(want))
+        if counts.sum() >= n:
+            return
+        time.sleep(0.3)
+
+
 def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
                extra: tuple[str, ...] = ()) -> None:
     """Two members on a 4-partition topic while events are produced; one is SIGKILLed mid-stream
@@ -157,12 +166,15 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         procs.append(_member(kafka_broker.bootstrap, url, topic, "c", *extra))  # joins: rebalance
         producer.join(60)
         want = result["want"]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            counts, _ = _online(store, sorted(want))
-            if counts.sum() >= n:
-                break
-            time.sleep(0.3)
+        _wait_for(store, want, n)
+        # a second wave once the third member has surely joined (its start, ~3 s of rebalance)
+        time.sleep(6.0)
+        more, _ = _produce(kafka_broker.bootstrap, topic, 3000, seed=8)
+        for card, (cnt, amount) in more.items():
+            cur = want.setdefault(card, [0, 0.0])
+            cur[0] += cnt
+            cur[1] += amount
+        _wait_for(store, want, n + 3000)
         time.sleep(1.0)  # anything still being applied twice would land now
         _assert_exact(store, want)
         assert a.returncode == -signal.SIGKILL

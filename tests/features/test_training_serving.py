@@ -374,3 +374,46 @@ def test_brute_force_equals_every_online_path_and_the_offline_builder(redis_serv
     assert any(_brute(events, arrivals, valid, "c1", t)["count_1m"] > 0 for t in times)
     assert len(stream_times) < len(arrivals)  # the stream really has equal arrivals
 
+
+
+# --- event ids ---------------------------------------------------------------------------------
+
+IDS = EventSource("tx", CARD, {"amount": float, "merchant": str, "n": int, "flag": bool},
+                  allowed_lateness="2m", max_clock_skew="1s", event_id="event_id",
+                  dedup_window="1m")
+IDS_DEFS = FeatureDefinitions.of([_view(src=IDS)])
+
+
+def test_a_redelivered_event_is_applied_once_on_every_path(redis_server) -> None:
+    """Was: a redelivered event (same event id) was counted twice on every path."""
+    from redline.features.ingest import StreamConsumer
+    from redline.features.online.redis import RedisStore
+
+    events = [ev(T0 + 10 * i, event_id=f"e{i % 40}", amount=float(i % 40)) for i in range(120)]
+    events.append(ev(T0 + 90_000, event_id="e1", amount=1.0))  # same id, outside the 1 min window
+    arrivals = [T0 + 10 * i + 5 for i in range(120)] + [T0 + 90_000]
+    t = T0 + 90_001
+    want = {"count_1m": 1.0, "amount_sum_1m": 1.0}  # only the late re-send is in the 1 m window
+    mem = _read(_online(events, arrivals, defs=IDS_DEFS), "c1", t)
+    red_store = RedisStore(redis_server.url, timeout_ms=10_000)
+    red = _read(_online(events, arrivals, red_store, defs=IDS_DEFS), "c1", t)
+    off = _offline(events, arrivals, "c1", t, defs=IDS_DEFS)
+    sdb = RedisStore(redis_server.url.rsplit("/", 1)[0] + "/4", timeout_ms=10_000)
+    pipe = sdb.client.pipeline(transaction=False)
+    for e, a in zip(events, arrivals, strict=True):
+        pipe.xadd("s", {"d": orjson.dumps(e)}, id=f"{a}-0")
+    pipe.execute()
+    cons = StreamConsumer(IDS_DEFS, sdb, stream="s", group="g", batch=17, block_ms=1)
+    for _ in range(50):
+        cons.poll()
+        cons.flush()
+    stream = _read(sdb.reader([IDS_DEFS.view("v")]), "c1", t)
+    for got in (mem, red, off, stream):
+        assert {k: got[k] for k in want} == want
+    # and inside the window each id counted once: 40 distinct ids at the 5 m read time
+    early = T0 + 1300
+    for reader in (_online(events[:120], arrivals[:120], defs=IDS_DEFS),
+                   _online(events[:120], arrivals[:120], RedisStore(
+                       redis_server.url.rsplit("/", 1)[0] + "/5"), defs=IDS_DEFS)):
+        assert _read(reader, "c1", early)["count_1m"] == 40.0
+    assert _offline(events[:120], arrivals[:120], "c1", early, defs=IDS_DEFS)["count_1m"] == 40.0

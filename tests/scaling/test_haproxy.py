@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.scaling.procs import CONFIG as SERVE_CONFIG
 from tests.scaling.procs import Serve, SteadyLoad
 from tests.scaling.test_workers import grpc_infer
 
@@ -25,7 +27,10 @@ def balanced(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("haproxy not installed (`make services` installs it)")
     for i in range(3):
         (tmp_path / f"r{i}").mkdir()
-    replicas = [Serve(tmp_path / f"r{i}", "--workers", "1") for i in range(3)]
+    # drain_grace_s: after SIGTERM a replica answers not-ready for 1.2 s before it closes its
+    # listeners, time for two failed checks (500 ms apart) to take it out of rotation.
+    config = SERVE_CONFIG + "  drain_grace_s: 1.2\n"
+    replicas = [Serve(tmp_path / f"r{i}", "--workers", "1", config=config) for i in range(3)]
     http, grpc_port = free_port(), free_port()
     env = {**os.environ, "REDLINE_LB_HTTP": f"127.0.0.1:{http}",
            "REDLINE_LB_GRPC": f"127.0.0.1:{grpc_port}"}
@@ -71,4 +76,7 @@ def test_sigkill_one_of_three_replicas_under_load(balanced) -> None:  # type: ig
     assert result.retries <= 4, result
     assert "/+1 " in log  # HAProxy re-sent requests the dead or draining replica never answered
     assert "r1 is DOWN" in log and "r2 is DOWN" in log, log[-3000:]
+    # The drained replica left on its readiness (HTTP 503), not on a refused connection.
+    assert re.search(r"redline_http/r2 is DOWN, reason: Layer7 wrong status, code: 503", log), \
+        log[-3000:]
     assert grpc_infer(grpc_target)[1] == 2.0

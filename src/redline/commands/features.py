@@ -268,11 +268,7 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
     from redline.features.online.redis import RedisStore
 
     fs, defs = _settings(config_path, definitions, "redis", redis_url)
-    if fs.redis_cluster:
-        raise ConfigError("exactly-once stream ingest applies a batch and acks it in one script, "
-                          "which a Redis Cluster cannot do across shards; ingest into a cluster "
-                          "with `redline ingest http` or `redline ingest file`")
-    store = RedisStore(fs.redis_url, cluster=False, timeout_ms=BULK_TIMEOUT_MS)
+    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
                           group=group or fs.consumer_group, consumer=consumer,
@@ -286,7 +282,9 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
 def _run(source: Any, max_events: int | None, stats_every: float) -> None:
     """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C."""
     from redline.features.ingest import run_source
+    from redline.monitoring.ingest import metered
 
+    source = metered(source)  # ingest metrics, when the server's metrics directory is shared
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     try:

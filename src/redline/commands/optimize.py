@@ -232,8 +232,8 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
     if report.registered and as_fallback:
         click.echo(f"{model} version {report.registered['linked_version']} is version "
                    f"{meta.version} with fallback '{report.registered['model']}' "
-                   f"(promote it to serve with the fallback: redline models promote {model} "
-                   f"{report.registered['linked_version']})", err=json_stdout)
+                   f"(promote it to serve with the fallback: redline models promote -m {model} "
+                   f"--version {report.registered['linked_version']})", err=json_stdout)
     write_reports(report, json_path, markdown_path)
 
 

@@ -57,10 +57,19 @@ class EventSource:
     timestamp: str = "ts"
     allowed_lateness: str | int = "5m"
     max_clock_skew: str | int = "1s"
+    # a field holding a unique event id: a redelivered event (same id, same entity) within
+    # ``dedup_window`` of arrival time is applied once; None: no deduplication
+    event_id: str | None = None
+    dedup_window: str | int = "10m"
 
     @property
     def lateness_ms(self) -> int:
         return parse_duration(self.allowed_lateness)
+
+    @property
+    def dedup_ms(self) -> int:
+        """Arrival-time span of remembered event ids per entity (0: no deduplication)."""
+        return parse_duration(self.dedup_window) if self.event_id else 0
 
     @property
     def skew_ms(self) -> int:
@@ -200,6 +209,8 @@ class FeatureView:
                 "timestamp": self.source.timestamp,
                 "lateness_ms": self.source.lateness_ms,
                 "skew_ms": self.source.skew_ms,
+                **({"event_id": self.source.event_id, "dedup_ms": self.source.dedup_ms}
+                   if self.source.event_id else {}),
                 # every schema field: admission checks them all, so they change values
                 "fields": types,
             },

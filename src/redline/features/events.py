@@ -55,6 +55,7 @@ class UpdateBatch:
 
     keys: list[str] = field(default_factory=list)
     key_ttl_ms: list[int] = field(default_factory=list)
+    key_dedup_ms: list[int] = field(default_factory=list)  # event-id window per key (0: off)
     key_index: dict[str, int] = field(default_factory=dict)
     ops: list[tuple[int, int, int, int, int, int, int, float, int, int, int]] = field(
         default_factory=list)
@@ -62,12 +63,13 @@ class UpdateBatch:
     event_ts: list[int] = field(default_factory=list)  # their event times (for freshness)
     rejected: list[Rejected] = field(default_factory=list)
 
-    def key(self, name: str, ttl_ms: int) -> int:
+    def key(self, name: str, ttl_ms: int, dedup_ms: int = 0) -> int:
         i = self.key_index.get(name)
         if i is None:
             i = self.key_index[name] = len(self.keys)
             self.keys.append(name)
             self.key_ttl_ms.append(ttl_ms)
+            self.key_dedup_ms.append(dedup_ms)
         return i
 
 
@@ -169,8 +171,10 @@ class _SourcePlan:
         self.entity = source.entity.name
         # admission checks every schema field (not only the views' own), so a view version
         # counts the same events whichever other views share the source
+        self.event_id = source.event_id
+        self.dedup_ms = source.dedup_ms
         self.fields = [(f, t) for f, t in sorted(types.items())
-                       if f not in (self.join_key, source.timestamp)]
+                       if f not in (self.join_key, source.timestamp, source.event_id)]
         self.types = dict(self.fields)
         self.lateness_ms = source.lateness_ms
         self.skew_ms = source.skew_ms
@@ -312,7 +316,17 @@ class EventDecoder:
         if why == "future":
             return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
                     f"{plan.skew_ms} ms")
-        sid = plan.stable_id(ts, eid, values)
+        if plan.event_id:
+            ident = ev.get(plan.event_id)
+            if isinstance(ident, bytes):
+                ident = ident.decode(errors="replace")
+            if isinstance(ident, bool) or not isinstance(ident, str | int) or ident == "":
+                if plan.event_id not in ev:
+                    return f"missing field '{plan.event_id}' (the event id)"
+                return f"field '{plan.event_id}' must be a string or integer id, got {ident!r}"
+            sid = stable_id([plan.name_bytes, b"id", str(ident).encode()])
+        else:
+            sid = plan.stable_id(ts, eid, values)
         ops = batch.ops
         spots = [place(ts, arrival, tile_ms, tiles, ring) for tile_ms, tiles, ring in plan.grids]
         for head, tail, ttl, groups in plan.views:
@@ -323,7 +337,7 @@ class EventDecoder:
                     continue  # no read at or after its arrival can see this tile
                 idx, slot = where
                 if k < 0:
-                    k = batch.key(head + eid + tail, ttl)
+                    k = batch.key(head + eid + tail, ttl, plan.dedup_ms)
                 if fld is None:
                     ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, -1, 0, tag))
                 elif hll:

@@ -143,7 +143,8 @@ def view_from_semantics(semantics: Mapping[str, Any]) -> FeatureView:
     src = semantics["source"]
     source = EventSource(src["name"], Entity(ent_name, join_key), dict(src["fields"]),
                          timestamp=src["timestamp"], allowed_lateness=int(src["lateness_ms"]),
-                         max_clock_skew=int(src["skew_ms"]))
+                         max_clock_skew=int(src["skew_ms"]), event_id=src.get("event_id"),
+                         dedup_window=int(src.get("dedup_ms", 0)))
     aggs = [Aggregation(kind, fld, int(window), name=name, tile=int(tile), default=float(default))
             for name, kind, fld, window, tile, default in semantics["features"]]
     return FeatureView(semantics["view"], source, aggs)

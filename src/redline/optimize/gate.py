@@ -16,6 +16,7 @@ the order above; every reason is printed.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,34 +259,35 @@ def run_gate(
     _check_fit(x, name, base_meta, cand_meta)
     if opts.max_accuracy_drop is not None and y is None:
         raise InvalidInput("--max-accuracy-drop needs labels: pass --data with a label column")
-    labels = cand_meta.class_labels
-    runners = {
-        "baseline": ModelRunner(base_bytes, task=cand_meta.task, class_labels=base_meta
-                                .class_labels, settings=settings_for_version(
-                                    settings or RuntimeSettings(), base_meta),
-                                name=f"{name} v{base_meta.version}"),
-        "candidate": ModelRunner(cand_bytes, task=cand_meta.task, class_labels=labels,
-                                 settings=settings_for_version(settings or RuntimeSettings(),
-                                                               cand_meta),
-                                 name=f"{name} v{cand_meta.version}"),
-    }
-    outputs = {k: r.predict(x) for k, r in runners.items()}
+    base_settings = settings or RuntimeSettings()
+
+    def factory(data: bytes, meta: ModelMetadata) -> Callable[[], ModelRunner]:
+        def build() -> ModelRunner:  # with the settings the server would load it with
+            return ModelRunner(data, task=cand_meta.task, class_labels=meta.class_labels,
+                               settings=settings_for_version(base_settings, meta),
+                               name=f"{name} v{meta.version}")
+        return build
+
+    factories = {"baseline": factory(base_bytes, base_meta),
+                 "candidate": factory(cand_bytes, cand_meta)}
+    labels_of = {"baseline": base_meta.class_labels, "candidate": cand_meta.class_labels}
+    outputs = {k: make().predict(x) for k, make in factories.items()}  # one session at a time
     resamples = Resamples(len(x), opts.bootstrap, seed=0)
     measured: dict[str, dict[str, float]] = {"baseline": {}, "candidate": {}}
     replicates: dict[str, dict[str, np.ndarray]] = {"baseline": {}, "candidate": {}}
     if y is not None:
         for key, out in outputs.items():
             for m in _gate_metrics(cand_meta.task, metric):
-                rows = metric_rows(cand_meta.task, m, out, y, runners[key].class_labels)
+                rows = metric_rows(cand_meta.task, m, out, y, labels_of[key])
                 if rows is None:
                     continue
                 reps = resamples.replicates(rows)
                 measured[key][m] = _full_value(rows, len(x))
                 replicates[key][m] = reps
                 result.intervals.setdefault(key, {})[m] = interval(reps).to_list()
-    latency = measure_latency(runners, x, [opts.batch_size], rounds=opts.rounds,
+    latency = measure_latency(factories, x, [opts.batch_size], rounds=opts.rounds,
                               passes=opts.passes, max_seconds=opts.max_seconds)
-    for key in runners:
+    for key in factories:
         lat = latency[key][opts.batch_size]
         measured[key].update(p50_ms=lat.p50_us / 1000, p99_ms=lat.p99_us / 1000)
     cand, base = measured["candidate"], measured["baseline"]

@@ -341,7 +341,7 @@ def optimize(
         except Exception as exc:  # one broken technique must not sink the whole run
             skipped.append(Skipped(technique, technique, f"{type(exc).__name__}: {exc}"))
         bar.advance()
-    del original  # from here on, one session at a time
+    del original, ctx  # the teacher's session too: from here on, one session at a time
 
     allowed_bad, _ = nonfinite_weights(model)
     rejected: list[Skipped] = []
@@ -541,7 +541,7 @@ def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | N
         return None
     report.chosen = best.name
     report.reason = (f"{best.name}: {gain:.2f}x faster ({opts.rank_by}) at batch {batch}; on the "
-                     f"evaluation rows relative {report.metric} loss {ev.loss:+.2%} (95% "
+                     f"evaluation rows relative {report.metric} loss {ev.loss + 0.0:+.2%} (95% "
                      f"interval {ev.interval.low:+.2%} to {ev.interval.high:+.2%})"
                      + _guard_text(report, ev))
     return best
@@ -550,7 +550,7 @@ def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | N
 def _guard_text(report: OptimizeReport, ev: Judgement) -> str:
     if report.guard_metric is None or ev.guard_interval is None or ev.guard_loss is None:
         return ""
-    return (f", {report.guard_metric} loss {ev.guard_loss:+.2%} (interval "
+    return (f", {report.guard_metric} loss {ev.guard_loss + 0.0:+.2%} (interval "
             f"{ev.guard_interval.low:+.2%} to {ev.guard_interval.high:+.2%})")
 
 

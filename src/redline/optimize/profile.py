@@ -210,19 +210,20 @@ def relative_loss(metric: str, baseline: float, candidate: float) -> float:
     return float(worse / max(abs(baseline), 1e-12))
 
 
-def compare_outputs(task: str, reference: Outputs, out: Outputs,
-                    regression_tolerance: float = 1e-3) -> dict[str, float]:
-    """Largest absolute output difference and the share of rows whose answer changes."""
-    diff = np.abs(out.scores - reference.scores) if out.scores.shape == reference.scores.shape \
-        else np.full(1, np.inf)
+def compare_outputs(task: str, reference: Outputs, out: Outputs) -> dict[str, float]:
+    """Largest absolute output difference, and how far the answers moved: for classifiers the
+    share of rows whose label changes; for regressors the relative error RMS(out - reference) /
+    RMS(reference - its mean), the measure the gate holds regressors to."""
+    if out.scores.shape != reference.scores.shape:
+        return {"max_abs_diff": float("inf"), "disagreement": 1.0}
+    diff = out.scores - reference.scores
     if task == "classification" and out.labels is not None and reference.labels is not None:
-        changed = ~same_labels(out.labels, reference.labels)
+        moved = float(np.mean(~same_labels(out.labels, reference.labels)))
     else:
-        scale = np.maximum(1.0, np.abs(reference.scores))
-        changed = (diff / scale > regression_tolerance).any(axis=1) if diff.ndim == 2 else \
-            np.ones(len(reference.scores), dtype=bool)
-    return {"max_abs_diff": float(diff.max()) if diff.size else 0.0,
-            "disagreement": float(np.mean(changed))}
+        spread = float(np.sqrt(np.mean((reference.scores - reference.scores.mean(axis=0)) ** 2)))
+        moved = float(np.sqrt(np.mean(diff ** 2))) / (spread or 1.0) if diff.size else 0.0
+    return {"max_abs_diff": float(np.abs(diff).max()) if diff.size else 0.0,
+            "disagreement": moved}
 
 
 # ------------------------------------------------------------------------------ latency

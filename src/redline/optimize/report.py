@@ -58,9 +58,9 @@ def _status(report: OptimizeReport, r: CandidateResult) -> str:
 def _ci(value: float | None, ci: Interval | None, fmt: str) -> str:
     if value is None or not np.isfinite(value):
         return "-"
-    text = format(value, fmt)
+    text = format(value + 0.0, fmt)  # + 0.0: no "-0.00%"
     if ci is not None and np.isfinite(ci.low):
-        text += f" [{format(ci.low, fmt)}, {format(ci.high, fmt)}]"
+        text += f" [{format(ci.low + 0.0, fmt)}, {format(ci.high + 0.0, fmt)}]"
     return text
 
 
@@ -93,7 +93,8 @@ def _headers(report: OptimizeReport) -> list[str]:
              "size KiB", f"{report.metric} [95% CI]", f"Δ{report.metric} [95% CI]"]
     if report.guard_metric:
         heads.append(f"Δ{report.guard_metric} [95% CI]")
-    return heads + ["max abs Δout", "changed rows", "status"]
+    moved = "changed rows" if report.task == "classification" else "Δout / spread"
+    return heads + ["max abs Δout", moved, "status"]
 
 
 def _intro(report: OptimizeReport) -> str:
@@ -109,7 +110,8 @@ def _intro(report: OptimizeReport) -> str:
 def wide_console() -> Console:
     """A console wide enough for the table even when output is piped (CI logs)."""
     console = Console()
-    return console if console.is_terminal and console.width >= 150 else Console(width=240)
+    # Piped (a CI log): wide enough that no cell wraps and no name is cut; logs scroll sideways.
+    return console if console.is_terminal and console.width >= 150 else Console(width=400)
 
 
 def print_report(report: OptimizeReport, console: Console | None = None) -> None:
@@ -136,9 +138,9 @@ def print_report(report: OptimizeReport, console: Console | None = None) -> None
         reg = report.registered
         console.print(f"registered as [bold]{reg['model']}[/] version {reg['version']}"
                       + ("" if reg.get("fallback") else
-                         f" — not serving until promoted: redline models promote "
-                         f"{reg['model']} {reg['version']}, or redline gate --promote "
-                         "production"), soft_wrap=True)
+                         f" — not serving until promoted: redline models promote -m "
+                         f"{reg['model']} --version {reg['version']}, or redline gate "
+                         "--promote production"), soft_wrap=True)
 
 
 def _md_cell(text: str) -> str:

@@ -74,7 +74,7 @@ def interval(replicates: np.ndarray, level: float = LEVEL) -> Interval:
         return Interval(float("nan"), float("nan"))
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(finite, [tail, 100 - tail])
-    return Interval(float(low), float(high))
+    return Interval(float(low) + 0.0, float(high) + 0.0)  # + 0.0: no -0.0 to print
 
 
 def relative_loss_replicates(direction: int, baseline: np.ndarray,

@@ -46,6 +46,9 @@ class StreamConsumer:
         self._recovered = False
         self._inflight: Future[int] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-ingest-write")
+        # on a cluster: how long a key remembers the entry ids it applied (an entry must be acked
+        # or claimed within it to count once)
+        self.dedup_window_ms = max(600_000, 20 * claim_idle_ms)
         self.ensure_group()
 
     def ensure_group(self) -> None:
@@ -64,6 +67,8 @@ class StreamConsumer:
         return ids, self.decoder.decode([e[1] for e in entries], arrivals)
 
     def _write(self, ids: list[bytes], batch: UpdateBatch) -> int:
+        if self.store.cluster:
+            return self._write_cluster(ids, batch)
         acked, accepted, dead = self.store.write_from_stream(
             self.stream, self.group, self.consumer, ids, batch)
         if acked:
@@ -71,6 +76,31 @@ class StreamConsumer:
             self.counts.accepted += accepted
             self.counts.dead += dead
         return int(acked)
+
+    def _write_cluster(self, ids: list[bytes], batch: UpdateBatch) -> int:
+        """On a cluster the stream and the tiles are on different shards, so the apply and the
+        XACK cannot be one script: the tiles are written first, each key skipping entry ids it
+        already applied (``RedisStore.write_stream_entries``), then the entries are acked. A
+        crash between the two re-delivers entries that the keys then skip. Dead letters and the
+        stats counters are written after the tiles and may repeat after such a crash."""
+        self.store.write_stream_entries(ids, batch, self.dedup_window_ms)
+        pipe = self.client.pipeline(transaction=False)
+        for r in batch.rejected:
+            pipe.xadd(f"{self.stream}:dead", {"reason": r.reason, "event": r.raw,
+                                              "id": ids[r.tag]}, maxlen=100000, approximate=True)
+        stats = f"{self.stream}:stats"
+        if batch.accepted:
+            pipe.hincrby(stats, "accepted", len(batch.accepted))
+        if batch.rejected:
+            pipe.hincrby(stats, "dead", len(batch.rejected))
+            for r in batch.rejected:
+                pipe.hincrby(stats, "dead:" + r.reason.split(":", 1)[0].split(" ", 1)[0], 1)
+        pipe.execute()
+        self.client.xack(self.stream, self.group, *ids)
+        self.freshness.record(batch.event_ts, time.time_ns())
+        self.counts.accepted += len(batch.accepted)
+        self.counts.dead += len(batch.rejected)
+        return len(ids)
 
     def _apply(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
         """Decode and apply synchronously; returns entries applied (0 if claimed by another)."""

@@ -22,7 +22,7 @@ from redline.features.online.base import EntityIds, ReadPlan, now_ms
 
 
 class _KeyState:
-    __slots__ = ("rings", "layout", "cache_at", "ranges", "merged", "out", "expires")
+    __slots__ = ("rings", "layout", "cache_at", "ranges", "merged", "out", "expires", "ids")
 
     def __init__(self, layout: ViewLayout | None) -> None:
         self.rings: dict[int, list[Any]] = {}  # gid -> ring of [tile idx, record] or None
@@ -32,6 +32,7 @@ class _KeyState:
         self.merged: list[Any] = []  # per window: merged record / registers
         self.out: np.ndarray | None = None  # outputs of ``merged`` (None: derive again)
         self.expires = 0
+        self.ids: dict[int, int] = {}  # event id -> arrival, when its source deduplicates
 
 
 def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
@@ -158,8 +159,23 @@ class MemoryStore:
                 st = self._state(key)
                 st.expires = max(st.expires, wall + ttl)
                 states.append(st)
-            for k, gid, idx, slot, ts, arrival, sid, x, reg, rank, _tag in batch.ops:
+            dedup = batch.key_dedup_ms
+            decided: dict[tuple[int, int], bool] = {}
+            newest: dict[int, int] = {}
+            for k, gid, idx, slot, ts, arrival, sid, x, reg, rank, tag in batch.ops:
                 st = states[k]
+                if dedup and dedup[k]:  # the first op of an event at a key decides for all
+                    fresh = decided.get((k, tag))
+                    if fresh is None:
+                        seen = st.ids.get(sid)
+                        # a duplicate: the same id arrived at most the window earlier
+                        fresh = seen is None or arrival - seen > dedup[k]
+                        decided[(k, tag)] = fresh
+                        if fresh:
+                            st.ids[sid] = arrival
+                            newest[k] = max(newest.get(k, arrival), arrival)
+                    if not fresh:
+                        continue  # a redelivery of an event this key already counted
                 ring = st.rings.get(gid)
                 if ring is None:
                     ring = st.rings[gid] = []
@@ -179,6 +195,11 @@ class MemoryStore:
                     entry[1].update(x, ts, arrival, sid)
                 if st.cache_at is not None:
                     self._fold(st, gid, idx, ts, arrival, sid, x, reg, rank)
+            for k, top in newest.items():  # forget ids older than the window (as the Lua does)
+                ids = states[k].ids
+                cutoff = top - dedup[k]
+                for old in [i for i, a in ids.items() if a < cutoff]:
+                    del ids[old]
 
     @staticmethod
     def _fold(st: _KeyState, gid: int, idx: int, ts: int, arrival: int, sid: int, x: float,

@@ -63,6 +63,16 @@ def cache_key(key: str) -> str:
     return key + ":m"
 
 
+def ids_key(key: str) -> str:
+    """The event ids a key has counted, for deduplication (same hash tag, so the same shard)."""
+    return key + ":e"
+
+
+def write_keys(keys: Sequence[str]) -> list[str]:
+    """KEYS of the write script for these tile keys: tiles, result caches, event ids."""
+    return [*keys, *map(cache_key, keys), *map(ids_key, keys)]
+
+
 class RedisReader:
     def __init__(self, store: RedisStore, plan: ReadPlan, cache: bool = True) -> None:
         self.store = store
@@ -196,6 +206,7 @@ def write_args(batch: UpdateBatch) -> list[Any]:
     for r in batch.rejected:
         args += [r.tag, r.reason.split(":", 1)[0].split(" ", 1)[0], r.reason, r.raw]
     args.append(array("d", batch.key_ttl_ms).tobytes())
+    args.append(array("d", batch.key_dedup_ms or [0] * len(batch.keys)).tobytes())
     args.append(array("d", chain.from_iterable(batch.ops)).tobytes())
     return args
 
@@ -208,7 +219,8 @@ class RedisStore:
     def __init__(self, url: str, *, cluster: bool = False, timeout_ms: float = 50.0) -> None:
         self.url = url
         self.cluster = cluster
-        self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
+        # a cluster client connects (to learn the slot map) when it is made
+        self.client = guarded(url, lambda: connect(url, cluster=cluster, timeout_ms=timeout_ms))
         self.writer = self.client.register_script(WRITE_SCRIPT)
         self._threads: ThreadPoolExecutor | None = None
 
@@ -223,7 +235,7 @@ class RedisStore:
             return
         if not self.cluster:
             args = ["0", *write_args(batch)]
-            keys = [*batch.keys, *map(cache_key, batch.keys)]
+            keys = write_keys(batch.keys)
             guarded(self.url, lambda: self.writer(keys=keys, args=args))
             return
         guarded(self.url, lambda: self._cluster_write(batch))
@@ -239,12 +251,13 @@ class RedisStore:
             sub = UpdateBatch()
             remap = {}
             for i in idxs:
-                remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i])
+                remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i],
+                                   batch.key_dedup_ms[i] if batch.key_dedup_ms else 0)
             sub.ops = [(remap[op[0]], *op[1:]) for op in batch.ops if op[0] in remap]  # type: ignore[misc]
             sub.accepted = batch.accepted
             node = self.client.nodes_manager.get_node_from_slot(slot).name
             by_node.setdefault(node, []).append(
-                ([*sub.keys, *map(cache_key, sub.keys)], [*head, *write_args(sub)]))
+                (write_keys(sub.keys), [*head, *write_args(sub)]))
 
         def run(node_name: str) -> None:
             node = self.client.get_node(node_name=node_name)
@@ -282,7 +295,27 @@ class RedisStore:
         head = ["2", topic, blob]
         if not self.cluster:
             args = [*head, *write_args(batch)]
-            keys = [*batch.keys, *map(cache_key, batch.keys)]
+            keys = write_keys(batch.keys)
+            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            return
+        guarded(self.url, lambda: self._cluster_write(batch, head))
+
+    def write_stream_entries(self, ids: Sequence[bytes | str], batch: UpdateBatch,
+                             window_ms: int) -> None:
+        """Apply Redis Stream entries ``ids`` (tags index into them) so that an entry delivered
+        again within ``window_ms`` of its id's time is skipped: each key remembers the entry ids
+        applied to it, in the same script as its tiles. This is how stream ingest is exactly-once
+        on a cluster, where the stream and the tiles are on different shards."""
+        if not batch.ops:
+            return
+        pairs = []
+        for i in ids:
+            ms, _, seq = (i.decode() if isinstance(i, bytes) else i).partition("-")
+            pairs += [float(ms), float(seq or 0)]
+        head = ["3", window_ms, array("d", pairs).tobytes()]
+        if not self.cluster:
+            args = [*head, *write_args(batch)]
+            keys = write_keys(batch.keys)
             guarded(self.url, lambda: self.writer(keys=keys, args=args))
             return
         guarded(self.url, lambda: self._cluster_write(batch, head))
@@ -292,8 +325,7 @@ class RedisStore:
         """Exactly-once apply of stream entries ``ids`` (in id order; tags index into them): returns
         (entries acked, events accepted, events dead-lettered) — zeros for entries another
         consumer already claimed."""
-        keys = [stream, f"{stream}:dead", f"{stream}:stats", *batch.keys,
-                *map(cache_key, batch.keys)]
+        keys = [stream, f"{stream}:dead", f"{stream}:stats", *write_keys(batch.keys)]
         args = ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *write_args(batch)]
         res = guarded(self.url, lambda: self.writer(keys=keys, args=args))
         return int(res[0]), int(res[1]), int(res[2])

@@ -78,6 +78,17 @@ if mode == 2 then
   topic, positions = ARGV[2], ARGV[3]
   p = 4
 end
+-- mode 3 (Redis Streams on a cluster, where the stream and the tiles live on different shards):
+-- ARGV[2] a window in ms, ARGV[3] each event's stream entry id (ms, seq) as packed doubles by tag.
+-- Each key remembers the entry ids applied to it (the sorted set of event ids, scored by entry
+-- ms) for the window: an entry delivered again (its consumer died before XACK, or a claimed entry
+-- from a consumer that woke up) is skipped.
+local swin, entries = nil, nil
+if mode == 3 then
+  swin, entries = tonumber(ARGV[2]), ARGV[3]
+  p = 4
+end
+local sdecided, snewest = {}, {}
 if mode == 1 then
   nfixed = 3
   local group, consumer = ARGV[2], ARGV[3]
@@ -136,6 +147,12 @@ local ttlblob = ARGV[p]; p = p + 1
 local nkeys = #ttlblob / 8
 local ttl = {}
 for i = 1, nkeys do ttl[i] = unpack_('<d', ttlblob, (i - 1) * 8 + 1) end
+-- per key: the event-id window in ms (0: no deduplication); the key's ids are a sorted set
+-- KEYS[nfixed + 2 * nkeys + k] (member: the packed id, score: its arrival)
+local ddblob = ARGV[p]; p = p + 1
+local dd = {}
+for i = 1, nkeys do dd[i] = unpack_('<d', ddblob, (i - 1) * 8 + 1) end
+local decided, newest = {}, {}
 local ops = ARGV[p]
 -- One HGET + one HSET per update, all in locals: measured faster than batching a key's fields
 -- through HMGET/HSET, whose per-op Lua tables cost more than the calls they save.
@@ -160,6 +177,39 @@ for pos = 1, #ops, 88 do
     elseif marks[wk] == nil or marks[wk][3] < off then
       marks[wk] = {k, part, off}
     end
+  end
+  if apply and entries then
+    local dk = k .. ':' .. tag
+    local fresh = sdecided[dk]
+    if fresh == nil then
+      local ms, seq = unpack_('<dd', entries, tag * 16 + 1)
+      local member = pack('<dd', ms, seq)
+      local idkey = KEYS[nfixed + 2 * nkeys + k]
+      fresh = not redis.call('ZSCORE', idkey, member)
+      if fresh then
+        redis.call('ZADD', idkey, ms, member)
+        if snewest[k] == nil or snewest[k] < ms then snewest[k] = ms end
+      end
+      sdecided[dk] = fresh
+    end
+    apply = fresh
+  end
+  if apply and dd[k] > 0 then  -- the first op of an event at a key decides for all its ops
+    local dk = k .. ':' .. tag
+    local fresh = decided[dk]
+    if fresh == nil then
+      local member = pack('<d', id)
+      local idkey = KEYS[nfixed + 2 * nkeys + k]
+      local seen = redis.call('ZSCORE', idkey, member)
+      -- a duplicate: the same id arrived at most the window earlier
+      fresh = (not seen) or (ar - tonumber(seen) > dd[k])
+      if fresh then
+        redis.call('ZADD', idkey, ar, member)
+        if newest[k] == nil or newest[k] < ar then newest[k] = ar end
+      end
+      decided[dk] = fresh
+    end
+    apply = fresh
   end
   if apply then
     local key = KEYS[nfixed + k]
@@ -205,6 +255,16 @@ for pos = 1, #ops, 88 do
 end
 for _, m in pairs(marks) do
   redis.call('HSET', KEYS[nfixed + m[1]], '@o:' .. topic .. ':' .. m[2], pack('<d', m[3]))
+end
+for k, top in pairs(snewest) do
+  local idkey = KEYS[nfixed + 2 * nkeys + k]
+  redis.call('ZREMRANGEBYSCORE', idkey, '-inf', '(' .. string.format('%.17g', top - swin))
+  if redis.call('PTTL', idkey) < swin then redis.call('PEXPIRE', idkey, math.max(ttl[k], swin)) end
+end
+for k, top in pairs(newest) do  -- forget ids older than the window
+  local idkey = KEYS[nfixed + 2 * nkeys + k]
+  redis.call('ZREMRANGEBYSCORE', idkey, '-inf', '(' .. string.format('%.17g', top - dd[k]))
+  redis.call('PEXPIRE', idkey, ttl[k])
 end
 for k, _ in pairs(touched) do
   redis.call('PEXPIRE', KEYS[nfixed + k], ttl[k])

