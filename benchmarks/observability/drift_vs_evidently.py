@@ -116,10 +116,10 @@ def frame(x: np.ndarray) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------- the runs
-def run(trials: int, seed: int) -> dict[str, Any]:
+def run(trials: int, seed: int, references: list[int]) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     results: dict[str, Any] = {"trials": trials, "cells": []}
-    for ref_rows in (1000, 20000):
+    for ref_rows in references:
         reference = draw(rng, ref_rows)
         judges = {"redline": Redline(reference), "evidently": Evidently(reference)}
         for window in (500, 5000):
@@ -202,8 +202,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20, help="live windows per cell")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--json-out", default=None, help="write the numbers here")
+    parser.add_argument("--reference-rows", type=int, nargs="+", default=[1000, 20000],
+                        help="reference sizes to run (Evidently is slow on large ones)")
     args = parser.parse_args()
-    results = run(args.trials, args.seed)
+    results = run(args.trials, args.seed, args.reference_rows)
     print(table(results))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -102,6 +102,12 @@ def test_memory_store_with_several_workers_is_refused(tmp_path: Path) -> None:
     settings.features.store = "redis"
     assert resolve_workers(settings, 0) == (os.cpu_count() or 1)
     assert resolve_workers(Settings(), 3) == 3
+    replayed = Settings()
+    replayed.features.store = "redis"
+    replayed.features.preload = "events.jsonl"
+    with pytest.raises(ConfigError, match="redline ingest file"):
+        resolve_workers(replayed, 2)  # each worker would replay the file into the shared store
+    assert resolve_workers(replayed, 0) == 1
     done = subprocess.run(
         [sys.executable, "-m", "redline.cli", "serve", "--workers", "2", "--definitions",
          str(tmp_path / "defs.py"), "--repository", str(tmp_path / "repo")],

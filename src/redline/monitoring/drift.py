@@ -269,6 +269,7 @@ class DriftMonitor:
         self.skipped = 0  # rows whose width did not match the profile
         self._lock = threading.Lock()
         self.last_report: dict[str, Any] | None = None
+        self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def has_reference(self) -> bool:
@@ -364,6 +365,16 @@ class DriftMonitor:
         if reference != "training profile":
             out["reference"] = reference
         return out
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The training min and max per input column (infinite where not profiled)."""
+        if self._bounds is None:
+            lo = np.full(len(self.names), -np.inf)
+            hi = np.full(len(self.names), np.inf)
+            for i, ref in self.references.items():
+                lo[i], hi[i] = ref.lo, ref.hi
+            self._bounds = (lo, hi)
+        return self._bounds
 
     def out_of_range(self, row: np.ndarray) -> list[str]:
         """Names of the features of one row outside the training range (for review)."""

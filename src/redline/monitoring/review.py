@@ -29,6 +29,11 @@ class TokenBucket:
         self.tokens = self.burst
         self.last = time.monotonic()
 
+    def peek(self) -> bool:
+        """Whether a token is available now (without taking it)."""
+        now = time.monotonic()
+        return min(self.burst, self.tokens + (now - self.last) * self.rate) >= 1.0
+
     def take(self) -> bool:
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)

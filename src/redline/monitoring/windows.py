@@ -84,48 +84,70 @@ class ModelWindows:
         drift, quality = self._monitors(key)
         if drift is None or quality is None:
             return
+        fast = _same_shape(items)
+        if fast is not None:
+            x_fast, s_fast, fast_ids = fast
+            drift.add(x_fast, s_fast)
+            quality.predicted(fast_ids, s_fast)
+            if self.review.bucket.peek():
+                self._review(key, drift, quality.classification, [(x_fast, s_fast, fast_ids)])
+            return
         xs: list[np.ndarray] = []
         ss: list[np.ndarray] = []
         ids: list[str] = []
+        paired: list[tuple[np.ndarray, np.ndarray, list[str]]] = []
         for rid, inputs, outputs in items:
             x = input_matrix(inputs)
             s = scores(outputs)
-            if x is not None:
-                xs.append(x)
+            row_ids = None
             if s is not None:
                 ss.append(s)
-                if s.size == 1:
-                    ids.append(rid)
-                else:
-                    ids.extend(f"{rid}:{i}" if rid else "" for i in range(s.size))
-            if x is not None and s is not None and x.shape[0] == s.size:
-                self._maybe_review(key, drift, rid, x, s)
+                row_ids = [rid] if s.size == 1 else [f"{rid}:{i}" if rid else ""
+                                                     for i in range(s.size)]
+                ids.extend(row_ids)
+            if x is not None:
+                xs.append(x)
+                if row_ids is not None and x.shape[0] == s.size:  # type: ignore[union-attr]
+                    paired.append((x, s, row_ids))  # type: ignore[arg-type]
         x_all = np.concatenate(xs) if xs else None
         s_all = np.concatenate(ss) if ss else None
         drift.add(x_all, s_all)
         if s_all is not None:
             quality.predicted(ids, s_all)
+        if paired and self.review.bucket.peek():
+            self._review(key, drift, quality.classification, paired)
 
-    def _maybe_review(self, key: tuple[str, str], drift: DriftMonitor, rid: str,
-                      x: np.ndarray, s: np.ndarray) -> None:
-        margin = self.settings.review_margin
-        drifted = set(drift.last_report["drifted"]) if drift.last_report else set()
-        classification = self.quality[key].classification
-        for i in range(x.shape[0]):
+    def _review(self, key: tuple[str, str], drift: DriftMonitor, classification: bool,
+                paired: list[tuple[np.ndarray, np.ndarray, list[str]]]) -> None:
+        """Offer edge cases to the review queue: found with whole-array tests, and only while
+        the queue's rate allows (it bounds this work too)."""
+        x = np.concatenate([p[0] for p in paired]).astype(np.float64, copy=False)
+        s = np.concatenate([p[1] for p in paired])
+        row_ids = [rid for p in paired for rid in p[2]]
+        if x.shape[1] != len(drift.names):
+            return
+        lo, hi = drift.bounds()
+        with np.errstate(invalid="ignore"):
+            outside = (x < lo) | (x > hi)
+        uncertain = (np.abs(s - 0.5) < self.settings.review_margin) if classification else \
+            np.zeros(s.size, dtype=bool)
+        drifted = sorted(drift.last_report["drifted"]) if drift.last_report else []
+        candidates = (np.flatnonzero(outside.any(axis=1) | uncertain) if not drifted
+                      else np.arange(s.size))
+        for i in candidates:
             reasons = []
-            score = float(s[i])
-            if classification and abs(score - 0.5) < margin:
+            if uncertain[i]:
                 reasons.append("uncertain")
-            bad = drift.out_of_range(x[i])
+            bad = [drift.names[j] for j in np.flatnonzero(outside[i])]
             if bad:
                 reasons.append("out_of_range:" + ",".join(bad))
             if drifted:
-                reasons.append("drift:" + ",".join(sorted(drifted)))
-            if not reasons:
-                continue
+                reasons.append("drift:" + ",".join(drifted))
             features = {name: _py(x[i, j]) for j, name in enumerate(drift.names)}
-            row_id = rid if x.shape[0] == 1 else (f"{rid}:{i}" if rid else "")
-            self.review.offer(key[0], key[1], row_id, reasons, features, score, score)
+            score = float(s[i])
+            if not self.review.offer(key[0], key[1], row_ids[i], reasons, features, score,
+                                     score):
+                return  # the rate is spent: the rest waits for the next tick
 
     # ------------------------------------------------------------------ labels
     def label(self, model: str | None, request_id: str, label: float) -> bool:
@@ -137,6 +159,39 @@ class ModelWindows:
 
     def versions(self, model: str) -> list[tuple[str, str]]:
         return sorted((k for k in self.drift if k[0] == model), key=lambda k: _vkey(k[1]))
+
+
+def _same_shape(items: list[tuple[str, Any, Any]]
+                ) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """The common case at once: every request has one input tensor and a binary classifier's
+    ``probabilities`` (or one output), so the arrays concatenate and convert in one go. None
+    when the requests are not alike (the general path then takes them one by one)."""
+    inputs, outputs = items[0][1], items[0][2]
+    if not (isinstance(inputs, dict) and len(inputs) == 1 and isinstance(outputs, dict)):
+        return None
+    in_key = next(iter(inputs))
+    out_key = "probabilities" if "probabilities" in outputs else (
+        next(iter(outputs)) if len(outputs) == 1 else None)
+    if out_key is None:
+        return None
+    try:
+        x = np.concatenate([it[1][in_key] for it in items])
+        y = np.concatenate([it[2][out_key] for it in items])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if x.ndim != 2 or x.dtype.kind not in "fiu" or y.dtype.kind not in "fiu":
+        return None
+    score = scores({out_key: y} if out_key == "probabilities" else y)
+    if score is None or score.size != x.shape[0]:
+        return None
+    if score.size == len(items):
+        ids = [it[0] for it in items]
+    else:
+        ids = []
+        for rid, _, out in items:
+            n = int(out[out_key].shape[0])
+            ids.extend([rid] if n == 1 else [f"{rid}:{i}" if rid else "" for i in range(n)])
+    return x, score, ids
 
 
 def input_matrix(inputs: Any) -> np.ndarray | None:

@@ -204,6 +204,7 @@ class RolloutController:
         self._shadow_tasks: set[asyncio.Task[None]] = set()
         self._random = random.Random()
         self._started: dict[str, float] = {}
+        self._keeping: set[Any] = set()
         self.refresh(force=True)
 
     # ------------------------------------------------------------------ the rollout file
@@ -232,6 +233,7 @@ class RolloutController:
                     for key in [k for k in self.stats if k[0] == name]:
                         del self.stats[key]
                 self._keep_io(spec)
+            self._release_io()
         if now - self._written > 1.0 and (self.stats or self.shadow):
             self._written = now
             self._write_stats()
@@ -240,7 +242,17 @@ class RolloutController:
         if spec.mode != "shadow":
             return
         with contextlib.suppress(Exception):
-            self.registry.get(spec.model, str(spec.baseline)).keep_io = True
+            handle = self.registry.get(spec.model, str(spec.baseline))
+            handle.keep_io = True
+            self._keeping.add(handle)
+
+    def _release_io(self) -> None:
+        """Handles no longer shadowed stop keeping each request's arrays."""
+        wanted = {(s.model, s.baseline) for s in self.active.values() if s.mode == "shadow"}
+        for handle in list(self._keeping):
+            if (handle.name, handle.version) not in wanted:
+                handle.keep_io = False
+                self._keeping.discard(handle)
 
     def _write_stats(self) -> None:
         doc = {"pid": os.getpid(), "time": time.time(),
@@ -294,6 +306,7 @@ class RolloutController:
     def roll_back(self, spec: RolloutSpec, why: str) -> None:
         log.warning("rollout of %s v%s rolled back: %s", spec.model, spec.candidate, why)
         self.active.pop(spec.model, None)
+        self._release_io()
         try:
             self.file.update(spec.model, state="rolled_back", reason=why)
         except Exception as exc:  # noqa: BLE001 - the file may be read-only: still stop here

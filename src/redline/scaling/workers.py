@@ -53,8 +53,9 @@ def resolve_workers(settings: Settings, requested: int | None) -> int:
         raise ConfigError(
             "autoscaling (scaling.max_workers > 1) needs state every worker shares: set "
             "`features.store: redis` and leave the admin API off")
+    preload = bool(getattr(settings.features, "preload", None))
     if asked == 0:
-        if local_state or settings.server.admin_enabled:
+        if local_state or settings.server.admin_enabled or preload:
             return 1  # state that must agree would diverge across processes: stay at one
         return max(1, os.cpu_count() or 1)
     if asked > 1 and local_state:
@@ -66,6 +67,11 @@ def resolve_workers(settings: Settings, requested: int | None) -> int:
         raise ConfigError(
             f"--workers {asked} with the admin API: a load/unload would reach one worker only; "
             "change versions through the repository (every worker watches it) or run one worker")
+    if asked > 1 and preload:
+        raise ConfigError(
+            f"--workers {asked} with --preload would replay the event file once per worker (and "
+            "again on every restart); load the shared store once with `redline ingest file "
+            "FILE --store redis`, then serve without --preload")
     if asked > MAX_SLOTS:
         raise ConfigError(f"--workers {asked} is more than {MAX_SLOTS}")
     return asked

@@ -31,6 +31,7 @@ from redline.serving.stages import Observers
 from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
+from redline.serving.warmup import prepare_request_path
 
 log = logging.getLogger("redline.serving")
 
@@ -138,6 +139,8 @@ class RedlineServer:
         watcher = None
         if server.watch_repository:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
+        # First-request work done before ready (serving/warmup.py): /v1 routes, decoders.
+        prepare_request_path(self.registry, self.pipeline)
         store_watch = loop.create_task(store_health.watch()) if store_health.remote else None
         grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
         log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
