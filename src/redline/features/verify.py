@@ -37,18 +37,26 @@ def random_events(source: EventSource, n: int, seed: int, start_ms: int,
                   entities: int = 8, lateness_share: float = 0.07, id_prefix: str = "e"
                   ) -> list[dict[str, Any]]:
     """Events in arrival order: mostly on time, some out of order, some too late, some from the
-    future (beyond the allowed clock skew)."""
+    future (beyond the allowed clock skew), equal event times, tile-boundary times, duplicate
+    deliveries (the same event again, later), tiny and huge values."""
     rng = random.Random(seed)
     lateness, skew = source.lateness_ms, source.skew_ms
     types = source.field_types()
     t = float(start_ms)
-    out = []
-    for _ in range(n):
+    out: list[dict[str, Any]] = []
+    for i in range(n):
         t += rng.expovariate(1 / 250)
         arrival = int(t)
+        if out and rng.random() < 0.04:  # a duplicate delivery of an earlier event
+            out.append({**rng.choice(out[-20:]), ARRIVAL: arrival})
+            continue
         u = rng.random()
-        if u < 0.7:
+        if u < 0.62:
             ts = arrival - rng.randint(0, 50)
+        elif u < 0.67 and out:
+            ts = int(out[-1][source.timestamp])  # a tie in event time
+        elif u < 0.72:
+            ts = arrival - arrival % 5000  # on a tile boundary
         elif u < 0.88:
             ts = arrival - rng.randint(0, max(1, lateness))
         elif u < 0.88 + lateness_share:
@@ -58,16 +66,20 @@ def random_events(source: EventSource, n: int, seed: int, start_ms: int,
         # the join key is the entity's, whether or not the schema lists it
         ev: dict[str, Any] = {"source": source.name, source.timestamp: ts, ARRIVAL: arrival,
                               source.entity.join_key: f"{id_prefix}{rng.randrange(entities)}"}
+        if source.event_id:
+            ev[source.event_id] = f"{id_prefix}ev{seed}-{i}"
         for name, typ in types.items():
-            if name in (source.entity.join_key, source.timestamp):
+            if name in (source.entity.join_key, source.timestamp, source.event_id):
                 continue
             if typ == "float":
-                ev[name] = round(rng.uniform(-50, 500), rng.choice([0, 2, 6]))
+                x = rng.random()
+                ev[name] = (rng.choice([1e300, -1e300, 1e-300, 5e-324]) if x < 0.02 else
+                            round(rng.uniform(-50, 500), rng.choice([0, 2, 6])))
             elif typ == "int":
                 ev[name] = rng.randrange(100)
             elif typ == "bool":
                 ev[name] = rng.random() < 0.5
-            elif name != source.timestamp:
+            else:
                 ev[name] = f"v{rng.randrange(40)}"
         out.append(ev)
     return out

@@ -113,7 +113,8 @@ class MemoryReader:
                         out = outputs(state, self.layouts[j])
                 parts.append(out)
         full = np.concatenate(parts).reshape(n, self.plan.width)
-        return full[:, self.plan.take].astype(dtype), missing
+        with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
+            return full[:, self.plan.take].astype(dtype), missing
 
 
 class MemoryStore:

@@ -116,7 +116,8 @@ class RedisReader:
             args = self._args(now)
             replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
             flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
-        return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
+        with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
+            return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
 
 
 class _ClusterRead:
