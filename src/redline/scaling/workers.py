@@ -235,8 +235,8 @@ class Supervisor:
         self.board = LoadBoard.create()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
-        log.warning("redline supervising %s workers: http %s:%s grpc %s", self.count,
-                    self.settings.server.host, self.http_port, self.grpc_port)
+        log.info("redline supervising %s workers: http %s:%s grpc %s", self.count,
+                 self.settings.server.host, self.http_port, self.grpc_port or "off")
         for _ in range(self.count):
             self._add()
         interval = self.settings.scaling.autoscale_interval_s
