@@ -285,3 +285,48 @@ def test_v1_records_are_the_timings_and_reach_observers(serve, repo_path, defs_p
     want = rest.timings_us()
     assert {k: v for k, v in doc["timings_us"].items() if k != "total"} == \
         {k: v for k, v in want.items() if k != "total"}
+
+
+async def test_coalesced_reads_are_joined_by_key_not_position() -> None:
+    """F2 at the seam: requests riding one store call get the rows of their own keys, even when
+    they repeat a key, share one, or come in another order than the store answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from redline.serving.predict.fetcher import FeatureFetcher
+
+    calls: list[dict[str, list[str]]] = []
+    release = __import__("threading").Event()
+
+    def read(ids: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(ids)
+        if len(calls) == 1:
+            release.wait(5)  # hold the first call so the others coalesce behind it
+        keys = [f"{c}|{m}" for c, m in zip(ids["card"], ids["merchant"], strict=True)]
+        values = np.array([[float(sum(map(ord, k)))] for k in keys], np.float32)
+        return values, np.array([k.startswith("x") for k in keys])
+
+    def want(card: str, merchant: str) -> float:
+        return float(sum(map(ord, f"{card}|{merchant}")))
+
+    executor = ThreadPoolExecutor(1)
+    fetcher = FeatureFetcher(read, executor, ["card", "merchant"])
+    first = fetcher.read({"card": ["a"], "merchant": ["m"]}, 1)
+    batch = [
+        {"card": ["b", "b"], "merchant": ["m", "m"]},          # one key twice
+        {"card": ["c", "a"], "merchant": ["n", "m"]},          # shares "a|m" with the first
+        {"card": ["x1"], "merchant": ["m"]},
+        {"card": ["b", "c", "a"], "merchant": ["n", "n", "n"]},
+    ]
+    futures = [fetcher.read(ids, len(ids["card"])) for ids in batch]
+    release.set()
+    assert (await first)[0][0, 0] == want("a", "m")
+    for ids, future in zip(batch, futures, strict=True):
+        feats, missing = await future
+        assert feats[:, 0].tolist() == [want(c, m) for c, m in zip(ids["card"], ids["merchant"],
+                                                                   strict=True)]
+        assert missing.tolist() == [c.startswith("x") for c in ids["card"]]
+    assert len(calls) == 2  # the four waiting requests rode one call...
+    assert len(calls[1]["card"]) == 6  # ...that read each distinct key once
+    executor.shutdown()
