@@ -198,7 +198,9 @@ def start_redline(args: argparse.Namespace, work: Path, procs: list, label: str 
         # One worker process (`serve` defaults to one per core since scaling landed; a tree
         # from before that knows no scaling settings).
         env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src
-                              else {"REDLINE_SCALING__WORKERS": "1"})}))
+                              else {"REDLINE_SCALING__WORKERS": "1",
+                                    **({"REDLINE_MONITORING__ENABLED": "false"}
+                                       if args.no_monitoring else {})})}))
     http = f"http://127.0.0.1:{hport}"
     wait_http(http, "/v2/health/ready")
     import httpx
@@ -281,6 +283,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12.0,
                         help="seconds measured per side and case (in 4 interleaved slices)")
     parser.add_argument("--skip-feast", action="store_true")
+    parser.add_argument("--no-monitoring", action="store_true",
+                        help="serve this tree with monitoring off (the request path alone)")
     parser.add_argument("--before", help="src/ of another redline tree, served as a third "
                         "target (redline_before) interleaved with the others")
     args = parser.parse_args()
