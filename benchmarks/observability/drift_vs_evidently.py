@@ -11,8 +11,8 @@ verdict per 10,000 live rows.
 Evidently is not a redline dependency. Its 0.7 release needs pandas < 3, so run this in its own
 virtual environment with redline's sources on the path:
 
-    python -m venv /tmp/evvenv && /tmp/evvenv/bin/pip install evidently 'pandas<3'
-    PYTHONPATH=src /tmp/evvenv/bin/python benchmarks/observability/drift_vs_evidently.py
+    python -m venv .venv-evidently && .venv-evidently/bin/pip install evidently 'pandas<3'
+    PYTHONPATH=src .venv-evidently/bin/python benchmarks/observability/drift_vs_evidently.py
 
 (``--trials`` sets the windows per cell; ``--json-out`` keeps the numbers.)
 """

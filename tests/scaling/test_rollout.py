@@ -65,6 +65,15 @@ def post(client: httpx.Client, n: int, body: dict = BIG) -> list[tuple[int, str]
     return out
 
 
+def wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll instead of sleeping a fixed time: a loaded CI machine may be slower than a guess."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
 def wait_state(path: Path, model: str, state: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,7 +140,7 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
             r = client.post("/v2/models/affine/infer", json=small)
             assert r.status_code == 200 and r.json()["model_version"] == "1"
             assert np.allclose(r.json()["outputs"][0]["data"], [0.2, 0.4, 0.6, 0.8])
-        time.sleep(0.3)
+        wait_for(lambda: getattr(controller.shadow.get("affine"), "compared", 0) >= 50)
         shadow = controller.shadow["affine"]
         assert shadow.compared >= 50 and shadow.mismatched == shadow.compared
         assert shadow.max_abs_diff == pytest.approx(0.4, rel=1e-3)
@@ -151,7 +160,7 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
             waited.append(time.perf_counter() - t0)
             assert r.json()["model_version"] == "1"
             time.sleep(0.005)
-        time.sleep(0.3)
+        wait_for(lambda: getattr(controller.shadow.get("affine"), "compared", 0) >= 5)
     slow = controller.shadow["affine"]
     assert slow.compared >= 5 and slow.mismatched == 0  # same answers, just slower
     assert slow.sent + slow.dropped >= 50  # copies beyond 4 in flight are dropped, not queued
