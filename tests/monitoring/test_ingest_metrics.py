@@ -66,3 +66,38 @@ def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: P
            for f in registry.collect() for s in f.samples}
     assert got[("redline_ingest_events_total", (("source", "events"),))] == 50
     assert sum(v for k, v in got.items() if k[0] == "redline_ingest_dead_letters_total") == 1
+
+
+def _samples(registry) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in registry.collect() for s in f.samples}
+
+
+def test_redis_stream_consumer_lag_is_a_gauge(redis_server) -> None:
+    """A consumer group behind by 30 of 40 entries reports lag 30, then 0 once drained."""
+    import orjson
+
+    from redline.features.ingest.redis_streams import StreamConsumer
+    from redline.features.online.redis import RedisStore
+    from redline.monitoring.ingest import MeteredSource
+
+    store = RedisStore(redis_server.url, timeout_ms=10_000)
+    now_ms = int(time.time() * 1000)
+    for i in range(40):
+        store.client.xadd("ev", {"d": orjson.dumps({"card_id": f"c{i % 5}", "amount": 1.0,
+                                                    "merchant": "m", "ts": now_ms})})
+    cons = StreamConsumer(load_definitions(DEFS), store, stream="ev", group="g", batch=10,
+                          block_ms=10)
+    metrics = IngestMetrics("ev")
+    src = MeteredSource(cons, metrics)
+    key = ("redline_ingest_consumer_lag",
+           (("partition", "-"), ("source", "redis-stream"), ("stream_or_topic", "ev")))
+    src.poll()  # reads 10 entries, then samples (the first poll always samples)
+    assert _samples(metrics.registry)[key] == 30
+    src.poll()  # within the second: no new sample, the gauge keeps its value
+    assert _samples(metrics.registry)[key] == 30
+    while src.poll():
+        pass
+    src.flush()  # a flush always samples
+    assert _samples(metrics.registry)[key] == 0
+    src.close()

@@ -9,10 +9,13 @@ with the server they appear in the server's ``GET /metrics``; otherwise
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from redline.monitoring.metrics import multiprocess_dir
+
+log = logging.getLogger(__name__)
 
 
 class IngestMetrics:
@@ -31,9 +34,10 @@ class IngestMetrics:
         self.freshness = Gauge("redline_ingest_freshness_seconds", "Event time to visible in the "
                                "store, over recent events.", ["source", "quantile"], registry=reg,
                                multiprocess_mode="livemax")
-        self.lag = Gauge("redline_ingest_consumer_lag", "Entries (Redis Streams) or messages "
-                         "(Kafka) not yet consumed, when the source reports it.", ["source"],
-                         registry=reg, multiprocess_mode="livesum")
+        self.lag = Gauge("redline_ingest_consumer_lag", "Entries (Redis Streams group lag) or "
+                         "messages (Kafka: high watermark - position) not yet consumed.",
+                         ["source", "stream_or_topic", "partition"], registry=reg,
+                         multiprocess_mode="livemax")
         self._last: dict[str, float] = {}
 
     def update(self, stats: dict[str, Any]) -> None:
@@ -48,9 +52,11 @@ class IngestMetrics:
         for key, q in (("p50_ms", "0.5"), ("p99_ms", "0.99")):
             if fresh.get(key) is not None:
                 self.freshness.labels(self.source, q).set(float(fresh[key]) / 1000.0)
-        lag = stats.get("lag")
-        if lag is not None:
-            self.lag.labels(self.source).set(float(lag))
+
+    def update_lag(self, kind: str, lags: list[tuple[str, str, int]]) -> None:
+        """Set the consumer-lag gauge from a source's ``consumer_lag()``."""
+        for name, partition, lag in lags:
+            self.lag.labels(kind, name, partition).set(float(lag))
 
     def _count(self, child: Any, key: str, total: float) -> None:
         last = self._last.get(key, 0.0)
@@ -66,6 +72,7 @@ class MeteredSource:
         self.inner = source
         self.metrics = metrics
         self.every_s = every_s
+        self.kind = "kafka" if hasattr(source, "topic") else "redis-stream"
         self._next = 0.0
 
     def poll(self) -> int:
@@ -73,13 +80,23 @@ class MeteredSource:
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self.every_s
-            self.metrics.update(self.inner.stats())
+            self.sample()
         return n
 
     def flush(self) -> int:
         n: int = self.inner.flush()
-        self.metrics.update(self.inner.stats())
+        self.sample()
         return n
+
+    def sample(self) -> None:
+        """Stats and consumer lag into the metrics (a lag query that fails skips one sample)."""
+        self.metrics.update(self.inner.stats())
+        lag = getattr(self.inner, "consumer_lag", None)
+        if lag is not None:
+            try:
+                self.metrics.update_lag(self.kind, lag())
+            except Exception as exc:  # noqa: BLE001 - metrics never stop ingest
+                log.debug("consumer lag not sampled: %s", exc)
 
     def reset(self) -> None:
         self.inner.reset()

@@ -127,6 +127,20 @@ class StreamConsumer:
         self.claimed += total
         return total
 
+    def consumer_lag(self) -> list[tuple[str, str, int]]:
+        """[(stream, partition, entries not yet delivered to the group)] from XINFO GROUPS
+        (Redis 7: the group's ``lag``, else stream length minus ``entries-read``). One round trip;
+        called at most once a second by the metrics wrapper, never per event."""
+        for g in self.client.xinfo_groups(self.stream):
+            name = g.get("name")
+            if (name.decode() if isinstance(name, bytes) else name) != self.group:
+                continue
+            lag = g.get("lag")
+            if lag is None and g.get("entries-read") is not None:
+                lag = self.client.xlen(self.stream) - int(g["entries-read"])
+            return [] if lag is None else [(self.stream, "-", int(lag))]
+        return []
+
     def poll(self) -> int:
         """:meth:`step`, with a lost Redis connection raised as ``StoreUnavailable``; the
         consumer stays usable: call :meth:`reset` and poll again once Redis is back."""
