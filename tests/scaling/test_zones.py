@@ -98,7 +98,10 @@ def test_client_prefers_the_near_zone_and_fails_over_to_the_far_one(zones) -> No
         time.sleep(1.5)
         by_latency = {e.address: e.ewma_ms for e in client.endpoints.endpoints}
         assert by_latency[far] > by_latency[near] + 10  # netem's 15 ms is seen
-        assert client.endpoints.ranked()[0].address == near
+        # One pick in `explore_every` tries another endpoint on purpose (to age the estimate),
+        # and a test's own call to ranked() may be that pick: the majority of three decides.
+        firsts = [client.endpoints.ranked()[0].address for _ in range(3)]
+        assert firsts.count(near) >= 2, firsts
         before = len(served)
         near_share = served[before // 2:before].count(near) / max(1, before - before // 2)
         procs[0].kill()  # SIGKILL the near zone's replica
