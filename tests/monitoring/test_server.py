@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.config import ModelSettings
-from redline.serving.proto import grpc_service_pb2 as pb
-from redline.serving.proto import grpc_service_pb2_grpc as pbg
+from redline.proto import grpc_service_pb2 as pb
+from redline.proto import grpc_service_pb2_grpc as pbg
 from tests.monitoring.served import (
     ADMIN_TOKEN,
     make_repository,

@@ -48,8 +48,9 @@ class RequestRecord:
         self.status = "ok"                  # "ok" or a RedlineError code
         self.request_id = ""
         self.traceparent: str | None = None  # W3C header as received, if any
-        self.start_ns = _perf_ns() if start_ns is None else start_ns
-        self.wall_ns = _wall_ns() - (_perf_ns() - self.start_ns)
+        now = _perf_ns()  # one clock read serves both the start and the wall-clock anchor
+        self.start_ns = now if start_ns is None else start_ns
+        self.wall_ns = _wall_ns() - (now - self.start_ns)
         self.end_ns = 0
         self.spans: list[tuple[str, int, int]] = []   # (stage, start_ns, end_ns)
         self.rows = 0
