@@ -216,7 +216,8 @@ class RestApp:
             status, body, headers = await self._infer(scope, receive, path, record)
         except Exception as exc:  # noqa: BLE001 - mapped as in __call__
             status, body, headers = self._error_answer(exc, "POST", path)
-            record.finish(_code(body))
+            error = as_redline_error(exc)  # the code from the error, not parsed back from the body
+            record.finish(error.code if error is not None else "internal")
         else:
             record.finish()
         await self._send(send, status, body, headers)
@@ -452,13 +453,6 @@ def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: 
     record.request_id = rid or ""
     record.rows = rows
     record.add(DECODE, record.start_ns, perf_ns())
-
-
-def _code(body: bytes) -> str:
-    try:
-        return str(orjson.loads(body).get("code", "internal"))
-    except (orjson.JSONDecodeError, AttributeError):
-        return "internal"
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
