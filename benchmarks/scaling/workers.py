@@ -95,8 +95,9 @@ def wrk(url: str, model: str, connections: int, duration: float, script: Path,
     before_srv = server_cpu_s(server_pid)
     t0 = time.monotonic()
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "-s", str(script),
-         f"{url}/v2/models/{model}/infer"], capture_output=True, text=True, timeout=60).stdout
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+         "-s", str(script), f"{url}/v2/models/{model}/infer"],
+        capture_output=True, text=True, timeout=60).stdout
     wall = time.monotonic() - t0
     after_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     srv = server_cpu_s(server_pid) - before_srv
