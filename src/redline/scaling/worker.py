@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from redline.errors import RedlineError
 
@@ -52,7 +53,12 @@ def main() -> None:
         server.http_socket = socket.socket(fileno=spec["http_fd"])
         board = LoadBoard(spec["board_fd"])
         meter = LoadMeter(board, spec["slot"])  # both transports count towards the autoscaler
-        server.asgi = AsgiMeter(server.app, meter)
+        app: Any = server.app
+        if settings.monitoring.enabled:
+            from redline.scaling.pooled import PooledWorkerGuard
+
+            app = PooledWorkerGuard(app)  # the label join is per process: refused in a pool
+        server.asgi = AsgiMeter(app, meter)
         server.grpc_interceptors.append(GrpcMeter(meter))
         if settings.features.preload:
             preload_store(server, settings.features.preload)
