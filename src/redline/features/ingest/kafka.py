@@ -71,6 +71,9 @@ class KafkaSource:
             "bootstrap.servers": bootstrap, "group.id": group, "client.id": self.name,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # the broker answers a fetch once data is there or after this wait; librdkafka's
+            # 500 ms default would be the freshness of an event on a quiet topic
+            "fetch.wait.max.ms": 10,
         }
         conf.update(config or {})
         self.consumer = _consumer_class()(conf)
