@@ -105,6 +105,15 @@ class RepositoryError(RedlineError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class PerWorkerState(RedlineError):
+    """A request for state that each worker process keeps alone (the label join, quality
+    figures) reached a server of several workers behind one port."""
+
+    code = "per_worker_state"
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class ProviderUnavailable(RedlineError):
     """An execution provider (CUDA, TensorRT) was asked for but is not present."""
 

@@ -163,3 +163,33 @@ def test_console_script_help_is_instant_and_teaches():
     assert proc.returncode == 0
     for command in ("models", "predict", "serve", "bench", "features", "optimize", "gate"):
         assert command in proc.stdout
+
+
+def test_add_refuses_a_nan_default_into_a_model_that_rejects_nan(capsys, tmp_path, model_file):
+    """Issue 10: checked at registration as at load, with the fix named; nothing is written."""
+    defs = tmp_path / "defs.py"
+    text = ("from redline.features import Entity, EventSource, FeatureView, count, mean\n"
+            "card = Entity('card', 'card_id')\n"
+            "tx = EventSource('tx', card, {'amount': float})\n"
+            "v = FeatureView('v', tx, [count('1h'), mean('amount', '1h'DEFAULT)])\n")
+    defs.write_text(text.replace("DEFAULT", ""))
+    cfg = tmp_path / "redline.yaml"
+    cfg.write_text(f"features:\n  definitions: {defs}\n")
+    r = str(tmp_path / "repo")
+    names = ",".join([*(f"x{i}" for i in range(28)), "v:count_1h", "v:amount_mean_1h"])
+    add = ("models", "add", "bc", str(model_file), "-r", r, "--config", str(cfg),
+           "--feature-names", names)
+    code, out, err = run(capsys, *add)
+    assert code != 0 and "added" not in out
+    assert "'v:amount_mean_1h' (mean, default NaN)" in err
+    assert "finite default" in err and "--missing-values allow" in err
+    assert "Traceback" not in err
+    assert run(capsys, "models", "list", "-r", r, "--json")[1].strip() in ("[]", "")
+    code, out, _ = run(capsys, *add, "--missing-values", "allow")
+    assert code == 0 and "added bc version 1" in out
+    defs.write_text(text.replace("DEFAULT", ", default=0.0"))
+    code, out, _ = run(capsys, *add)
+    assert code == 0 and "added bc version 2" in out
+    # plain inputs never meet a feature's default
+    plain = ("models", "add", "bc", str(model_file), "-r", r, "--config", str(cfg))
+    assert run(capsys, *plain)[0] == 0

@@ -70,3 +70,56 @@ def test_a_real_surge_adds_a_worker_and_the_lull_removes_it(tmp_path: Path) -> N
         assert "restarting" not in log  # a retirement is not a crash
     finally:
         assert serve.stop() == 0
+
+
+def test_a_grpc_surge_adds_a_worker(tmp_path: Path) -> None:
+    """The same surge over gRPC (V2 ModelInfer) alone: the workers meter gRPC too."""
+    import threading
+
+    import grpc
+    import numpy as np
+
+    from redline.proto import grpc_service_pb2 as pb
+    from redline.proto import grpc_service_pb2_grpc as pbg
+
+    ModelRepository(tmp_path / "repo").add_onnx("affine", slow_affine(layers=60))
+    config = CONFIG + ("scaling:\n  min_workers: 1\n  max_workers: 2\n  queue_high: 1.0\n"
+                       "  queue_low: 0.5\n  autoscale_interval_s: 0.2\n"
+                       "  scale_up_cooldown_s: 0.5\n  scale_down_cooldown_s: 60\n")
+    serve = Serve(tmp_path, "--workers", "1", config=config).wait_ready()
+    stop = threading.Event()
+    answered: list[int] = []
+    errors: list[str] = []
+
+    def load() -> None:
+        channel = grpc.insecure_channel(serve.grpc)
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        req = pb.ModelInferRequest(model_name="affine")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+        req.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+        deadline = time.monotonic() + 20
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                stub.ModelInfer(req, timeout=10)
+                answered.append(1)
+            except grpc.RpcError as exc:
+                errors.append(repr(exc))
+        channel.close()
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    try:
+        serve.wait_children(1)
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 15
+        while "autoscale 1 -> 2" not in serve.log.read_text():
+            assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
+            time.sleep(0.1)
+        serve.wait_children(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert serve.stop() == 0
+    assert re.search(r"autoscale 1 -> 2 workers: up: (queue|p99)", serve.log.read_text())
+    assert answered and not errors, errors[:3]

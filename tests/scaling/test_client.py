@@ -139,3 +139,24 @@ def test_failover_when_the_used_replica_is_killed(tmp_path: Path) -> None:
             s.kill()
     assert failures == [], failures[:5]
     assert ok[0] > 100 and stats.failovers >= 1
+
+
+def test_the_losing_request_of_a_hedge_is_cancelled_on_the_wire(replicas) -> None:  # type: ignore[no-untyped-def]
+    """Replica A holds every answer 3 s; the hedge to B wins and A's request is abandoned
+    (its connection closed) at once, not left to finish in the background."""
+    slow = StragglerProxy(replicas[0].http_port, share=1.0, delay_s=3.0).start()
+    try:
+        with redline.Client([f"127.0.0.1:{slow.port}", replicas[1].url], hedge_after_ms=50,
+                            hedge_max_share=1.0, budget_ms=5000) as client:
+            start = time.monotonic()
+            result = client.infer("affine", X)
+            took = time.monotonic() - start
+            assert result.hedged and result.endpoint == replicas[1].url, result
+            assert took < 1.5, took
+            deadline = time.monotonic() + 1.0
+            while slow.abandoned < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert slow.abandoned == 1 and slow.delayed == 1
+            assert client.stats.hedges == 1 and client.stats.hedge_wins == 1
+    finally:
+        slow.stop()

@@ -14,6 +14,9 @@ from redline.cli import main
 from redline.config import load_settings
 from redline.models import ModelRepository
 from redline.scaling.rollout import (
+    MergedStats,
+    RolloutController,
+    RolloutFile,
     RolloutSpec,
     VersionStats,
     aggregate_stats,
@@ -192,3 +195,111 @@ def test_decisions_and_sticky_shares() -> None:
     shares = [sticky_share([k]) for k in keys]
     assert shares == [sticky_share([k]) for k in keys]  # stable: an entity keeps its version
     assert 0.07 < sum(s < 10 for s in shares) / len(shares) < 0.13
+
+
+class _Record:
+    def __init__(self, version: int, ok: bool, total_us: float) -> None:
+        self.model, self.version = "m", str(version)
+        self.status = "ok" if ok else "internal"
+        self.total_us = total_us
+
+
+def test_the_decision_sums_every_process(tmp_path: Path) -> None:
+    """Two processes (two controllers with their own stats files) see 60 failing candidate
+    requests each: neither alone reaches min_requests=100, their sum does - the second one to
+    cross decides, and the rollback it writes is what both follow."""
+    file = RolloutFile(tmp_path / "rollout.json")
+    file.write({"m": RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)})
+    a = RolloutController(None, file.path, instance="a")
+    b = RolloutController(None, file.path, instance="b")
+    RolloutFile(tmp_path / "other.json").write(
+        {"m": RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)})
+    alone = RolloutController(None, tmp_path / "other.json", instance="c")
+    for ctl in (a, alone):
+        for _ in range(80):
+            ctl.request_finished(_Record(1, True, 1000))
+        for _ in range(60):
+            ctl.request_finished(_Record(2, False, 1000))
+    assert "m" in a.active and "m" in alone.active  # 60 < 100: too few to tell, per process
+    a._write_stats()
+    for _ in range(80):
+        b.request_finished(_Record(1, True, 1000))
+    for _ in range(30):
+        b.request_finished(_Record(2, False, 1000))
+    assert "m" in b.active  # 30 + 60 = 90 candidate requests: not yet...
+    assert b.merged("m", 2).requests == 90 and b.merged("m", 2).processes == 2
+    for _ in range(10):
+        b.request_finished(_Record(2, False, 1000))
+    assert "m" not in b.active  # ...100: rolled back, on the sum
+    doc = file.read()["m"]
+    assert doc.state == "rolled_back" and "over 100 requests" in doc.reason
+    a.refresh(force=True)
+    assert "m" not in a.active  # the other process follows the file
+    # A file from an earlier rollout of the same model is not counted in a new one.
+    file.write({"m": RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)})
+    b.refresh(force=True)
+    b._peers_read = float("-inf")
+    assert b.merged("m", 2).requests == 0
+
+
+def test_merged_p99_is_the_p99_of_all_latencies() -> None:
+    rng = np.random.default_rng(1)
+    fast, slow = rng.uniform(500, 1500, 3000), rng.uniform(5000, 30000, 100)
+    merged = MergedStats()
+    for part in (fast, slow):
+        stats = VersionStats()
+        for us in part:
+            stats.add(True, float(us))
+        merged.add(stats.requests, stats.errors, stats.histogram())
+    exact = float(np.percentile(np.concatenate([fast, slow]), 99)) / 1000
+    assert exact <= merged.p99_ms() <= exact * 1.06  # the upper edge of a 5% bucket
+    assert merged.requests == 3100 and merged.processes == 2
+
+
+def test_two_workers_roll_back_a_bad_candidate_together(tmp_path: Path) -> None:
+    """``redline serve --workers 2``: traffic reaches both workers, the decision is taken on
+    their sum, and after it every worker serves the baseline only."""
+    import threading
+
+    from tests.scaling.procs import CONFIG, Serve
+
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model())
+    repo.add_onnx("affine", failing_affine())
+    repo.promote("affine", 1)
+    config = CONFIG + (f"project: {tmp_path}\nrepository: {tmp_path}/repo\n"
+                       "models:\n  affine:\n    version_policy: all\n"
+                       "batching:\n  max_batch_size: 1\n")
+    serve = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
+    try:
+        serve.wait_children(2)
+        cfg = next(tmp_path.glob("redline-*.yaml"))
+        cli("rollout", "start", "--config", str(cfg), "-m", "affine", "--candidate", "2",
+            "--percent", "50", "--min-requests", "60")
+        time.sleep(1.0)  # every worker polls the rollout file twice a second
+        codes: list[tuple[int, str]] = []
+
+        def load(n: int) -> None:
+            for _ in range(n):  # a new connection each time: the kernel spreads them
+                r = httpx.post(f"{serve.url}/v2/models/affine/infer", json=BIG, timeout=10)
+                codes.append((r.status_code, r.json().get("model_version", "")))
+
+        threads = [threading.Thread(target=load, args=(150,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        doc = wait_state(tmp_path / "rollout.json", "affine", "rolled_back", timeout=30)
+        for t in threads:
+            t.join(60)
+        assert "error rate" in doc["reason"]
+        time.sleep(1.2)  # each worker's last counts reach its stats file
+        files = [json.loads(p.read_text())
+                 for p in (tmp_path / "rollout.json.stats").glob("*.json")]
+        per_worker = [f["versions"].get("affine:2", {}).get("requests", 0) for f in files]
+        assert len(files) == 2 and all(n > 0 for n in per_worker), per_worker  # both served it
+        failed = [c for c, _ in codes if c != 200]
+        assert 60 <= len(failed) < 300, len(failed)  # stopped early: bounded damage
+        after = [httpx.post(f"{serve.url}/v2/models/affine/infer", json=BIG, timeout=10)
+                 for _ in range(60)]
+        assert [(r.status_code, r.json()["model_version"]) for r in after] == [(200, "1")] * 60
+    finally:
+        assert serve.stop() == 0

@@ -126,3 +126,35 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None
     log = serve.log.read_text()
     assert code == 2, log[-2000:]
     assert "error [" in log and "Traceback" not in log
+
+
+def test_labels_and_quality_are_refused_by_a_pool_of_workers(tmp_path: Path) -> None:
+    """The label join is per process: a pool answers a clear 409 rather than losing labels,
+    and everything else (predictions, metrics) still works; one worker takes labels."""
+    config = ("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
+              "server:\n  watch_repository: false\nmonitoring:\n  enabled: true\n")
+    pool = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
+    try:
+        pool.wait_children(2)
+        infer = httpx.post(f"{pool.url}/v2/models/affine/infer", json={"inputs": [
+            {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+        assert infer.status_code == 200
+        for r in (httpx.post(f"{pool.url}/v1/labels",
+                             json={"labels": [{"request_id": "r1", "label": 1}]}),
+                  httpx.get(f"{pool.url}/v1/models/affine/quality"),
+                  httpx.get(f"{pool.url}/v1/models/affine/versions/1/quality")):
+            assert r.status_code == 409, r.text
+            assert r.json()["code"] == "per_worker_state"
+            assert "--workers 1" in r.json()["error"]
+        assert httpx.get(f"{pool.url}/metrics").status_code == 200
+    finally:
+        assert pool.stop() == 0
+    (tmp_path / "one").mkdir()
+    one = Serve(tmp_path / "one", "--workers", "1", "--no-grpc", config=config).wait_ready()
+    try:
+        r = httpx.post(f"{one.url}/v1/labels", json={"labels": [{"request_id": "r1",
+                                                                 "label": 1}]})
+        assert r.status_code == 200 and r.json()["unmatched"] == 1  # taken: no such prediction
+        assert httpx.get(f"{one.url}/v1/models/affine/quality").status_code == 200
+    finally:
+        assert one.stop() == 0

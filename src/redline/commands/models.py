@@ -117,9 +117,11 @@ def add(
         if not version.isdigit() or int(version) < 1:
             raise InvalidInput(f"--version must be a positive whole number, got {version!r}")
         number = int(version)
-    _, root = settings_and_repo(config_path, repository)
+    settings, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
     names = [s.strip() for s in feature_names.split(",")] if feature_names else None
+    if names is not None and (missing_values or "reject") == "reject":
+        _check_defaults(name, names, "reject", settings)  # before any conversion work
     x = load_table(sample)[0] if sample else None
     if from_pickle or Path(source).suffix in (".pkl", ".pickle", ".joblib"):
         if not trust_pickle:
@@ -159,10 +161,27 @@ def add(
             description=description,
             missing_values=missing_values or "reject",
         )
+    try:  # the policy a converted estimator got, and the names the model file carries
+        _check_defaults(meta.name, meta.feature_names or [], meta.missing_values, settings)
+    except Exception:
+        repo.remove(meta.name, meta.version, force=True)
+        raise
     click.echo(
         f"added {meta.name} version {meta.version} ({meta.framework}, sha256 "
         f"{meta.sha256[:12]}…) to {root}"
     )
+
+
+def _check_defaults(model: str, names: list[str], missing_values: str, settings: Any) -> None:
+    """Refuse, at registration as at load, a model that rejects NaN while a feature it reads
+    answers NaN for an entity with no data (degradation would become a 400), naming the fix."""
+    if missing_values == "allow" or not settings.features.definitions:
+        return
+    from redline.features import load_definitions
+    from redline.features.versioning import check_missing_policy
+
+    check_missing_policy(model, names, missing_values, load_definitions(
+        settings.features.definitions))
 
 
 @models.command("list")

@@ -154,6 +154,29 @@ def _coerce(value: Any, typ: str, flat: bool) -> Any:
     return value if isinstance(value, str) else None
 
 
+def entity_id_of(value: Any) -> str | None:
+    """An event's entity id as text (a string, or an integer: ``42`` is entity ``"42"``); ``None``
+    when it is anything else (a float, a bool, empty)."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if value is not None and hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # a numpy scalar (events from a DataFrame)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        return None
+    return value
+
+
+def event_id_of(value: Any) -> str | None:
+    """An event's id as text (a non-empty string or an integer); ``None`` when it is not one."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return str(value)
+
+
 def stable_id(parts: Sequence[bytes]) -> int:
     """A 53-bit id of an event (exact as a double, so Lua and Python compare it alike): the last
     tie-breaker of ``last``, after event time and arrival."""
@@ -290,17 +313,12 @@ class EventDecoder:
             got = ev[src.timestamp]
             return (f"field '{src.timestamp}' must be epoch milliseconds or ISO-8601 (years "
                     f"1-9999), got {got!r}")
-        eid = ev.get(plan.join_key)
-        if isinstance(eid, bytes):
-            eid = eid.decode(errors="replace")
-        if eid is not None and hasattr(eid, "item") and not isinstance(eid, str):
-            eid = eid.item()  # a numpy scalar (events from a DataFrame)
-        if isinstance(eid, int) and not isinstance(eid, bool):
-            eid = str(eid)
-        if not isinstance(eid, str) or not eid:
+        eid = entity_id_of(ev.get(plan.join_key))
+        if eid is None:
             if plan.join_key not in ev:
                 return f"missing field '{plan.join_key}' (entity '{plan.entity}' id)"
-            return f"field '{plan.join_key}' must be a string or integer id, got {eid!r}"
+            got = ev[plan.join_key]
+            return f"field '{plan.join_key}' must be a string or integer id, got {got!r}"
         values: dict[str, Any] = {}
         for name, typ in plan.fields:
             if name not in ev:
@@ -317,14 +335,13 @@ class EventDecoder:
             return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
                     f"{plan.skew_ms} ms")
         if plan.event_id:
-            ident = ev.get(plan.event_id)
-            if isinstance(ident, bytes):
-                ident = ident.decode(errors="replace")
-            if isinstance(ident, bool) or not isinstance(ident, str | int) or ident == "":
+            ident = event_id_of(ev.get(plan.event_id))
+            if ident is None:
                 if plan.event_id not in ev:
                     return f"missing field '{plan.event_id}' (the event id)"
-                return f"field '{plan.event_id}' must be a string or integer id, got {ident!r}"
-            sid = stable_id([plan.name_bytes, b"id", str(ident).encode()])
+                got = ev[plan.event_id]
+                return f"field '{plan.event_id}' must be a string or integer id, got {got!r}"
+            sid = stable_id([plan.name_bytes, b"id", ident.encode()])
         else:
             sid = plan.stable_id(ts, eid, values)
         ops = batch.ops

@@ -1,7 +1,10 @@
 """Point-in-time training sets: each label row gets the features the online store would have
 answered at its timestamp.
 
-The builder is the online path replayed in event time, not a second implementation of it: the
+The builder is the online path replayed in event time, not a second implementation of it. By
+default it runs by columns (``asof.py``: the decoder's per-value rules over whole columns, the
+window's events found by ``searchsorted`` per label row, aggregated with the merge's rules) and
+``tests/features/test_asof.py`` holds that to the reference below, event by event: the
 events go through the ingest decoder (``events.EventDecoder``: the same types, admission, value
 identity and tie rule) and the memory store (``aggregates.NumericTile``: the same merge), in
 arrival order; before each label row's time ``t`` every event that had *arrived* by ``t``
@@ -87,15 +90,15 @@ def read_events(path: str | Path) -> EventLog:
 def frame_events(df: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as event dicts: a missing cell (NaN/None/NaT) is an absent field, numpy
     scalars become Python ones (the decoder then applies the schema types)."""
+    from redline.features.asof import frame_value
+
     out = []
     for rec in df.to_dict("records"):
         ev = {}
         for k, v in rec.items():
-            if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NaT:
-                continue
-            if hasattr(v, "item") and not isinstance(v, str | bytes):
-                v = v.item()
-            ev[str(k)] = v
+            v = frame_value(v)
+            if v is not None:
+                ev[str(k)] = v
         out.append(ev)
     return out
 
@@ -143,9 +146,14 @@ def arrival_of(obj: Any, decoder: EventDecoder, arrival_column: str = ARRIVAL) -
 def build_training_set(
     defs: FeatureDefinitions, events: pd.DataFrame | EventLog | Sequence[Any],
     labels: pd.DataFrame, features: Sequence[str] | None = None, *, time_column: str = "ts",
+    method: str = "auto",
 ) -> pd.DataFrame:
     """``labels`` (entity id column(s) named by join key, ``time_column`` in epoch ms, anything
-    else passed through) + one float64 column per feature / transform, point-in-time correct."""
+    else passed through) + one float64 column per feature / transform, point-in-time correct.
+
+    ``method``: ``"columns"`` (the vectorised replay of ``asof.py``), ``"replay"`` (event by
+    event through the decoder and a memory store: the reference), ``"auto"`` (columns where
+    the input allows, else replay)."""
     if time_column not in labels.columns:
         raise InvalidInput(f"labels lack the time column '{time_column}'")
     refs = list(features) if features is not None else (
@@ -177,7 +185,8 @@ def build_training_set(
         ids[view.name] = [_label_id(x) for x in result[key].tolist()]
     computed: dict[str, np.ndarray] = {}
     if views:
-        values = replay_values(defs, views, _as_log(events), t.astype(np.int64).to_numpy(), ids)
+        values = point_in_time(defs, views, events, t.astype(np.int64).to_numpy(), ids,
+                               method=method)
         for view in views:
             for ref, idx in view_refs[view.name]:
                 computed[ref] = values[view.name][:, idx]
@@ -199,6 +208,26 @@ def _label_id(x: Any) -> str:
     if isinstance(x, float) and x.is_integer():
         return str(int(x))  # an id column read as floats (it had gaps): 42.0 is entity "42"
     return str(x)
+
+
+def point_in_time(defs: FeatureDefinitions, views: Sequence[FeatureView],
+                  events: pd.DataFrame | EventLog | Sequence[Any], times: np.ndarray,
+                  ids: Mapping[str, Sequence[str]], method: str = "auto"
+                  ) -> dict[str, np.ndarray]:
+    """Per view, (rows, outputs) float64 values at ``times`` for ``ids`` (see ``method`` of
+    :func:`build_training_set`)."""
+    if method not in ("auto", "columns", "replay"):
+        raise InvalidInput(f"unknown method {method!r} (use auto, columns or replay)")
+    if method != "replay" and len({v.source.name for v in views}) == 1:
+        from redline.features.asof import Decoded, view_values
+
+        dec = Decoded(EventDecoder(defs, views[0].source.name, views), events)
+        if dec.ready:
+            return {v.name: view_values(dec, v, times, ids[v.name]) for v in views}
+    if method == "columns":
+        raise InvalidInput("these events need the event-by-event replay (several sources, "
+                           "nested or Redis Stream entries): use method='replay' or 'auto'")
+    return replay_values(defs, views, _as_log(events), times, ids)
 
 
 def replay_values(defs: FeatureDefinitions, views: Sequence[FeatureView], log: EventLog,

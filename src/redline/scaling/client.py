@@ -183,11 +183,14 @@ class AsyncClient:
             f"no replica answered within the {budget_s * 1000:.0f} ms budget (last: {last}); "
             f"endpoints: {', '.join(e.address for e in self.endpoints.endpoints)}")
 
+    def _hedge_allowed(self) -> bool:
+        """The cap: hedges stay a small share of requests (checked when a hedge would go, so
+        concurrent calls that all waited past the p95 cannot overshoot it together)."""
+        return self.stats.hedges + 1 <= self.hedge_max_share * self.stats.requests
+
     def _hedge_delay_s(self) -> float | None:
-        if not self.hedge:
+        if not self.hedge or not self._hedge_allowed():
             return None
-        if self.stats.hedges + 1 > self.hedge_max_share * self.stats.requests:
-            return None  # the cap: hedges stay a small share of requests
         if self.hedge_after_ms is not None:
             return self.hedge_after_ms / 1000.0
         if len(self._recent) < self.hedge_min_samples:
@@ -203,9 +206,13 @@ class AsyncClient:
         delay = self._hedge_delay_s() if backup is not None else None
         if delay is None or backup is None:
             return await first, primary, False
-        done, _ = await asyncio.wait({first}, timeout=delay)
-        if done:
-            return first.result(), primary, False
+        try:
+            done, _ = await asyncio.wait({first}, timeout=delay)
+        except asyncio.CancelledError:
+            first.cancel()  # the caller gave up: so does its request
+            raise
+        if done or not self._hedge_allowed():
+            return await first, primary, False
         self.stats.hedges += 1
         second = asyncio.ensure_future(self._attempt(call, backup, deadline))
         owner = {first: primary, second: backup}

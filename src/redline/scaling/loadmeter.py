@@ -4,6 +4,10 @@ Each worker owns one slot of a small file mapped into every process (passed down
 descriptor): requests in flight, requests finished, and the p99 of its recent requests. The
 autoscaler reads the slots; a worker never blocks on the supervisor, and a dead worker's slot is
 simply reset when its replacement starts.
+
+One :class:`LoadMeter` per worker counts both transports: REST through :class:`AsgiMeter` (the
+ASGI app uvicorn runs) and gRPC - the V2 service and ``/v1`` - through :class:`GrpcMeter` (a
+server interceptor), so a surge that arrives over gRPC scales the pool like one over REST.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ import os
 import struct
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import grpc
 
 _SLOT = struct.Struct("<qqqq")  # in_flight, finished, p99_us, pid
 MAX_SLOTS = 256
+_now_ns = time.perf_counter_ns
 
 
 class LoadBoard:
@@ -46,10 +54,9 @@ class LoadBoard:
 
 
 class LoadMeter:
-    """ASGI wrapper that counts a worker's in-flight requests and recent latency into its slot."""
+    """A worker's in-flight requests and recent latency (both transports), written to its slot."""
 
-    def __init__(self, app: Any, board: LoadBoard, slot: int, window: int = 512) -> None:
-        self.app = app
+    def __init__(self, board: LoadBoard, slot: int, window: int = 512) -> None:
         self.board = board
         self.slot = slot
         self.in_flight = 0
@@ -60,23 +67,20 @@ class LoadMeter:
         self._pid = os.getpid()
         self._published = 0.0
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter_ns()
+    def begin(self) -> int:
+        """A request arrived; returns its start time for :meth:`end`."""
         self.in_flight += 1
         self._publish()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-            self.finished += 1
-            recent = self._recent
-            recent.append(time.perf_counter_ns() - start)
-            if len(recent) > self._window:
-                del recent[: len(recent) - self._window]
-            self._publish()
+        return _now_ns()
+
+    def end(self, start_ns: int) -> None:
+        self.in_flight -= 1
+        self.finished += 1
+        recent = self._recent
+        recent.append(_now_ns() - start_ns)
+        if len(recent) > self._window:
+            del recent[: len(recent) - self._window]
+        self._publish()
 
     def _publish(self) -> None:
         now = time.monotonic()
@@ -85,3 +89,56 @@ class LoadMeter:
             self._p99_us = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] // 1000
             self._published = now
         self.board.write(self.slot, self.in_flight, self.finished, self._p99_us, self._pid)
+
+
+class AsgiMeter:
+    """ASGI wrapper: every HTTP request is metered from its first byte to its last."""
+
+    def __init__(self, app: Any, meter: LoadMeter) -> None:
+        self.app = app
+        self.meter = meter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = self.meter.begin()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.meter.end(start)
+
+
+class GrpcMeter(grpc.aio.ServerInterceptor):
+    """gRPC server interceptor: every unary call (V2 ``ModelInfer``, ``/v1`` ``Predict``, the
+    health and metadata calls) is metered like a REST request. Wrapped handlers are made once
+    per method and kept, so a call pays one dictionary lookup and one await."""
+
+    def __init__(self, meter: LoadMeter) -> None:
+        self.meter = meter
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails],
+                                     Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method  # type: ignore[attr-defined]
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler  # unknown method (UNIMPLEMENTED) or a stream: passed through
+        inner = handler.unary_unary
+        meter = self.meter
+
+        async def metered(request: Any, context: Any) -> Any:
+            start = meter.begin()
+            try:
+                return await inner(request, context)
+            finally:
+                meter.end(start)
+
+        wrapped = self._wrapped[method] = handler._replace(unary_unary=metered)  # type: ignore[attr-defined]
+        return wrapped

@@ -18,8 +18,14 @@ follow the same rollout, and a rollback decided by one is seen by all.
   compared (``numpy.allclose``) and latencies recorded; the response never changes.
 
 Per-version counts are kept here, per process, and each process writes them beside the rollout
-file (``<file>.stats/<pid>.json``) once a second; ``redline rollout status`` adds them up. The
-Prometheus metrics (``monitoring``) carry the same requests labelled by version.
+file (``<file>.stats/<pid>.json``, with a latency histogram) once a second. The rollback
+decision is taken on the sum over every process of the rollout - this one's live counts plus
+the others' files (read at most twice a second): with ``redline serve --workers N`` the workers
+decide on the same numbers, ``min_requests`` means requests to the service rather than to one
+worker, the p99 is the p99 of the merged histograms (5% buckets), and whichever worker first
+sees the sum cross a threshold writes the rollback that every worker then follows.
+``redline rollout status`` shows the same sums. The Prometheus metrics (``monitoring``) carry
+the same requests labelled by version.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -115,6 +122,27 @@ class RolloutFile:
         return self.path.with_name(self.path.name + ".stats")
 
 
+_STEP = math.log(1.05)  # latency histogram buckets: 5% wide
+
+
+def _bucket_of(lat_us: np.ndarray) -> np.ndarray:
+    return np.floor(np.log(np.maximum(lat_us, 1.0)) / _STEP).astype(np.int64)
+
+
+def _histogram_p99_ms(hist: dict[int, int]) -> float:
+    """The p99 of a merged histogram: the upper edge of the bucket holding it."""
+    total = sum(hist.values())
+    if not total:
+        return 0.0
+    rank = math.ceil(0.99 * total)
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= rank:
+            return math.exp((bucket + 1) * _STEP) / 1000.0
+    return 0.0  # pragma: no cover - the loop always reaches the rank
+
+
 class VersionStats:
     """Requests, server errors and recent latencies of one model version in this process."""
 
@@ -142,9 +170,43 @@ class VersionStats:
             return 0.0
         return float(np.percentile(self._lat_us[-self._window:], 99)) / 1000.0
 
+    def histogram(self) -> dict[int, int]:
+        """The recent latencies as 5%-wide buckets: what other processes merge."""
+        if not self._lat_us:
+            return {}
+        buckets, counts = np.unique(_bucket_of(np.asarray(self._lat_us[-self._window:])),
+                                    return_counts=True)
+        return {int(b): int(c) for b, c in zip(buckets, counts, strict=True)}
+
     def as_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "errors": self.errors,
-                "error_rate": round(self.error_rate, 4), "p99_ms": round(self.p99_ms(), 3)}
+                "error_rate": round(self.error_rate, 4), "p99_ms": round(self.p99_ms(), 3),
+                "hist": {str(b): c for b, c in self.histogram().items()}}
+
+
+class MergedStats:
+    """One version's counts summed over processes, with the same face as :class:`VersionStats`
+    (what :func:`decide_rollback` reads)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.processes = 0
+        self.hist: dict[int, int] = {}
+
+    def add(self, requests: int, errors: int, hist: dict[int, int]) -> None:
+        self.requests += requests
+        self.errors += errors
+        self.processes += 1
+        for bucket, count in hist.items():
+            self.hist[bucket] = self.hist.get(bucket, 0) + count
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def p99_ms(self) -> float:
+        return _histogram_p99_ms(self.hist)
 
 
 class ShadowStats:
@@ -164,8 +226,8 @@ class ShadowStats:
                 "candidate_p99_ms": round(self.candidate.p99_ms(), 3)}
 
 
-def decide_rollback(spec: RolloutSpec, baseline: VersionStats, candidate: VersionStats
-                    ) -> str | None:
+def decide_rollback(spec: RolloutSpec, baseline: VersionStats | MergedStats,
+                    candidate: VersionStats | MergedStats) -> str | None:
     """Why the candidate must be rolled back, or None (also None while there is too little data)."""
     if candidate.requests < spec.min_requests or baseline.requests < spec.min_requests:
         return None
@@ -192,9 +254,13 @@ class RolloutController:
     the server's request observers.
     """
 
-    def __init__(self, registry: Any, path: str | os.PathLike[str]) -> None:
+    def __init__(self, registry: Any, path: str | os.PathLike[str],
+                 instance: str | None = None) -> None:
         self.registry = registry
         self.file = RolloutFile(path)
+        self.instance = instance or str(os.getpid())  # names this process's stats file
+        self._peers: dict[tuple[str, int], MergedStats] = {}
+        self._peers_read = float("-inf")
         self.active: dict[str, RolloutSpec] = {}
         self.stats: dict[tuple[str, int], VersionStats] = {}
         self.shadow: dict[str, ShadowStats] = {}
@@ -256,14 +322,61 @@ class RolloutController:
 
     def _write_stats(self) -> None:
         doc = {"pid": os.getpid(), "time": time.time(),
+               "started": {m: self._started[m] for m in {m for m, _ in self.stats}
+                           if m in self._started},
                "versions": {f"{m}:{v}": s.as_dict() for (m, v), s in self.stats.items()},
                "shadow": {m: s.as_dict() for m, s in self.shadow.items()}}
         folder = self.file.stats_dir
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".{os.getpid()}.tmp"
+            tmp = folder / f".{self.instance}.tmp"
             tmp.write_text(json.dumps(doc))
-            tmp.replace(folder / f"{os.getpid()}.json")
+            tmp.replace(folder / f"{self.instance}.json")
+
+    def _peer_stats(self) -> dict[tuple[str, int], MergedStats]:
+        """The other processes' counts for the rollouts running now (their files, re-read at
+        most twice a second; a file of an older rollout of the same model is ignored)."""
+        now = time.monotonic()
+        if now - self._peers_read < 0.5:
+            return self._peers
+        self._peers_read = now
+        peers: dict[tuple[str, int], MergedStats] = {}
+        folder = self.file.stats_dir
+        try:
+            paths = [p for p in folder.glob("*.json") if p.stem != self.instance]
+        except OSError:
+            paths = []
+        for path in paths:
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced, or gone: the next read will have it
+            started = doc.get("started", {})
+            for key, s in doc.get("versions", {}).items():
+                model, _, version = key.rpartition(":")
+                spec = self.active.get(model)
+                if spec is None or started.get(model) != spec.started:
+                    continue
+                merged = peers.setdefault((model, int(version)), MergedStats())
+                merged.add(int(s["requests"]), int(s["errors"]),
+                           {int(b): int(c) for b, c in s.get("hist", {}).items()})
+        self._peers = peers
+        return peers
+
+    def merged(self, model: str, version: int) -> MergedStats:
+        """This process's live counts plus every other process's last written ones."""
+        out = MergedStats()
+        own = self.stats.get((model, version))
+        if own is not None:
+            out.add(own.requests, own.errors, own.histogram())
+        peer = self._peer_stats().get((model, version))
+        if peer is not None:
+            out.requests += peer.requests
+            out.errors += peer.errors
+            out.processes += peer.processes
+            for bucket, count in peer.hist.items():
+                out.hist[bucket] = out.hist.get(bucket, 0) + count
+        return out
 
     # ------------------------------------------------------------------ request path
     def route(self, name: str, key: Any = None) -> Any:
@@ -298,8 +411,10 @@ class RolloutController:
                 self._start_shadow(spec, record)
             return
         if version == spec.candidate and stats.requests % 10 == 0:
-            baseline = self.stats.get((spec.model, spec.baseline))
-            why = decide_rollback(spec, baseline, stats) if baseline is not None else None
+            # Decided on the sums over every worker (and replica sharing the project folder),
+            # so N workers take one decision on N times the traffic, not N on a share each.
+            why = decide_rollback(spec, self.merged(spec.model, spec.baseline),
+                                  self.merged(spec.model, spec.candidate))
             if why is not None:
                 self.roll_back(spec, why)
 
@@ -384,6 +499,7 @@ def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0) -> dict[str, Any
     """Per-version counts added up over every process that wrote recently."""
     versions: dict[str, dict[str, Any]] = {}
     shadow: dict[str, dict[str, Any]] = {}
+    hists: dict[str, dict[int, int]] = {}
     processes = 0
     now = time.time()
     for path in sorted(file.stats_dir.glob("*.json")) if file.stats_dir.exists() else []:
@@ -398,12 +514,17 @@ def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0) -> dict[str, Any
             into = versions.setdefault(key, {"requests": 0, "errors": 0, "p99_ms": 0.0})
             into["requests"] += s["requests"]
             into["errors"] += s["errors"]
-            into["p99_ms"] = max(into["p99_ms"], s["p99_ms"])  # worst process
+            into["p99_ms"] = max(into["p99_ms"], s["p99_ms"])  # worst process, unless merged
+            hist = hists.setdefault(key, {})
+            for bucket, count in s.get("hist", {}).items():
+                hist[int(bucket)] = hist.get(int(bucket), 0) + int(count)
         for key, s in doc.get("shadow", {}).items():
             into = shadow.setdefault(key, {})
             for k, v in s.items():
                 into[k] = max(into.get(k, 0), v) if k in ("max_abs_diff", "candidate_p99_ms") \
                     else into.get(k, 0) + v
-    for s in versions.values():
+    for key, s in versions.items():
         s["error_rate"] = round(s["errors"] / s["requests"], 4) if s["requests"] else 0.0
+        if hists.get(key):
+            s["p99_ms"] = round(_histogram_p99_ms(hists[key]), 3)  # of the merged latencies
     return {"processes": processes, "versions": versions, "shadow": shadow}

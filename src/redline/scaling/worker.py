@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from redline.errors import RedlineError
 
@@ -37,7 +38,7 @@ def main() -> None:
     try:
         from redline.commands.serve import apply_serve_options, preload_store
         from redline.config import load_settings
-        from redline.scaling.loadmeter import LoadBoard, LoadMeter
+        from redline.scaling.loadmeter import AsgiMeter, GrpcMeter, LoadBoard, LoadMeter
         from redline.serving.server import RedlineServer
 
         settings = load_settings(spec.get("config"))
@@ -51,7 +52,14 @@ def main() -> None:
         install(server)
         server.http_socket = socket.socket(fileno=spec["http_fd"])
         board = LoadBoard(spec["board_fd"])
-        server.asgi = LoadMeter(server.app, board, spec["slot"])
+        meter = LoadMeter(board, spec["slot"])  # both transports count towards the autoscaler
+        app: Any = server.app
+        if settings.monitoring.enabled:
+            from redline.scaling.pooled import PooledWorkerGuard
+
+            app = PooledWorkerGuard(app)  # the label join is per process: refused in a pool
+        server.asgi = AsgiMeter(app, meter)
+        server.grpc_interceptors.append(GrpcMeter(meter))
         if settings.features.preload:
             preload_store(server, settings.features.preload)
         import uvloop

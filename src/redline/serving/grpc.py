@@ -201,6 +201,7 @@ def create_grpc_server(
     settings: Settings,
     extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
     reuse_port: bool = False,
+    interceptors: Sequence[Any] = (),
 ) -> grpc.aio.Server:
     """A grpc.aio server with the V2 service (not started; bind a port, then ``start()``).
 
@@ -214,5 +215,6 @@ def create_grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
         handlers=[inference_handler(servicer), *extra_handlers],
+        interceptors=list(interceptors) or None,
     )
     return server

@@ -84,6 +84,7 @@ class RedlineServer:
         # siblings, and the ASGI app uvicorn runs (the REST app, possibly wrapped by a meter).
         self.http_socket: socket.socket | None = None
         self.asgi: Any = self.app
+        self.grpc_interceptors: list[Any] = []  # e.g. the worker's load meter
 
     async def serve(self, install_signals: bool = True) -> None:
         """Load models, serve until ``stop()`` or a signal, then drain."""
@@ -111,7 +112,8 @@ class RedlineServer:
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
                                              self._v1_grpc.handlers(),
-                                             reuse_port=self.http_socket is not None)
+                                             reuse_port=self.http_socket is not None,
+                                             interceptors=self.grpc_interceptors)
             try:
                 self.grpc_port = grpc_server.add_insecure_port(
                     f"{server.host}:{server.grpc_port}")

@@ -1,0 +1,514 @@
+"""The offline builder's fast path: the online replay computed by columns instead of event by event.
+
+A memory store fed the events in arrival order and read at ``t`` answers, for an entity and a
+window, the aggregate of the events that (a) the decoder admits, (b) are not a redelivery its
+event-id window drops, (c) had arrived by ``t`` and (d) fall in the tiles covering ``t``. This
+module computes exactly that set with numpy — columns coerced by the decoder's own per-value
+functions (``events._coerce``, ``to_ms``, ``entity_id_of``; a typed column takes a vectorised
+branch only where the per-value result is the same for every value of the dtype), the events of
+a view sorted by (entity, event time, arrival), one ``searchsorted`` per label row for the
+window's tile range, the arrival condition as a filter — and aggregates each row's events with
+the same rules as ``aggregates.NumericTile``: count exact, sum compensated (Neumaier, ``±inf``
+once it overflows, then the running mean for the mean), min/max exact, ``last`` by (event time,
+arrival, stable id, first applied), HyperLogLog registers merged by max and estimated with the
+same arithmetic in the same order. Sums, means and standard deviations may differ from the
+store's in the last bits (they add the same numbers in another order); every other output is
+bit-identical. ``tests/features/test_asof.py`` holds it to the event-by-event replay.
+
+Why the skipped tiles, ring slots and key expiry of the stores change nothing here: an update is
+skipped or overwritten only when no read at or after its arrival covers its tile (``tiles.place``,
+``tiles.ring_size``), and a key expires only after its TTL of silence, by which time a redelivery
+of one of its events is dead-lettered as late anyway.
+
+Inputs it does not take (events of several sources, nested ``{"d": ...}`` entries, Redis Stream
+maps) return ``None``, and the builder replays them through the store instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from redline.features.definitions import FeatureView
+from redline.features.events import (
+    MAX_TS_MS,
+    MIN_TS_MS,
+    EventDecoder,
+    _coerce,
+    entity_id_of,
+    event_id_of,
+    stable_id,
+    to_ms,
+)
+from redline.features.tiles import admitted_array
+
+ARRIVAL = "_arrival_ms"
+CHUNK = 2_000_000  # gathered (row, event) pairs per step: bounds memory on dense windows
+_POW2 = np.array([2.0 ** -r for r in range(256)])  # exactly hll_estimate's terms
+
+
+class Column:
+    """One field of every event: a numpy array of a plain dtype (``arr``; NaN/NaT are absent
+    cells) or Python values (``obj``; ``None`` is absent), as the decoder would receive them."""
+
+    __slots__ = ("arr", "obj", "n", "text")
+
+    def __init__(self, n: int, arr: np.ndarray | None = None, obj: list[Any] | None = None,
+                 text: bool = False):
+        self.n, self.arr, self.obj = n, arr, obj
+        self.text = text  # obj holds only str and None
+
+    def is_text(self) -> bool:
+        return self.text or (self.obj is not None
+                             and all(type(v) is str or v is None for v in self.obj))
+
+
+def frame_value(v: Any) -> Any:
+    """A DataFrame cell as the decoder gets it: a missing cell (None/NaN/NaT) is ``None``, numpy
+    scalars become Python ones."""
+    if v is None or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if hasattr(v, "item") and not isinstance(v, str | bytes):
+        return v.item()
+    return v
+
+
+def _series_column(s: pd.Series) -> Column:
+    dt = s.dtype
+    if isinstance(dt, np.dtype) and dt.kind in "iufb":
+        return Column(len(s), arr=s.to_numpy())
+    if isinstance(dt, np.dtype | pd.DatetimeTZDtype) and dt.kind == "M":
+        return Column(len(s), arr=s.array)  # type: ignore[arg-type]
+    obj = s.to_numpy(dtype=object)
+    if isinstance(dt, pd.StringDtype):  # text or missing: nothing else to convert
+        obj[pd.isna(obj)] = None
+        return Column(len(s), obj=obj.tolist(), text=True)
+    return Column(len(s), obj=[frame_value(v) for v in obj])
+
+
+def columns(events: Any, names: Sequence[str], source: str
+            ) -> tuple[dict[str, Column], np.ndarray, bool] | None:
+    """(column per name, rows that are events, flat) — ``None`` for inputs left to the replay."""
+    from redline.features.offline import EventLog
+
+    if isinstance(events, pd.DataFrame):
+        n = len(events)
+        if "source" in events.columns and not _one_source(events["source"].tolist(), source):
+            return None
+        cols = {c: (_series_column(events[c]) if c in events.columns else Column(n, obj=[None] * n))
+                for c in names}
+        return cols, np.ones(n, dtype=bool), False
+    log = events if isinstance(events, EventLog) else EventLog(list(events))
+    rows: list[Any] = []
+    ok = np.ones(len(log.raws), dtype=bool)
+    for i, raw in enumerate(log.raws):
+        if isinstance(raw, bytes | str):
+            try:
+                raw = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raw = None
+        if not isinstance(raw, dict):
+            if isinstance(raw, Mapping):
+                return None  # another mapping type: left to the decoder
+            ok[i] = False
+            rows.append({})
+            continue
+        if len(raw) == 1 and ("d" in raw or b"d" in raw):
+            return None  # a nested entry
+        rows.append(raw)
+    if any(isinstance(k, bytes) for r in rows[:1000] for k in r):
+        return None  # a Redis Stream map
+    if not _one_source([r.get("source") for r in rows], source):
+        return None
+    cols = {c: Column(len(rows), obj=[r.get(c) for r in rows]) for c in names}
+    return cols, ok, log.flat
+
+
+def _one_source(values: list[Any], source: str) -> bool:
+    return all(v is None or v == source or (isinstance(v, float) and math.isnan(v))
+               for v in values)
+
+
+def _per_value(col: Column, fn: Callable[[Any], Any]) -> list[Any]:
+    obj = col.obj if col.obj is not None else [frame_value(v) for v in col.arr]  # type: ignore[union-attr]
+    return [None if v is None else fn(v) for v in obj]
+
+
+def _mask(vals: list[Any]) -> np.ndarray:
+    return np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
+
+
+def times_ms(col: Column) -> tuple[np.ndarray, np.ndarray]:
+    """(valid, epoch ms) of a time column, by ``events.to_ms``'s rules."""
+    a = col.arr
+    if a is not None and not isinstance(a, np.ndarray):  # datetimes (tz-aware or not)
+        unit = getattr(a, "unit", "ns")
+        i8 = np.asarray(a.asi8, dtype=np.int64)  # type: ignore[attr-defined]
+        ok = i8 != np.iinfo(np.int64).min  # NaT
+        per = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
+        ms = i8 * 1000 if per is None else np.floor_divide(i8, per)
+        return ok & (ms >= MIN_TS_MS) & (ms <= MAX_TS_MS), ms
+    if a is not None and a.dtype.kind == "i":
+        return (a >= MIN_TS_MS) & (a <= MAX_TS_MS), a.astype(np.int64)
+    if a is not None and a.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            fl = np.floor(a)
+            ok = np.isfinite(a) & (fl >= MIN_TS_MS) & (fl <= MAX_TS_MS)
+        return ok, np.where(ok, fl, 0).astype(np.int64)
+    if col.obj is not None and all(type(v) is int for v in col.obj):
+        if not col.obj or (min(col.obj) >= MIN_TS_MS and max(col.obj) <= MAX_TS_MS):
+            return np.ones(col.n, dtype=bool), np.array(col.obj, dtype=np.int64)
+    vals = _per_value(col, to_ms)
+    ok = _mask(vals)
+    return ok, np.array([v if v is not None else 0 for v in vals], dtype=np.int64)
+
+
+class Field:
+    """A schema field coerced like ``events._coerce``: which events have a valid value, the value
+    as a double (what numeric aggregates add), and the Python value (what a distinct counts)."""
+
+    def __init__(self, col: Column, typ: str, flat: bool) -> None:
+        self.typ = typ
+        a = col.arr
+        self.py: list[Any] | None = None
+        if a is not None and isinstance(a, np.ndarray) and not flat:
+            kind = a.dtype.kind
+            if typ == "float" and kind in "iuf":
+                x = a.astype(np.float64)
+                self.ok, self.x = np.isfinite(x), x
+                return
+            if typ == "int" and kind in "iu":
+                self.ok, self.x = np.ones(len(a), dtype=bool), a.astype(np.float64)
+                self.ints = a
+                return
+            if typ == "int" and kind == "f":
+                with np.errstate(invalid="ignore"):
+                    self.ok = np.isfinite(a) & (np.floor(a) == a)
+                self.x = np.where(self.ok, a, 0.0)
+                return
+            if typ == "bool" and kind == "b":
+                self.ok, self.x = np.ones(len(a), dtype=bool), a.astype(np.float64)
+                return
+            if kind in "iufb":  # a number where a string is due, a bool where a number is...
+                self.ok, self.x = np.zeros(len(a), dtype=bool), np.zeros(len(a))
+                return
+        if (a is None and typ == "float" and not flat and col.obj
+                and all(type(v) is float for v in col.obj)):
+            x = np.array(col.obj, dtype=np.float64)
+            self.ok, self.x = np.isfinite(x), x
+            return
+        py: list[Any]
+        if typ == "str" and col.obj is not None and col.is_text():
+            py = col.obj  # text is a valid str value as it is (JSON, CSV or a frame)
+        else:
+            py = _per_value(col, lambda v: _coerce(v, typ, flat))
+        self.py = py
+        self.ok = _mask(py)
+        if typ in ("int", "float", "bool"):
+            self.x = np.array([float(v) if v is not None else 0.0 for v in py])
+        else:
+            self.x = np.zeros(col.n)
+
+    def value(self, i: int) -> Any:
+        """The Python value of event ``i`` (valid events only), of the field's type."""
+        if self.py is not None:
+            return self.py[i]
+        v = float(self.x[i])
+        if self.typ == "int":
+            return int(self.ints[i]) if hasattr(self, "ints") else int(v)
+        if self.typ == "bool":
+            return bool(v)
+        return v
+
+
+class Ids:
+    """An id column (entity or event id) as codes into its distinct texts; ``ok``: valid ids."""
+
+    def __init__(self, col: Column, fn: Callable[[Any], str | None]) -> None:
+        a = col.arr
+        if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "fb":
+            # a float or a bool is no id
+            self.ok, self.codes, self.texts = (np.zeros(col.n, dtype=bool),
+                                               np.full(col.n, -1, dtype=np.int64), [])
+            return
+        obj = col.obj
+        if not col.is_text():
+            obj = _per_value(col, fn)  # every value through the decoder's rule, then as texts
+        codes, uniq = pd.factorize(np.array(obj, dtype=object))  # None: -1
+        self.texts = [str(u) for u in uniq]
+        good = np.array([t != "" for t in self.texts] + [False], dtype=bool)
+        self.codes = codes.astype(np.int64)
+        self.ok = good[self.codes]  # code -1 picks the trailing False
+
+
+class Decoded:
+    """The admitted events of one source, as columns (file order)."""
+
+    def __init__(self, decoder: EventDecoder, events: Any) -> None:
+        plan = next(iter(decoder.plans.values()))
+        self.plan = plan
+        src = plan.source
+        names = [src.timestamp, plan.join_key, *[f for f, _ in plan.fields], ARRIVAL]
+        if plan.event_id:
+            names.append(plan.event_id)
+        got = columns(events, names, src.name)
+        self.ready = got is not None
+        if got is None:
+            return
+        cols, ok, flat = got
+        ts_ok, ts = times_ms(cols[src.timestamp])
+        ar_ok, ar = times_ms(cols[ARRIVAL])
+        arrival = np.where(ar_ok, ar, np.where(ts_ok, ts, 0))
+        ok &= ts_ok
+        ent = Ids(cols[plan.join_key], entity_id_of)
+        ok &= ent.ok
+        self.fields = {f: Field(cols[f], t, flat) for f, t in plan.fields}
+        for fld in self.fields.values():
+            ok &= fld.ok
+        if plan.event_id:
+            ev = Ids(cols[plan.event_id], event_id_of)
+            ok &= ev.ok
+        ok &= admitted_array(ts, arrival, plan.lateness_ms, plan.skew_ms)
+        self.index = np.flatnonzero(ok)  # file positions of the admitted events
+        self.ts, self.arrival = ts[self.index], arrival[self.index]
+        self.entity = ent.codes[self.index]
+        self.entity_texts = ent.texts
+        self.entity_ids = {t: c for c, t in enumerate(ent.texts)}
+        if plan.event_id:
+            self.ident_codes = ev.codes[self.index]
+            self.ident_texts = ev.texts
+
+    def stable_id(self, k: int) -> int:
+        """``events`` stable id of admitted event ``k`` (the decoder's, for ties of ``last``)."""
+        plan = self.plan
+        if plan.event_id:
+            ident = self.ident_texts[int(self.ident_codes[k])]
+            return stable_id([plan.name_bytes, b"id", ident.encode()])
+        i = int(self.index[k])
+        values = {f: self.fields[f].value(i) for f, _ in plan.fields}
+        return plan.stable_id(int(self.ts[k]), self.entity_texts[int(self.entity[k])], values)
+
+
+def _fresh(dec: Decoded, view: FeatureView) -> np.ndarray:
+    """Which admitted events a view's key applies: the first of each event id, and again only
+    when it arrives more than the dedup window after the last applied one (the stores' rule).
+    Only events that update some tile of the view are remembered (as a store records ids)."""
+    n = len(dec.ts)
+    fresh = np.ones(n, dtype=bool)
+    dedup = dec.plan.dedup_ms
+    if not dec.plan.event_id or dedup <= 0 or n == 0:
+        return fresh
+    placed = np.zeros(n, dtype=bool)
+    for g in view.layout().groups:
+        placed |= dec.ts // g.tile_ms >= dec.arrival // g.tile_ms - g.tiles + 1
+    cand = np.flatnonzero(placed)
+    order = cand[np.lexsort((cand, dec.arrival[cand], dec.ident_codes[cand], dec.entity[cand]))]
+    key_e, key_i = dec.entity[order], dec.ident_codes[order]
+    same = (key_e[1:] == key_e[:-1]) & (key_i[1:] == key_i[:-1])
+    starts = np.flatnonzero(np.r_[True, ~same])
+    ends = np.r_[starts[1:], len(order)]
+    for s, e in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist(),
+                    strict=True):
+        last = None
+        for k in order[s:e].tolist():
+            a = int(dec.arrival[k])
+            if last is None or a - last > dedup:
+                last = a
+            else:
+                fresh[k] = False
+    return fresh
+
+
+def _neumaier(x: np.ndarray, seg: np.ndarray, starts: np.ndarray, nseg: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment, ``aggregates._neumaier`` over its values in order, all segments at once."""
+    s = np.zeros(nseg)
+    c = np.zeros(nseg)
+    if len(x) == 0:
+        return s, c
+    r = np.arange(len(x)) - starts[seg]
+    by_r = np.argsort(r, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(r))]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for p in range(len(bounds) - 1):
+            ii = by_r[bounds[p]:bounds[p + 1]]
+            sg, xv = seg[ii], x[ii]
+            sv = s[sg]
+            t = sv + xv
+            comp = np.where(np.abs(sv) >= np.abs(xv), (sv - t) + xv, (xv - t) + sv)
+            c[sg] += np.where(np.isinf(t), 0.0, comp)
+            s[sg] = t
+    return s, c
+
+
+class _Linear:
+    """``hll_estimate``'s linear-counting branch by the number of zero registers (math.log)."""
+
+    def __init__(self, m: int) -> None:
+        self.table = np.array([m * math.log(m / z) if z else math.nan for z in range(m + 1)])
+
+
+def _distinct(reg: np.ndarray, rank: np.ndarray, seg: np.ndarray, nseg: int) -> np.ndarray:
+    """``aggregates.hll_estimate`` of each segment's registers, the same operations in order."""
+    m = 256
+    regs = np.zeros((nseg, m), dtype=np.uint8)
+    np.maximum.at(regs, (seg, reg), rank)
+    z = np.zeros(nseg)
+    for j in range(m):  # in register order, as hll_estimate adds
+        z = z + _POW2[regs[:, j]]
+    zeros = (regs == 0).sum(axis=1)
+    alpha = 0.7213 / (1.0 + 1.079 / m)
+    e = alpha * m * m / z
+    lin = _Linear(m).table[zeros]
+    return np.where((e <= 2.5 * m) & (zeros > 0), lin, e)
+
+
+def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequence[str]
+                ) -> np.ndarray:
+    """(rows, outputs) float64: what a memory store fed the events answers per label row."""
+    lay = view.layout()
+    nrows = len(times)
+    out = np.empty((nrows, len(lay.outputs)))
+    sel = np.flatnonzero(_fresh(dec, view))
+    kinds = {o.kind for o in lay.outputs}
+    ent, ts, ar = dec.entity[sel], dec.ts[sel], dec.arrival[sel]
+    # one sorted key (entity, event time): the time itself when the product fits in int64,
+    # else its rank among the distinct times
+    t_lo = int(ts.min()) if len(ts) else 0
+    t_span = (int(ts.max()) - t_lo + 2) if len(ts) else 2
+    nent = len(dec.entity_texts) + 1
+    if nent * t_span < 2**62:
+        span = t_span
+
+        def rank(bound: np.ndarray) -> np.ndarray:
+            return np.clip(bound - t_lo, 0, t_span - 1)
+        key = ent * span + (ts - t_lo)
+    else:
+        uts = np.unique(ts)
+        span = len(uts) + 1
+
+        def rank(bound: np.ndarray) -> np.ndarray:
+            return np.searchsorted(uts, bound)
+        key = ent * span + np.searchsorted(uts, ts)
+    order = np.argsort(key, kind="stable")
+    k2 = key[order]
+    same = np.flatnonzero(k2[1:] == k2[:-1])
+    if len(same):  # equal (entity, time): by arrival, then stable id (for last), first applied
+        at = np.unique(np.r_[same, same + 1])
+        sub = order[at]
+        sub = sub[np.lexsort((-sel[sub], ar[sub], key[sub]))]
+        tie = np.zeros(len(sub), dtype=np.int64)
+        if "last" in kinds:  # stable ids only where (entity, time, arrival) are equal
+            ks, a_sub = key[sub], ar[sub]
+            eq = np.flatnonzero((ks[1:] == ks[:-1]) & (a_sub[1:] == a_sub[:-1]))
+            for p in np.unique(np.r_[eq, eq + 1]).tolist():
+                tie[p] = dec.stable_id(int(sel[sub[p]]))
+        order[at] = sub[np.lexsort((-sel[sub], tie, ar[sub], key[sub]))]
+    sel, ent, ts, ar, key = sel[order], ent[order], ts[order], ar[order], key[order]
+    qent = np.array([dec.entity_ids.get(i, -1) for i in ids], dtype=np.int64)
+    have = qent >= 0
+    hll_pos: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for w in lay.windows:
+        g = lay.groups[w.gid]
+        outs = [(i, o) for i, o in enumerate(lay.outputs) if o.wid == w.wid]
+        lo, hi = w.window.covering_array(times)
+        base = qent * span
+        left = np.searchsorted(key, base + rank(lo * w.window.tile_ms))
+        right = np.searchsorted(key, base + rank((hi + 1) * w.window.tile_ms))
+        lengths = np.where(have, right - left, 0)
+        x = dec.fields[g.field].x[dec.index[sel]] if g.field and not g.hll else None
+        if g.hll:
+            assert g.field is not None
+            if g.field not in hll_pos:
+                hll_pos[g.field] = _hll_positions(dec, g.field, sel)
+        cum = np.cumsum(lengths)
+        r0 = 0
+        while r0 < nrows:  # rows in chunks of at most CHUNK gathered events
+            base_n = cum[r0 - 1] if r0 else 0
+            r1 = max(r0 + 1, int(np.searchsorted(cum, base_n + CHUNK, side="right")))
+            r1 = min(r1, nrows)
+            ln = lengths[r0:r1]
+            seg = np.repeat(np.arange(r1 - r0), ln)
+            offs = np.cumsum(ln) - ln
+            pos = np.arange(len(seg)) - offs[seg] + left[r0:r1][seg]
+            keep = ar[pos] <= times[r0:r1][seg]
+            seg, pos = seg[keep], pos[keep]
+            cols = [i for i, _ in outs]
+            out[r0:r1, cols] = _aggregate([o for _, o in outs], r1 - r0, seg, pos, x,
+                                          hll_pos.get(g.field or "") if g.hll else None)
+            r0 = r1
+    return out
+
+
+def _hll_positions(dec: Decoded, field: str, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    fld = dec.fields[field]
+    idx = dec.index[sel]
+    reg = np.empty(len(idx), dtype=np.int64)
+    rank = np.empty(len(idx), dtype=np.uint8)
+    hll = dec.plan.hll
+    if fld.py is None:  # a typed column: one hash per distinct value
+        _, first, inv = np.unique(fld.x[idx], return_index=True, return_inverse=True)
+        pos = [hll(field, fld.value(int(idx[f]))) for f in first.tolist()]
+        reg[:] = np.array([p[0] for p in pos], dtype=np.int64)[inv]
+        rank[:] = np.array([p[1] for p in pos], dtype=np.uint8)[inv]
+        return reg, rank
+    for k, i in enumerate(idx.tolist()):
+        reg[k], rank[k] = hll(field, fld.py[i])
+    return reg, rank
+
+
+def _aggregate(outs: list[Any], nrows: int, seg: np.ndarray, pos: np.ndarray,
+               x: np.ndarray | None, hll: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """(rows, len(outs)) values of one window's outputs from each row's events (``seg``: the row
+    of each gathered event, ascending; ``pos``: the event, in (time, arrival) order)."""
+    res = np.empty((nrows, len(outs)))
+    n = np.bincount(seg, minlength=nrows)
+    nonempty = n > 0
+    starts = np.r_[0, np.cumsum(n)[:-1]]
+    kinds = {o.kind for o in outs}
+    vals: dict[str, np.ndarray] = {"count": n.astype(np.float64)}
+    if x is not None and len(kinds - {"count", "distinct"}):
+        xv = x[pos]
+        nz = np.flatnonzero(nonempty)
+        if kinds & {"sum", "mean", "stddev"}:
+            s, c = _neumaier(xv, seg, starts, nrows)
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                vals["sum"] = np.where(nonempty, s + c, 0.0)
+                m = (s + c) / n
+                mu = np.bincount(seg, weights=xv / n[seg], minlength=nrows)
+                mean = np.where(np.isfinite(m), m, mu)
+                vals["mean"] = mean
+                dev = xv - mean[seg]
+                m2 = np.bincount(seg, weights=dev * dev, minlength=nrows)
+                vals["stddev"] = np.sqrt(np.maximum(m2, 0.0) / n)
+        ends = starts[nz] + n[nz]
+        for kind, fn in (("min", np.minimum), ("max", np.maximum)):
+            if kind in kinds:
+                v = np.full(nrows, np.nan)
+                if len(nz):
+                    v[nz] = fn.reduceat(xv, starts[nz])
+                vals[kind] = v
+        if "last" in kinds:
+            v = np.full(nrows, np.nan)
+            v[nz] = xv[ends - 1]
+            vals["last"] = v
+    if hll is not None and "distinct" in kinds:
+        reg, rank = hll
+        est = np.zeros(nrows)
+        nz = np.flatnonzero(nonempty)
+        if len(nz):
+            local = np.searchsorted(nz, seg)
+            est[nz] = _distinct(reg[pos], rank[pos], local, len(nz))
+        vals["distinct"] = est
+    for i, o in enumerate(outs):
+        v = vals[o.kind]
+        if o.kind in ("count", "sum", "distinct"):
+            res[:, i] = v
+        else:
+            res[:, i] = np.where(nonempty, v, o.default)
+    return res

@@ -1,0 +1,149 @@
+"""The offline builder's column path (``asof.py``) equals its event-by-event replay through the
+decoder and a memory store, on the inputs that make them differ if anything does: late, future,
+duplicate (with and without event ids), tied and malformed events, typed and untyped columns,
+JSON lines, CSV text and DataFrames of every dtype the decoder meets."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+
+from redline.errors import InvalidInput
+from redline.features import FeatureDefinitions
+from redline.features.offline import EventLog, build_training_set, read_events
+from tests.features.test_training_serving import DEFS, IDS_DEFS, T0, _stream, _view
+
+EXACT = ("count", "min", "max", "last", "distinct")
+
+
+def _labels(events: list[dict[str, Any]], arrivals: list[int], seed: int, n: int = 400
+            ) -> pd.DataFrame:
+    rng = random.Random(seed)
+    cards = ["c0", "c1", "c2", "c3", "nobody"]
+    times = [rng.choice(arrivals) + rng.choice([0, 0, -1, 1, 999, 5_000, 61_000])
+             for _ in range(n)]
+    times += [(a // 5000) * 5000 for a in arrivals[::25]]  # tile boundaries
+    return pd.DataFrame({"card_id": [rng.choice(cards) for _ in times], "ts": times})
+
+
+def _same(defs: FeatureDefinitions, events: Any, labels: pd.DataFrame) -> int:
+    """Compare both methods on every value; returns how many rows had events."""
+    view = defs.view("v")
+    refs = [view.ref(f) for f in view.feature_names]
+    cols = build_training_set(defs, events, labels, refs, method="columns")
+    ref = build_training_set(defs, events, labels, refs, method="replay")
+    kinds = {o.name: o.kind for o in view.layout().outputs}
+    for f in view.feature_names:
+        a, b = cols[view.ref(f)].to_numpy(), ref[view.ref(f)].to_numpy()
+        both_nan = np.isnan(a) & np.isnan(b)
+        if kinds[f] in EXACT:
+            bad = ~((a == b) | both_nan)
+        else:
+            with np.errstate(invalid="ignore"):
+                bad = ~(np.isclose(a, b, rtol=1e-9, atol=1e-9) | both_nan | (a == b))
+        assert not bad.any(), (f, np.flatnonzero(bad)[:5], a[bad][:5], b[bad][:5])
+    return int((ref[view.ref("count_1m")] > 0).sum())
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("defs", [DEFS, IDS_DEFS], ids=["no-ids", "event-ids"])
+def test_columns_equal_the_replay_on_json_lines(seed: int, defs: FeatureDefinitions) -> None:
+    events, arrivals, _ = _stream(seed, n=600)
+    if defs is IDS_DEFS:  # ids: every 7th event re-sent with its id, some beyond the window
+        for i, e in enumerate(events):
+            e["event_id"] = f"e{i % 150}"
+    log = EventLog([orjson.dumps({**e, "_arrival_ms": a})
+                    for e, a in zip(events, arrivals, strict=True)] + [b"not json", b"[1, 2]"])
+    assert _same(defs, log, _labels(events, arrivals, seed)) > 50
+
+
+def test_columns_equal_the_replay_on_dataframes_of_every_dtype() -> None:
+    events, arrivals, _ = _stream(21, n=600)
+    rows = [{**e, "_arrival_ms": a} for e, a in zip(events, arrivals, strict=True)]
+    labels = _labels(events, arrivals, 21)
+    mixed = pd.DataFrame(rows)  # amount holds "12", None and True here and there: object dtype
+    assert mixed["amount"].dtype == object
+    assert _same(DEFS, mixed, labels) > 50
+    clean = [r for r in rows if type(r["amount"]) is float]
+    typed = pd.DataFrame(clean)
+    assert typed["amount"].dtype == np.float64 and typed["n"].dtype == np.int64
+    assert _same(DEFS, typed, labels) > 50
+    gaps = typed.copy()
+    gaps.loc[::17, "n"] = np.nan  # an int field read as floats: 3.0 is the int 3, NaN is missing
+    gaps.loc[::13, "amount"] = np.inf
+    gaps.loc[::11, "card_id"] = None
+    gaps.loc[5, "n"] = 2.5
+    assert gaps["n"].dtype == np.float64
+    assert _same(DEFS, gaps, labels) > 50
+    for unit in ("s", "ms", "us", "ns"):
+        dt = typed.copy()
+        dt["ts"] = pd.to_datetime(dt["ts"], unit="ms", utc=True).astype(f"datetime64[{unit}, UTC]")
+        assert _same(DEFS, dt, labels) > 50, unit
+    naive = typed.copy()
+    naive["ts"] = pd.to_datetime(naive["ts"], unit="ms")
+    naive.loc[3, "ts"] = pd.NaT
+    assert _same(DEFS, naive, labels) > 50
+    wrong = typed.copy()
+    wrong["card_id"] = np.arange(len(wrong)) % 4  # integer ids are entity "0".."3"
+    wrong["flag"] = wrong["flag"].astype(int)  # an int where a bool is due: every event refused
+    assert _same(DEFS, wrong.assign(flag=typed["flag"]), labels.assign(
+        card_id=labels["card_id"].str[-1])) > 0
+    assert _same(DEFS, wrong, labels) == 0
+    floats = typed.assign(ts=typed["ts"].astype(float) + 0.5,
+                          _arrival_ms=typed["_arrival_ms"].astype(float))
+    assert _same(DEFS, floats, labels) > 50
+
+
+def test_columns_equal_the_replay_on_csv_text(tmp_path: Path) -> None:
+    events, arrivals, _ = _stream(31, n=500)
+    path = tmp_path / "events.csv"
+    pd.DataFrame([{**e, "_arrival_ms": a} for e, a in zip(events, arrivals, strict=True)]).to_csv(
+        path, index=False)
+    assert _same(DEFS, read_events(path), _labels(events, arrivals, 31)) > 50
+
+
+def test_ties_of_last_are_broken_like_the_store() -> None:
+    """Equal event time and arrival: the stable id decides; an identical event changes nothing."""
+    base = {"card_id": "c1", "merchant": "m", "n": 1, "flag": True, "_arrival_ms": T0 + 50}
+    rows = [{**base, "ts": T0 + 10, "amount": float(a)} for a in (5, 9, 1, 9, 7, 3)]
+    rows += [{**base, "ts": T0 + 10, "amount": 2.0, "_arrival_ms": T0 + 40}]
+    # equal times whose arrivals interleave in file order: ties are found after the arrival sort
+    rows += [{**base, "ts": T0 + 10, "amount": float(a), "_arrival_ms": T0 + 40 + 10 * (i % 2)}
+             for i, a in enumerate((11, 4, 13, 6, 8, 15))]
+    labels = pd.DataFrame({"card_id": ["c1", "c1", "c1"], "ts": [T0 + 45, T0 + 50, T0 + 60]})
+    _same(DEFS, pd.DataFrame(rows), labels)
+    _same(DEFS, pd.DataFrame(rows[::-1]), labels)
+
+
+def test_events_of_several_sources_fall_back_to_the_replay() -> None:
+    from redline.features import EventSource, FeatureView, count
+    from tests.features.test_training_serving import CARD
+
+    other = EventSource("other", CARD, {"amount": float})
+    defs = FeatureDefinitions.of([_view(), FeatureView("o", other, [count("1m")])])
+    rows = [{"source": "tx", "card_id": "c1", "amount": 1.0, "merchant": "m", "n": 1,
+             "flag": True, "ts": T0}, {"source": "other", "card_id": "c1", "amount": 2.0,
+                                       "ts": T0}]
+    labels = pd.DataFrame({"card_id": ["c1"], "ts": [T0 + 10]})
+    refs = ["v:count_1m", "o:count_1m"]
+    with pytest.raises(InvalidInput, match="replay"):
+        build_training_set(defs, pd.DataFrame(rows), labels, ["v:count_1m"], method="columns")
+    auto = build_training_set(defs, pd.DataFrame(rows), labels, refs)
+    assert auto["v:count_1m"][0] == auto["o:count_1m"][0] == 1.0
+
+
+def test_overflow_and_empty_windows_by_columns() -> None:
+    rows = [{"card_id": "c1", "merchant": "m", "n": 1, "flag": True, "ts": T0 + i,
+             "amount": 1e308} for i in range(2)]
+    labels = pd.DataFrame({"card_id": ["c1", "c1"], "ts": [T0 + 100, T0 - 1]})
+    got = build_training_set(DEFS, pd.DataFrame(rows), labels, method="columns")
+    assert got["v:amount_sum_1m"].tolist() == [math.inf, 0.0]
+    assert got["v:amount_mean_5m"][0] == 1e308 and got["v:amount_stddev_5m"][0] == 0.0
+    assert math.isnan(got["v:amount_mean_5m"][1]) and got["v:n_distinct_5m"][1] == 0.0
