@@ -177,15 +177,22 @@ class ServerMonitor:
 
         install_routes(app, self)
 
-    def prepare_loaded(self) -> None:
+    def prepare_loaded(self, wait: bool = False) -> None:
         """Drift and quality monitors for every loaded version, now: each starts calibrating
-        its drift thresholds on a background thread before the first report needs them."""
+        its drift thresholds on a background thread before the first report needs them
+        (``wait``: and returns when they are done; the server does this before its ports
+        open, so no early request competes with the calibration)."""
         keys = []
         for name in self.registry.models():
             for handle in _loaded(self.registry, name):
                 keys.append((name, str(getattr(handle, "version_str",
                                                getattr(handle, "version", "")))))
         self.windows.prepare(keys)
+        if wait:
+            for key in keys:
+                drift = self.windows.drift.get(key)
+                if drift is not None:
+                    drift.wait_calibrated()
 
     async def run(self) -> None:
         """The tick, until cancelled."""
