@@ -101,11 +101,6 @@ class ServerSettings:
     drain_timeout_s: float = 10.0
     # after SIGTERM, answer not-ready but keep serving this long before closing the listeners
     drain_grace_s: float = 0.0
-    # How long the event loop waits for the GIL while another thread of the process holds it
-    # before Python makes that thread hand it over (sys.setswitchinterval); Python's default,
-    # 5 ms, was the p99 of V2 requests at c=8 while monitoring's tick thread ran
-    # (docs/performance.md, "Serving ratios, 2026-12-01")
-    gil_switch_interval_ms: float = 0.5
 
 
 @dataclass

@@ -13,7 +13,6 @@ import gc
 import logging
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,10 +99,6 @@ class RedlineServer:
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
         gc.collect()
         gc.freeze()
-        # Another thread of this process (monitoring's per-second window work, a store ping,
-        # a model's batch thread) keeps the GIL until the loop has waited the switch interval:
-        # at Python's 5 ms that wait became the p99 under load (docs/performance.md).
-        sys.setswitchinterval(max(1e-6, server.gil_switch_interval_ms / 1000.0))
         # A value beyond a float's range becomes inf and is refused by the finite-value check
         # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
         np.seterr(over="ignore", invalid="ignore")
