@@ -119,14 +119,21 @@ def interleaved(targets: list[Target], rounds: int, slice_s: float, **load: obje
     return out
 
 
-def compare(targets: list[Target], duration: float) -> dict:
-    rounds, slice_s = 4, max(1.0, duration / 4)
+def compare(targets: list[Target], duration: float, cases: set[str] | None = None,
+            rounds: int = 4) -> dict:
+    """``cases``: which of c1, c8, open_500 and ladder to run (all by default); ``rounds``:
+    interleaved slices per side and case (the duration is split over them)."""
+    slice_s = max(1.0, duration / rounds)
     out: dict = {}
     for name, load in (("c1", {"connections": 1}), ("c8", {"connections": 8}),
                        ("open_500", {"rate": 500.0, "connections": 64})):
+        if cases is not None and name not in cases:
+            continue
         out[name] = interleaved(targets, rounds, slice_s, **load)
         print(name, {k: (v["rps"], v["p50_ms"], v["p99_ms"]) for k, v in out[name].items()},
               file=sys.stderr)
+    if cases is not None and "ladder" not in cases:
+        return out
     # The rate ladder, interleaved too; a side stops after two failed steps in a row.
     ladder: dict[str, list] = {t.label: [] for t in targets}
     misses = {t.label: 0 for t in targets}
@@ -149,9 +156,11 @@ def compare(targets: list[Target], duration: float) -> dict:
 
 
 def start_redline(args: argparse.Namespace, work: Path, procs: list, label: str = "redline",
-                  src: str | None = None) -> tuple[Target, dict]:
+                  src: str | None = None, env: dict[str, str] | None = None
+                  ) -> tuple[Target, dict]:
     """Backfill a fresh redis-server with the peer's values, register the peer's model, serve
-    (``src``: another redline tree's ``src/`` to serve instead, for before/after runs)."""
+    (``src``: another redline tree's ``src/`` to serve instead, ``env``: settings overrides
+    such as ``REDLINE_FEATURES__REDIS_LOOP_READS=false``, for before/after runs)."""
     work = work / label
     work.mkdir()
     from redline.features import load_definitions
@@ -195,12 +204,11 @@ def start_redline(args: argparse.Namespace, work: Path, procs: list, label: str 
         ["taskset", "-c", "0", sys.executable, "-m", "redline.cli", "serve", "--config",
          str(config), "--http-port", str(hport), "--no-grpc"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        # One worker process (`serve` defaults to one per core since scaling landed; a tree
-        # from before that knows no scaling settings).
-        env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src
-                              else {"REDLINE_SCALING__WORKERS": "1",
-                                    **({"REDLINE_MONITORING__ENABLED": "false"}
-                                       if args.no_monitoring else {})})}))
+        # One worker process (`serve` defaults to one per core since scaling landed).
+        env={**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src else {}),
+             "REDLINE_SCALING__WORKERS": "1",
+             **({"REDLINE_MONITORING__ENABLED": "false"} if args.no_monitoring else {}),
+             **(env or {})}))
     http = f"http://127.0.0.1:{hport}"
     wait_http(http, "/v2/health/ready")
     import httpx
@@ -285,8 +293,14 @@ def main() -> None:
     parser.add_argument("--skip-feast", action="store_true")
     parser.add_argument("--no-monitoring", action="store_true",
                         help="serve this tree with monitoring off (the request path alone)")
+    parser.add_argument("--cases", help="comma-separated subset of c1,c8,open_500,ladder")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="interleaved slices per side and case (default 4)")
     parser.add_argument("--before", help="src/ of another redline tree, served as a third "
                         "target (redline_before) interleaved with the others")
+    parser.add_argument("--before-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment of redline_before (this tree unless --before), e.g. "
+                        "REDLINE_FEATURES__REDIS_LOOP_READS=false")
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the load generator shares CPU 1 with redis, as in the peer kit
     work = Path(tempfile.mkdtemp(prefix="redline-vs-feast-"))
@@ -294,12 +308,15 @@ def main() -> None:
     try:
         target, info = start_redline(args, work, procs)
         targets = [target]
-        if args.before:
-            targets.append(start_redline(args, work, procs, "redline_before", args.before)[0])
+        if args.before or args.before_env:
+            env = dict(kv.split("=", 1) for kv in args.before_env)
+            targets.append(start_redline(args, work, procs, "redline_before", args.before,
+                                         env)[0])
         if not args.skip_feast:
             targets.append(start_feast(args, procs))
         targets.append(start_floor(work, procs))
-        out = {"redline_setup": info, **compare(targets, args.duration)}
+        cases = set(args.cases.split(",")) if args.cases else None
+        out = {"redline_setup": info, **compare(targets, args.duration, cases, args.rounds)}
         # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
         out["redline_pipeline_stats"] = httpx.get(target.url + "/v1/pipeline/stats").json()
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -195,16 +194,6 @@ class StreamConsumer:
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
-
-    def run(self, stop: Callable[[], bool] = lambda: False, max_events: int | None = None) -> None:
-        seen = 0
-        try:
-            while not stop():
-                seen += self.poll()
-                if max_events is not None and seen >= max_events:
-                    return
-        finally:
-            self.flush()
 
     def stats(self) -> dict[str, Any]:
         remote = {k.decode(): int(v) for k, v in

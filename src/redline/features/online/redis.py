@@ -102,20 +102,35 @@ class RedisReader:
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
+        if self.store.cluster:
+            now = now_ms() if now is None else now
+            n, data_keys = self.plan.keys(ids)
+            flat = guarded(self.store.url, lambda: self.cluster.read(n, data_keys, now))
+            with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
+                return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
+        n, keys, args = self.command(ids, now)
+        replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
+        return self.decode(replies, n, dtype)
+
+    def command(self, ids: EntityIds, now: int | None = None
+                ) -> tuple[int, list[str], list[Any]]:
+        """One read (single Redis, not a cluster) as the script's (rows, KEYS, ARGV), for a
+        caller that sends it on its own connection (``serving``'s event-loop reader) as
+        ``EVALSHA self.script.sha`` and parses the reply with :meth:`decode`."""
         now = now_ms() if now is None else now
         n, data_keys = self.plan.keys(ids)
-        if self.store.cluster:
-            flat = guarded(self.store.url, lambda: self.cluster.read(n, data_keys, now))
-        else:
-            nv = len(self.plan.views)
-            keys = []
-            for r in range(n):
-                row = data_keys[r * nv:(r + 1) * nv]
-                keys += row
-                keys += [cache_key(k) for k in row]
-            args = self._args(now)
-            replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
-            flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
+        nv = len(self.plan.views)
+        keys: list[str] = []
+        for r in range(n):
+            row = data_keys[r * nv:(r + 1) * nv]
+            keys += row
+            keys += [cache_key(k) for k in row]
+        return n, keys, self._args(now)
+
+    def decode(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The script's reply for ``n`` rows as (features, missing), as :meth:`read` returns."""
+        flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
         with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
             return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from redline.serving.predict.cache import FeatureNearCache
 from redline.serving.predict.fetcher import FeatureFetcher, Result
 from redline.serving.predict.plan import Route
 
+if TYPE_CHECKING:
+    from redline.serving.predict.redis_loop import LoopRedis
+
 
 class StoreSlow(Exception):
     """The store did not answer within what the request's budget allowed (seconds in args)."""
@@ -34,12 +37,15 @@ class StoreSlow(Exception):
 class FeatureRead:
     """Reads a route's features for a request; owns the worker thread and per-route fetchers."""
 
-    def __init__(self, breaker: CircuitBreaker, near: FeatureNearCache, remote: bool) -> None:
+    def __init__(self, breaker: CircuitBreaker, near: FeatureNearCache, remote: bool,
+                 loop_redis: LoopRedis | None = None) -> None:
         self.breaker = breaker
         self.near = near
-        # Remote stores are read on one worker thread, coalesced; the embedded one inline.
+        # Remote stores are read coalesced: single Redis on the event loop's own connection
+        # (``redis_loop.py``), other remote stores on one worker thread; the embedded one inline.
         self._executor = (ThreadPoolExecutor(1, thread_name_prefix="redline-features")
                           if remote else None)
+        self._loop_redis = loop_redis
         self._fetchers: dict[int, FeatureFetcher] = {}
 
     def fetcher(self, route: Route) -> FeatureFetcher | None:
@@ -47,8 +53,14 @@ class FeatureRead:
             return None
         fetcher = self._fetchers.get(id(route))
         if fetcher is None:
+            start = None
+            if self._loop_redis is not None:
+                from redline.serving.predict.redis_loop import script_read
+
+                start = script_read(self._loop_redis, route.reader)
             fetcher = self._fetchers[id(route)] = FeatureFetcher(
-                route.reader.read, self._executor, route.entity_names, self.store_call_ended)
+                route.reader.read, self._executor, route.entity_names, self.store_call_ended,
+                start=start)
         return fetcher
 
     def forget(self, route: Route) -> None:
@@ -131,6 +143,8 @@ class FeatureRead:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+        if self._loop_redis is not None:
+            self._loop_redis.close()
 
 
 async def _fetch(fetcher: FeatureFetcher, ids: dict[str, list[str]], n: int, budget: Budget,

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 Result = tuple[np.ndarray, np.ndarray]
+Start = Callable[[dict[str, list[str]], Callable[[Result | None, BaseException | None], None]],
+                 None]
 
 
 class FeatureFetcher:
@@ -39,9 +41,14 @@ class FeatureFetcher:
 
     def __init__(self, read: Callable[[dict[str, list[str]]], Result], executor: Executor,
                  entities: Sequence[str],
-                 health: Callable[[BaseException | None], None] | None = None) -> None:
+                 health: Callable[[BaseException | None], None] | None = None,
+                 *, start: Start | None = None) -> None:
         self._read = read
         self._executor = executor
+        # ``start(ids, done)`` begins a read on the event loop itself and calls ``done(result,
+        # exc)`` there (``redis_loop.py``: Redis over the loop's own socket); without it
+        # ``read`` runs on ``executor``.
+        self._start = start
         self._entities = list(entities)
         self._health = health
         self._pending: list[tuple[dict[str, list[str]], int, asyncio.Future[Result]]] = []
@@ -73,12 +80,23 @@ class FeatureFetcher:
         self._busy = True
         self.calls += 1
         self.requests += len(batch)
+        if self._start is not None:
+            def finished(result: Result | None, exc: BaseException | None) -> None:
+                self._done(batch, index, result, exc)
+
+            try:
+                self._start(merged, finished)
+            except Exception as exc:  # noqa: BLE001 - e.g. bad ids: the waiters get the error
+                self._done(batch, index, None, exc)
+            return
         loop = self._loop
         assert loop is not None
         work = self._executor.submit(self._read, merged)
 
         def done(f: ThreadFuture[Result]) -> None:
-            loop.call_soon_threadsafe(self._done, batch, index, f)
+            exc = f.exception()
+            loop.call_soon_threadsafe(self._done, batch, index,
+                                      None if exc is not None else f.result(), exc)
 
         work.add_done_callback(done)
 
@@ -102,9 +120,8 @@ class FeatureFetcher:
         return merged, index
 
     def _done(self, batch: list[Any], index: list[np.ndarray] | None,
-              work: ThreadFuture[Result]) -> None:
+              result: Result | None, exc: BaseException | None) -> None:
         self._busy = False
-        exc = work.exception()
         if self._health is not None:
             self._health(exc)
         if exc is not None:
@@ -114,9 +131,10 @@ class FeatureFetcher:
         elif index is None:
             future = batch[0][2]
             if not future.done():
-                future.set_result(work.result())
+                future.set_result(result)
         else:
-            feats, missing = work.result()
+            assert result is not None
+            feats, missing = result
             for (_, _, future), rows_at in zip(batch, index, strict=True):
                 if not future.done():
                     future.set_result((feats[rows_at], missing[rows_at]))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
@@ -47,6 +47,9 @@ from redline.serving.predict.sessions import SessionState, SessionStore
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
 
+if TYPE_CHECKING:
+    from redline.serving.predict.redis_loop import LoopRedis
+
 log = logging.getLogger("redline.serving.predict")
 
 PRIMARY, FALLBACK, CACHE, DEFAULT = "primary", "fallback", "cache", "default"
@@ -71,7 +74,8 @@ class PredictPipeline:
         near = FeatureNearCache(cache.feature_cache_entries, cache.feature_cache_max_staleness_ms,
                                 cache.feature_cache_fallback_staleness_ms)
         self.features = FeatureRead(self.breaker, near, remote=store is not None
-                                    and store.kind != "memory")
+                                    and store.kind != "memory",
+                                    loop_redis=_loop_redis(store, settings))
         self.sessions = sessions
         self.sessions_shared = sessions.kind == "redis"
         self.max_instances = cfg.max_instances
@@ -345,6 +349,19 @@ class PredictPipeline:
         self.features.close()
         if self.store is not None and self.store.kind != "memory":
             self.store.close()
+
+
+def _loop_redis(store: OnlineStore | None, settings: Settings) -> LoopRedis | None:
+    """The event loop's own Redis connection for feature reads, where it applies (a single
+    Redis over plain TCP and ``features.redis_loop_reads``); else reads use a worker thread."""
+    if store is None or store.kind != "redis" or not settings.features.redis_loop_reads:
+        return None
+    from redline.features.online.redis import RedisStore
+    from redline.serving.predict.redis_loop import LoopRedis, supports
+
+    if not isinstance(store, RedisStore) or store.cluster or not supports(store.url):
+        return None
+    return LoopRedis(store.url, settings.features.redis_timeout_ms / 1000.0)
 
 
 def _mark(record: RequestRecord, stage: str, since: int) -> int:
