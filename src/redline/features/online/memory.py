@@ -9,13 +9,14 @@ value equals the fresh merge of the tiles up to float rounding (counts exactly).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from redline.features.aggregates import NumericTile, hll_estimate
+from redline.features.aggregates import LT, N, NumericTile, hll_estimate
 from redline.features.definitions import FeatureView, ViewLayout
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
@@ -75,6 +76,15 @@ def outputs(state: _KeyState, layout: ViewLayout) -> np.ndarray:
     return out
 
 
+def newest_event(state: _KeyState) -> float:
+    """The greatest event time (``last``'s) of the numeric windows merged for the last read."""
+    best = -math.inf
+    for m in state.merged:
+        if isinstance(m, NumericTile) and m[N] > 0 and m[LT] > best:
+            best = m[LT]
+    return best if best != -math.inf else math.nan
+
+
 class MemoryReader:
     def __init__(self, store: MemoryStore, plan: ReadPlan, cache: bool = True) -> None:
         self.store = store
@@ -88,6 +98,19 @@ class MemoryReader:
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
+        feats, missing, _ = self._read(ids, now, dtype, False)
+        return feats, missing
+
+    def read_timed(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`read` and, per row and view, the newest event time (epoch ms, NaN: none) of
+        the tiles the read merged — the same value the Redis store's read returns."""
+        feats, missing, newest = self._read(ids, now, dtype, True)
+        assert newest is not None
+        return feats, missing, newest
+
+    def _read(self, ids: EntityIds, now: int | None, dtype: type, timed: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         now = now_ms() if now is None else now
         n, keys = self.plan.keys(ids)
         nv = len(self.layouts)
@@ -96,6 +119,7 @@ class MemoryReader:
         defaults = self.defaults
         parts: list[np.ndarray] = []
         missing = np.ones(n, dtype=bool)
+        newest = np.full((n, nv), np.nan) if timed else None
         data = self.store.data
         for r in range(n):
             for j in range(nv):
@@ -112,9 +136,11 @@ class MemoryReader:
                             state.cache_at = ats[j] if state.layout is not None else None
                         out = outputs(state, self.layouts[j])
                 parts.append(out)
+                if newest is not None:
+                    newest[r, j] = newest_event(state)
         full = np.concatenate(parts).reshape(n, self.plan.width)
         with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
-            return full[:, self.plan.take].astype(dtype), missing
+            return full[:, self.plan.take].astype(dtype), missing, newest
 
 
 class MemoryStore:

@@ -85,32 +85,50 @@ class RedisReader:
         except _ERRORS:
             pass  # Redis is down now: the first read raises StoreUnavailable
         self.windows = [w.window for v in plan.views for w in v.layout().windows]
-        self.row_width = 1 + plan.width
+        # a row of the reply: any data, every view's outputs, one newest event time per view
+        self.row_width = 1 + plan.width + len(plan.views)
+        self._tile_sizes = sorted({w.tile_ms for ws in self.view_windows for w in ws})
+        self._args_at: tuple[tuple[int, ...], list[Any]] | None = None
         if store.cluster:
             self.cluster = _ClusterRead(self, cache)
 
     def _args(self, now: int, views: Sequence[int] | None = None) -> list[Any]:
+        if views is None:  # the same for every read until a tile boundary passes: kept
+            at = tuple(now // t for t in self._tile_sizes)
+            last = self._args_at
+            if last is not None and last[0] == at:
+                return last[1]
         picked = range(len(self.plan.views)) if views is None else views
+        # "#t": the cached result's layout (outputs, then the newest event time)
         args: list[Any] = [
-            "|".join(str(w.covering(now)[1]) for w in self.view_windows[j]) + "#" for j in picked]
+            "|".join(str(w.covering(now)[1]) for w in self.view_windows[j]) + "#t"
+            for j in picked]
         for j in picked:
             for w in self.view_windows[j]:
                 lo, hi = w.covering(now)
                 args.append(lo)
                 args.append(hi)
+        if views is None:
+            self._args_at = (at, args)
         return args
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
              ) -> tuple[np.ndarray, np.ndarray]:
+        feats, missing, _ = self.read_timed(ids, now, dtype)
+        return feats, missing
+
+    def read_timed(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`read` and, per row and view, the newest event time (epoch ms, NaN: none) of
+        the tiles the read merged — the feature age at read is ``now`` minus it."""
         if self.store.cluster:
             now = now_ms() if now is None else now
             n, data_keys = self.plan.keys(ids)
             flat = guarded(self.store.url, lambda: self.cluster.read(n, data_keys, now))
-            with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
-                return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
+            return self._split(flat, dtype)
         n, keys, args = self.command(ids, now)
         replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
-        return self.decode(replies, n, dtype)
+        return self.decode_timed(replies, n, dtype)
 
     def command(self, ids: EntityIds, now: int | None = None
                 ) -> tuple[int, list[str], list[Any]]:
@@ -130,9 +148,21 @@ class RedisReader:
     def decode(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
                ) -> tuple[np.ndarray, np.ndarray]:
         """The script's reply for ``n`` rows as (features, missing), as :meth:`read` returns."""
-        flat = np.frombuffer(b"".join(replies), dtype="<f8").reshape(n, self.row_width)
+        feats, missing, _ = self.decode_timed(replies, n, dtype)
+        return feats, missing
+
+    def decode_timed(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The script's reply as :meth:`read_timed` returns it."""
+        return self._split(np.frombuffer(b"".join(replies), dtype="<f8").reshape(
+            n, self.row_width), dtype)
+
+    def _split(self, flat: np.ndarray, dtype: type
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        width = self.plan.width
         with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as documented
-            return flat[:, 1:][:, self.plan.take].astype(dtype), flat[:, 0] == 0
+            feats: np.ndarray = flat[:, 1:1 + width][:, self.plan.take].astype(dtype)
+        return feats, flat[:, 0] == 0, flat[:, 1 + width:]
 
 
 class _ClusterRead:
@@ -194,6 +224,7 @@ class _ClusterRead:
             results = [[(gi, rows, self.scripts[gi](keys=self._keys(gi, rows, data_keys, nv),
                                                     args=args[gi]))
                         for gi, _slot, rows in todo] for todo in by_node.values()]
+        width = int(self.offsets[-1])
         for node_results in results:
             for gi, rows, replies in node_results:
                 for r, rep in zip(rows, replies, strict=True):
@@ -204,6 +235,9 @@ class _ClusterRead:
                         w = int(self.offsets[j + 1] - self.offsets[j])
                         out[r, 1 + self.offsets[j]:1 + self.offsets[j + 1]] = vals[pos:pos + w]
                         pos += w
+                    for j in self.groups[gi]:  # then the group's newest event times
+                        out[r, 1 + width + j] = vals[pos]
+                        pos += 1
         return out
 
     def _keys(self, gi: int, rows: list[int], data_keys: list[str], nv: int) -> list[str]:

@@ -276,6 +276,18 @@ return {acked, accepted, dead}
 
 _FIELDS = ("n", "s", "c", "mu", "m2", "mn", "mx", "lt", "la", "li", "lv")
 
+# ``merge`` of PARTIALS restricted to (n, sum, compensation): its first lines, on those values
+# only (no other field of ``merge`` feeds them), for windows that output only counts and sums.
+MERGE_NS = r"""
+local function merge_ns(n, s, c, n2, s2, c2)
+  if n2 == 0 then return n, s, c end
+  if n == 0 then return n2, s2, c2 end
+  s, c = neu(s, c, s2)
+  s, c = neu(s, c, c2)
+  return n + n2, s, c
+end
+"""
+
 
 def _acc(w: int) -> str:
     return ", ".join(f"{v}{w}" for v in _FIELDS)
@@ -286,31 +298,43 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
 
     KEYS per entity: the views' tile hashes, then their result-cache keys. ARGV: one signature per
     view (its windows' current tiles), then each window's covering tile range (lo, hi) — all
-    computed in Python by ``tiles.py``. Each entity's reply is ``pack(any_data, outputs...)``.
+    computed in Python by ``tiles.py``. Each entity's reply is ``pack(any_data, outputs...,
+    newest...)``: after every view's outputs, one newest event time per view (epoch ms, NaN when
+    none): the greatest ``last`` event time of the numeric tiles the read merged, for the feature
+    age at read (distinct-only views have none).
 
-    The result cache holds a view's outputs for one signature; writes delete it, and a new tile
-    changes the signature, so a hit returns exactly what merging the tiles would.
+    The result cache holds a view's outputs and newest time for one signature; writes delete it,
+    and a new tile changes the signature, so a hit returns exactly what merging the tiles would.
+
+    A window whose outputs are only counts and sums merges with ``merge_ns`` — ``merge``
+    restricted to (n, sum, compensation), the same operations on those three values — instead
+    of the full record.
     """
     nv = len(views)
-    lines = [PARTIALS, "local unpack_, pack = struct.unpack, struct.pack",
+    lines = [PARTIALS, MERGE_NS, "local unpack_, pack = struct.unpack, struct.pack",
              f"local nv = {nv}", "local A = {}",
              "for i = 1, #ARGV do A[i] = tonumber(ARGV[i]) end",
              "local replies = {}",
              f"for base = 0, #KEYS - 1, {2 * nv} do",
-             "  local out = {0}"]
+             "  local out = {0}",
+             "  local NW = {}"]
     argi = nv + 1
     for j, view in enumerate(views):
         lay = view.layout()
         nout = len(lay.outputs)
-        fmt = "<" + "d" * nout
+        fmt = "<" + "d" * (nout + 1)
+        kinds = {w.wid: {o.kind for o in lay.outputs if o.wid == w.wid} for w in lay.windows}
+        small = {wid for wid, ks in kinds.items() if ks <= {"count", "sum"}}
         lines.append("  do")
         lines.append("    local hit = false")
+        lines.append("    local newest = -INF")
         if cache:
             lines.append(f"    local sig = ARGV[{j + 1}]")
             lines.append(f"    local m = redis.call('GET', KEYS[base + {nv + j + 1}])")
             lines.append("    if m and string.sub(m, 1, #sig) == sig then")
             lines.append(f"      local t = {{unpack_('{fmt}', m, #sig + 1)}}")
             lines.append(f"      for i = 1, {nout} do out[#out + 1] = t[i] end")
+            lines.append(f"      newest = t[{nout + 1}]")
             lines.append("      out[1] = 1")
             lines.append("      hit = true")
             lines.append("    end")
@@ -325,12 +349,16 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
             if g.hll:
                 lines.append(f"    local h{w.wid} = {{}}")
                 lines.append(f"    for i = 1, 256 do h{w.wid}[i] = 0 end")
+            elif w.wid in small:
+                lines.append(f"    local n{w.wid}, s{w.wid}, c{w.wid} = 0, 0.0, 0.0")
             else:
                 lines.append(f"    local {_acc(w.wid)} = "
                              "0, 0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, -INF, -INF, 0/0")
         lines.append("    for _, v in ipairs(vals) do")
-        # numeric tiles are 104 bytes: one unpack gives group, tile and the record
-        lines.append(f"      if #v == {NUMERIC_TILE_BYTES} then")
+        # numeric tiles are 104 bytes: group, tile and the record, one unpack (measured: reading
+        # group and tile first to skip uncovered records cost more than it saved)
+        lines.append("      local len = #v")
+        lines.append(f"      if len == {NUMERIC_TILE_BYTES} then")
         lines.append("        local gid, idx, n, s, c, mu, m2, mn, mx, lt, la, li, lv = "
                      "unpack_('<ddddddddddddd', v)")
         first = True
@@ -340,14 +368,22 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 continue
             lines.append(f"        {'if' if first else 'elseif'} gid == {g.gid} then")
             first = False
+            cover = " or ".join(f"(idx >= lo{w.wid} and idx <= hi{w.wid})" for w in wins)
+            lines.append(f"          if {cover} then")
+            lines.append("            if n > 0 and lt > newest then newest = lt end")
             for w in wins:
-                lines.append(f"          if idx >= lo{w.wid} and idx <= hi{w.wid} then")
-                lines.append(f"            {_acc(w.wid)} = merge({_acc(w.wid)}, "
-                             "n, s, c, mu, m2, mn, mx, lt, la, li, lv)")
-                lines.append("          end")
+                lines.append(f"            if idx >= lo{w.wid} and idx <= hi{w.wid} then")
+                if w.wid in small:
+                    lines.append(f"              n{w.wid}, s{w.wid}, c{w.wid} = merge_ns("
+                                 f"n{w.wid}, s{w.wid}, c{w.wid}, n, s, c)")
+                else:
+                    lines.append(f"              {_acc(w.wid)} = merge({_acc(w.wid)}, "
+                                 "n, s, c, mu, m2, mn, mx, lt, la, li, lv)")
+                lines.append("            end")
+            lines.append("          end")
         if not first:
             lines.append("        end")
-        lines.append("      elseif #v == 272 then  -- HyperLogLog tiles (other fields: offsets)")
+        lines.append("      elseif len == 272 then  -- HyperLogLog tiles (other fields: offsets)")
         lines.append("        local gid, idx = unpack_('<dd', v)")
         for g in lay.groups:
             wins = [w for w in lay.windows if w.gid == g.gid]
@@ -383,13 +419,18 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 }[o.kind]
                 expr = f"pick(n{wi}, {d}, {val})"
             lines.append(f"    out[#out + 1] = {expr}")
+        lines.append("    if newest == -INF then newest = 0/0 end")
         if cache:
             lines.append("    if #vals > 0 then")
+            lines.append("      out[#out + 1] = newest  -- cached after the outputs, then dropped")
             lines.append(f"      redis.call('SET', KEYS[base + {nv + j + 1}], sig .. "
                          f"pack('{fmt}', unpack(out, start, #out)), 'PX', {lay.ttl_ms})")
+            lines.append("      out[#out] = nil")
             lines.append("    end")
         lines.append("    end")
+        lines.append(f"    NW[{j + 1}] = newest")
         lines.append("  end")
+    lines.append(f"  for j = 1, {nv} do out[#out + 1] = NW[j] end")
     lines.append("  replies[#replies + 1] = pack('<' .. string.rep('d', #out), unpack(out))")
     lines.append("end")
     lines.append("return replies")

@@ -58,9 +58,9 @@ class FeatureRead:
                 from redline.serving.predict.redis_loop import script_read
 
                 start = script_read(self._loop_redis, route.reader)
+            read = getattr(route.reader, "read_timed", route.reader.read)  # with the age
             fetcher = self._fetchers[id(route)] = FeatureFetcher(
-                route.reader.read, self._executor, route.entity_names, self.store_call_ended,
-                start=start)
+                read, self._executor, route.entity_names, self.store_call_ended, start=start)
         return fetcher
 
     def forget(self, route: Route) -> None:
@@ -75,7 +75,9 @@ class FeatureRead:
 
     async def read(self, route: Route, ids: dict[str, list[str]], n: int, budget: Budget,
                    reserve_s: float, reasons: list[str]) -> Result:
-        """(n × features float32 in the route's column order, bool mask of missing entities)."""
+        """(n × features float32 in the route's column order, bool mask of missing entities)
+        and, when the store answered (not the near cache or defaults), n × views newest event
+        times (epoch ms, NaN: none) for the feature age at read."""
         reader = route.reader
         if reader is None:
             return np.zeros((n, 0), np.float32), np.zeros(n, bool)
@@ -91,7 +93,7 @@ class FeatureRead:
             try:
                 if fetcher is None:
                     try:
-                        feats, missing = reader.read(ids)  # the embedded store: inline
+                        got = getattr(reader, "read_timed", reader.read)(ids)  # inline
                     except InvalidInput:
                         self.breaker.success()  # the store answered; the input was wrong
                         raise
@@ -100,7 +102,7 @@ class FeatureRead:
                         raise
                     self.store_call_ended(None)
                 else:
-                    feats, missing = await _fetch(fetcher, ids, n, budget, reserve_s)
+                    got = await _fetch(fetcher, ids, n, budget, reserve_s)
             except InvalidInput:
                 raise
             except StoreSlow as exc:
@@ -109,9 +111,10 @@ class FeatureRead:
                 reason = f"feature store unavailable ({type(exc).__name__})"
             else:
                 if near is not None:
+                    feats, missing = got[0], got[1]
                     for r in range(n):
                         near.put(keys[r], feats[r], bool(missing[r]))
-                return feats, missing
+                return got
         else:
             reason = "feature store circuit open"
         return self._degraded(route, keys, n, near, reason, reasons)

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-Result = tuple[np.ndarray, np.ndarray]
+# (features, missing) and, from a reader with ``read_timed``, the newest event time per view
+Result = tuple[np.ndarray, ...]
 Start = Callable[[dict[str, list[str]], Callable[[Result | None, BaseException | None], None]],
                  None]
 
@@ -134,9 +135,8 @@ class FeatureFetcher:
                 future.set_result(result)
         else:
             assert result is not None
-            feats, missing = result
             for (_, _, future), rows_at in zip(batch, index, strict=True):
                 if not future.done():
-                    future.set_result((feats[rows_at], missing[rows_at]))
+                    future.set_result(tuple(part[rows_at] for part in result))
         if self._pending:
             self._launch()

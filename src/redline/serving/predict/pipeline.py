@@ -18,6 +18,7 @@ Each stage is a span on the request's :class:`~redline.serving.stages.RequestRec
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -134,8 +135,10 @@ class PredictPipeline:
         fields = request_columns(route.request_fields, route.model, req.fields, req.batch)
         t = _mark(record, DECODE, record.start_ns)
         window = self._window(handle)
-        feats, missing = await self.features.read(route, ids, n, budget, window.estimate(),
-                                                  reasons)
+        got = await self.features.read(route, ids, n, budget, window.estimate(), reasons)
+        feats, missing = got[0], got[1]
+        if len(got) > 2:
+            _feature_age(record, got[2])
         t = _mark(record, FEATURES, t)
         session = None
         if req.session_id is not None:
@@ -362,6 +365,17 @@ def _loop_redis(store: OnlineStore | None, settings: Settings) -> LoopRedis | No
     if not isinstance(store, RedisStore) or store.cluster or not supports(store.url):
         return None
     return LoopRedis(store.url, settings.features.redis_timeout_ms / 1000.0)
+
+
+def _feature_age(record: RequestRecord, newest_ms: np.ndarray) -> None:
+    """``feature_age_s`` (``redline_feature_age_seconds``): now minus the newest event time of
+    the stalest view the read found data in; nothing when no view had any."""
+    times = [x for x in newest_ms.ravel().tolist() if x == x]
+    if times:
+        attrs = record.attributes
+        if attrs is None:
+            attrs = record.attributes = {}
+        attrs["feature_age_s"] = max(0.0, time.time() - min(times) / 1000.0)
 
 
 def _mark(record: RequestRecord, stage: str, since: int) -> int:

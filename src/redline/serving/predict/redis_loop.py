@@ -222,7 +222,7 @@ def script_read(client: LoopRedis, reader: Any) -> Any:
         def replied(reply: Any, exc: BaseException | None, retry: bool = True) -> None:
             if exc is None:
                 try:
-                    result = reader.decode(reply, n)
+                    result = reader.decode_timed(reply, n)  # with the feature age
                 except Exception as bad:  # noqa: BLE001 - a malformed reply fails this read
                     done(None, bad)
                     return
