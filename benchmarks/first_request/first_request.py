@@ -5,6 +5,8 @@ readiness, then sends 100 ``/v1/models/fraud/predict`` requests one at a time an
 server's own stage timings for each; repeated ``--runs`` times with a fresh server, alternating
 the server's request-path warm-up (serving/warmup.py) off and on. The ratio first /
 median-of-the-rest is the number that matters (the machine's noise hits both).
+``--before SRC`` adds a third server per run, warm-up on, from another source tree (an older
+commit's ``src``): before/after in the same run.
 
     python benchmarks/first_request/first_request.py --runs 4
 """
@@ -12,6 +14,7 @@ median-of-the-rest is the number that matters (the machine's noise hits both).
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -37,11 +40,16 @@ SERVE = ("import sys\n"
          "main(sys.argv[2:])")
 
 
-def one_run(config: str, body: bytes, requests: int, warmup: str) -> list[dict[str, int]]:
+def one_run(config: str, body: bytes, requests: int, warmup: str,
+            src: str | None = None) -> list[dict[str, int]]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, warmup, "serve", "--config", config,
-                             "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(Path(src).resolve())
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "on" if src else warmup, "serve",
+                             "--config", config, "--http-port", str(port), "--no-grpc",
+                             "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -68,12 +76,17 @@ def main() -> None:
     parser.add_argument("--config", default=".redline/demo/redline.yaml")
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--before", default=None, metavar="SRC",
+                        help="also serve from this source tree (warm-up on), in each run")
     args = parser.parse_args()
     body = Path(args.config).with_name("fraud-request.json").read_bytes()
     runs: dict[str, list[list[dict[str, int]]]] = {"off": [], "on": []}
+    if args.before:
+        runs["before"] = []
     for _ in range(args.runs):
-        for warmup in ("off", "on"):
-            runs[warmup].append(one_run(args.config, body, args.requests, warmup))
+        for warmup in runs:
+            runs[warmup].append(one_run(args.config, body, args.requests, warmup,
+                                        args.before if warmup == "before" else None))
     for warmup, done in runs.items():
         print(f"request-path warm-up {warmup}:")
         for k in sorted({k for run in done for t in run for k in t}):

@@ -12,6 +12,10 @@ Reported per configuration and API: p50 and p99 latency over all rounds, the med
 per-round p50s, and the server's CPU time per request (utime + stime from /proc, the most
 stable figure on a busy machine). Ratios are against "off".
 
+``--before SRC`` adds "metrics" and "tracing_default" served from another source tree (say
+an older commit's ``src``, from ``git worktree add``), in the same rotation: a before/after
+comparison in one run.
+
     PYTHONPATH=src .venv/bin/python benchmarks/observability/overhead.py --rounds 12
 """
 
@@ -155,7 +159,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=1500, help="per API, server and round")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--before", default=None, metavar="SRC",
+                    help="another source tree's src folder: its metrics and tracing_default "
+                         "servers join the rotation (before/after in one run)")
     args = ap.parse_args()
+    configs = dict(CONFIGS)
+    if args.before:
+        configs["metrics_before"] = {**CONFIGS["metrics"], "src": args.before}
+        configs["tracing_default_before"] = {**CONFIGS["tracing_default"], "src": args.before}
     pin = ["taskset", "-c", "0"] if subprocess.run(["which", "taskset"],
                                                    capture_output=True).returncode == 0 else []
     if pin:
@@ -169,13 +180,16 @@ def main() -> None:
     ports: dict[str, int] = {}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
-        for name, cfg in CONFIGS.items():
+        for name, cfg in configs.items():
             ports[name] = free_port()
             spec = {**cfg, "port": ports[name], "repo": str(scratch / "repo"),
                     "otlp": otlp if cfg.get("otlp") else None}
+            src = cfg.get("src")
+            run_env = env if src is None else {**env, "PYTHONPATH": str(Path(src).resolve())}
             procs[name] = subprocess.Popen([*pin, sys.executable, "-c", RUNNER, json.dumps(spec)],
-                                           env=env, stderr=open(scratch / f"{name}.log", "wb"))
-        for name in CONFIGS:
+                                           env=run_env,
+                                           stderr=open(scratch / f"{name}.log", "wb"))
+        for name in configs:
             wait_ready(ports[name])
         rng = np.random.default_rng(0)
         x = rng.normal(size=(64, 3)).astype(np.float32)
@@ -194,11 +208,11 @@ def main() -> None:
                     conn.call(v2[i % 64])
                     conn.call(v1[i % 64])
             time.sleep(6)
-        lat: dict[tuple[str, str], list[float]] = {(n, a): [] for n in CONFIGS for a in ("v2",
+        lat: dict[tuple[str, str], list[float]] = {(n, a): [] for n in configs for a in ("v2",
                                                                                            "v1")}
         p50s: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
-        cpu: dict[str, float] = dict.fromkeys(CONFIGS, 0.0)
-        names = list(CONFIGS)
+        cpu: dict[str, float] = dict.fromkeys(configs, 0.0)
+        names = list(configs)
         for r in range(args.rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
@@ -220,7 +234,7 @@ def main() -> None:
                 "p99_us": round(float(np.percentile(arr, 99)), 1),
                 "median_round_p50_us": round(statistics.median(p50s[(name, api)]), 1),
             }
-        for name in CONFIGS:
+        for name in configs:
             results[f"{name}/cpu"] = {"server_cpu_us_per_request": round(cpu[name] / n_per * 1e6,
                                                                         1),
                                       "errors": conns[name].errors}
@@ -229,7 +243,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for api in ("v2", "v1"):
             off = results[f"off/{api}"]
-            for name in CONFIGS:
+            for name in configs:
                 r = results[f"{name}/{api}"]
                 print(f"| {name} | {api} | {r['p50_us']} | {r['p99_us']} | "
                       f"{r['median_round_p50_us']} | "
@@ -237,7 +251,7 @@ def main() -> None:
                       f"{r['p99_us'] - off['p99_us']:+.1f} |")
         print("\nserver CPU per request (µs, both APIs; errors): " + ", ".join(
             f"{n} {results[f'{n}/cpu']['server_cpu_us_per_request']} "
-            f"({results[f'{n}/cpu']['errors']})" for n in CONFIGS))
+            f"({results[f'{n}/cpu']['errors']})" for n in configs))
         print(f"collector received {Collector.received:,} bytes of spans; "
               f"{Connection.reconnects} reconnects; server logs in {scratch}")
         if args.json_out:

@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--kit", required=True, type=Path)
     ap.add_argument("--kit-venv", required=True, type=Path)
     ap.add_argument("--before", type=Path, help="src/ of another redline tree (PYTHONPATH)")
+    ap.add_argument("--before-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of redline_before (this tree unless --before), e.g. "
+                         "REDLINE_SERVER__GIL_SWITCH_INTERVAL_MS=5")
     ap.add_argument("-c", "--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--duration", type=float, default=2.0)
@@ -58,9 +61,12 @@ def main() -> None:
                     {"REDLINE_SCALING__WORKERS": "1",
                      **({"REDLINE_MONITORING__ENABLED": "false"} if args.no_monitoring else {})}),
     }
-    if args.before:
+    if args.before or args.before_env:
+        env = {"REDLINE_SCALING__WORKERS": "1",
+               **({"PYTHONPATH": str(args.before.resolve())} if args.before else {}),
+               **dict(kv.split("=", 1) for kv in args.before_env)}
         servers["redline_before"] = ([*serve, "--http-port", "8350", "--grpc-port", "8351"],
-                                     scratch, 8350, {"PYTHONPATH": str(args.before.resolve())})
+                                     scratch if args.before else ROOT, 8350, env)
     procs = {}
     try:
         for name, (cmd, cwd, port, env) in servers.items():

@@ -48,7 +48,8 @@ time "${B[@]}" bud --isolation chroot --pull=false --layers=false -t "$IMAGE" -f
 # Run the image's own entrypoint (`redline serve`) with its own user, workdir and environment,
 # a model repository mounted where the Dockerfile says, and probe readiness from outside.
 echo "starting $IMAGE"
-REPO="$WORK/project/.redline"
+PROJECT=$(mktemp -d "$WORK/project.XXXX")
+REPO="$PROJECT/.redline"
 mkdir -p "$REPO"
 PYTHONPATH=src .venv/bin/python - "$REPO/models" <<'PY'
 import sys
@@ -67,7 +68,7 @@ model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 model.ir_version = 8
 ModelRepository(sys.argv[1]).add_onnx("affine", model.SerializeToString())
 PY
-chmod -R a+rwX "$WORK/project"
+chmod -R a+rwX "$PROJECT"
 ctr=$("${B[@]}" from "$IMAGE")
 # chroot isolation shares this machine's network: the server listens on 127.0.0.1:$PORT here.
 setsid "${B[@]}" run --isolation chroot -v "$REPO:/srv/redline/.redline" \
@@ -86,7 +87,18 @@ if [ "$ok" = 1 ]; then
     "http://127.0.0.1:$PORT/v2/models/affine/infer"
   echo
 fi
-kill -TERM -- "-$runner" 2>/dev/null || true   # its own process group (setsid): SIGTERM drains
+# SIGTERM to the server itself (what a container runtime sends to PID 1): it drains and exits 0.
+descendants() { local c; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+  echo "$c"; descendants "$c"; done; }
+for pid in $(descendants "$runner"); do
+  # the image's python running its `redline` script (not buildah, whose arguments name it too)
+  if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "^python[0-9.]* [^ ]*bin/redline serve\|^/[^ ]*python[0-9.]* [^ ]*bin/redline serve"; then
+    kill -TERM "$pid"
+  fi
+done
+for _ in $(seq 1 60); do kill -0 "$runner" 2>/dev/null || break; sleep 0.5; done
+kill -TERM -- "-$runner" 2>/dev/null || true   # only if it did not stop by itself
 wait "$runner" 2>/dev/null || true
+tail -1 "$WORK/serve.log"
 "${B[@]}" rm "$ctr" >/dev/null
 [ "$ok" = 1 ] || { echo "not ready; the server said:"; tail -20 "$WORK/serve.log"; exit 1; }

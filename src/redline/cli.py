@@ -132,7 +132,7 @@ EXTRAS: dict[str, str] = {
     "sklearn": "convert", "skl2onnx": "convert", "onnxmltools": "convert", "lightgbm": "convert",
     "xgboost": "convert", "joblib": "convert", "onnxconverter_common": "convert",
     "torch": "torch",
-    "duckdb": "offline", "pyarrow": "offline", "pandas": "offline",
+    "pyarrow": "offline", "pandas": "offline",
     "httpx": "demo", "tritonclient": "dev",
 }
 

@@ -45,8 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
     settings.models["fraud"] = ModelSettings(slo_ms=7.0)
     server = ServerThread(settings, make_repository(tmp_path_factory.mktemp("repo")))
     exporter = InMemorySpanExporter()
-    monitor = server.server.monitor
-    server.server.observers.add(monitor.use_trace_exporter(exporter))
+    server.server.monitor.use_trace_exporter(exporter)  # the monitor's feed brings the records
     server.start()
     yield server, exporter
     server.stop()
@@ -147,6 +146,73 @@ def test_traceparent_over_http_and_grpc_becomes_the_parent_of_stage_spans(served
         children = {s.name for s in spans if s.parent is not None
                     and s.parent.span_id == root.context.span_id}
         assert {"decode", "inference", "encode"} <= children, children
+
+
+def _traceparent(value: str) -> tuple[str, str, str]:
+    version, trace, span, flags = value.split("-")
+    assert version == "00" and len(trace) == 32 and len(span) == 16 and span != "0" * 16
+    return trace, span, flags
+
+
+def test_the_response_names_the_requests_trace_over_http_and_grpc(served) -> None:  # type: ignore[no-untyped-def]
+    """With tracing on every answer carries a traceparent: the caller's trace (or a new one),
+    the server span's id, and 01 when the spans are kept (exported to the in-memory exporter
+    with exactly those ids), 00 when head sampling left them out."""
+    from redline.proto import redline_v1_pb2 as v1
+    from redline.proto import redline_v1_pb2_grpc as v1g
+
+    server, exporter = served
+    x = training_data(np.random.default_rng(5), 1)
+    sent = f"00-{TRACE}-{PARENT}-01"
+    row = {"amount": float(x[0, 0]), "age": float(x[0, 1]), "channel": int(x[0, 2])}
+    named: dict[str, tuple[str, str, str]] = {}
+    with httpx.Client(base_url=server.http, headers={"x-redline-budget-ms": "5000"}) as http:
+        r = http.post("/v2/models/fraud/infer", json=v2_body(x, "tp-v2-rest"),
+                      headers={"traceparent": sent})
+        assert r.status_code == 200
+        named["tp-v2-rest"] = _traceparent(r.headers["traceparent"])
+        r = http.post("/v1/models/fraud/predict", json={"request": row, "request_id": "tp-v1-rest"},
+                      headers={"traceparent": sent})
+        assert r.status_code == 200, r.text
+        named["tp-v1-rest"] = _traceparent(r.headers["traceparent"])
+        # no traceparent and 0% head sampling: a new trace, named but not kept
+        r = http.post("/v2/models/fraud/infer", json=v2_body(x, "tp-new"))
+        new_trace, _, new_flags = _traceparent(r.headers["traceparent"])
+        assert new_trace != TRACE and new_flags == "00"
+        # a failure is always kept (tail rule), and its answer names it too
+        r = http.post("/v2/models/fraud/infer", json={"inputs": [{"name": "x"}]})
+        assert r.status_code == 400 and _traceparent(r.headers["traceparent"])[2] == "01"
+        r = http.post("/v1/models/fraud/predict", json={"request": {"amount": 1.0}})
+        assert r.status_code == 400 and _traceparent(r.headers["traceparent"])[2] == "01"
+    with grpc.insecure_channel(server.grpc) as ch:
+        _, call = pbg.GRPCInferenceServiceStub(ch).ModelInfer.with_call(
+            grpc_request(x, "tp-v2-grpc"), timeout=10, metadata=(("traceparent", sent),))
+        named["tp-v2-grpc"] = _traceparent(dict(call.trailing_metadata())["traceparent"])
+        _, call = v1g.PredictionServiceStub(ch).Predict.with_call(v1.PredictRequest(
+            model_name="fraud", request_id="tp-v1-grpc",
+            instances=[v1.Instance(request=row)]), timeout=10,
+            metadata=(("traceparent", sent),))
+        named["tp-v1-grpc"] = _traceparent(dict(call.trailing_metadata())["traceparent"])
+        with pytest.raises(grpc.RpcError) as err:
+            pbg.GRPCInferenceServiceStub(ch).ModelInfer(pb.ModelInferRequest(model_name="nope"),
+                                                        timeout=10)
+        assert _traceparent(dict(err.value.trailing_metadata())["traceparent"])[2] == "01"
+    for trace, _, flags in named.values():
+        assert trace == TRACE and flags == "01"  # the caller's trace, sampled by the caller
+    tracing = server.server.monitor.tracing
+    deadline = time.monotonic() + 10
+    roots: dict[str, object] = {}
+    while time.monotonic() < deadline and not set(named) <= set(roots):
+        tracing.flush()
+        roots = {s.attributes.get("redline.request_id"): s for s in exporter.get_finished_spans()
+                 if s.name.startswith("redline ")}
+        time.sleep(0.05)
+    assert "tp-new" not in roots
+    for rid, (trace, span, _) in named.items():
+        root = roots[rid]
+        assert format(root.context.trace_id, "032x") == trace  # type: ignore[attr-defined]
+        assert format(root.context.span_id, "016x") == span, rid  # type: ignore[attr-defined]
+        assert format(root.parent.span_id, "016x") == PARENT  # type: ignore[attr-defined]
 
 
 def test_drift_labels_quality_and_review_over_http(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

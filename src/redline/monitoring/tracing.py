@@ -1,13 +1,17 @@
 """OpenTelemetry spans per stage, built after the request from its record.
 
 Tracing in Python usually costs tens of microseconds per span on the request path. Here the
-request path pays for one decision: keep this request's trace or not. Head sampling keeps a
-share of requests (and every request whose W3C ``traceparent`` says the caller sampled it);
-the tail rule, decided when the request has finished, also keeps every request that failed or
-was slower than its threshold. A kept record goes into a bounded queue; a background thread
-turns it into one server span with a child span per stage (real start and end times, from the
-record's clock anchor) and exports them in batches. When the queue is full the record is
-dropped and counted: export never blocks a request.
+request path pays for one decision, made when the request has finished and before its response
+is sent: keep this request's trace or not. Head sampling keeps a share of requests (and every
+request whose W3C ``traceparent`` says the caller sampled it); the tail rule also keeps every
+request that failed or was slower than its threshold. No OpenTelemetry object is made for it:
+the decision picks the server span's id, and the response carries ``traceparent:
+00-<trace>-<that span id>-<01 kept | 00 not>`` (HTTP header, gRPC trailing metadata) so a client
+can find its trace. The monitor's tick hands the kept records to a bounded queue; a background
+thread turns each into one server span with a child span per stage (real start and end times,
+from the record's clock anchor, and the ids the response named) and exports them in batches,
+about once a second. When the queue is full the record is dropped and counted: export never
+blocks a request.
 
 The parent of a request's span is the caller's ``traceparent`` (HTTP header or gRPC metadata),
 so redline's spans join the caller's trace. Spans go to OTLP when ``monitoring.otlp_endpoint`` is
@@ -20,7 +24,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +33,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("redline.monitoring")
 
 BATCH = 256
+EXPORT_INTERVAL_S = 1.0  # a kept span waits at most this long (fewer, larger exports)
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_traceparent(traceparent: str | None) -> tuple[str, bool] | None:
+    """``(trace id, sampled)`` of a valid W3C ``traceparent``, else None (then a new trace).
+
+    Version 00 is read exactly; a later version by its first four fields, as the spec says."""
+    if not traceparent or len(traceparent) < 55:
+        return None
+    tp = traceparent
+    version, trace, parent, flags = tp[0:2], tp[3:35], tp[36:52], tp[53:55]
+    if (tp[2] != "-" or tp[35] != "-" or tp[52] != "-" or version == "ff"
+            or (version == "00" and len(tp) != 55) or (len(tp) > 55 and tp[55] != "-")
+            or not _HEX.issuperset(version + trace + parent + flags)
+            or trace == "0" * 32 or parent == "0" * 16):
+        return None
+    return trace, bool(int(flags, 16) & 1)
 
 
 def sampled_flag(traceparent: str | None) -> bool:
@@ -60,23 +82,25 @@ class TraceExport:
         self._wake = threading.Event()
         self._stop = False
         self._random = random.random
+        self._bits = random.getrandbits
+        self.fed_by_monitor = False  # set by ServerMonitor: its feed brings the records
         self._thread = threading.Thread(target=self._run, name="redline-trace-export",
                                         daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ on the request path
-    def request_finished(self, record: RequestRecord) -> None:
-        if not self._keep(record):
-            return
-        if len(self._queue) >= self.queue_size:
-            self.dropped += 1
-            return
-        self._queue.append(record)
-        self.kept += 1
-        if len(self._queue) >= BATCH:
-            self._wake.set()
+    def response_traceparent(self, record: RequestRecord) -> str:
+        """Decide now whether ``record``'s spans are kept, pick its server span's id, and
+        return the ``traceparent`` its response carries (no OpenTelemetry object is made)."""
+        parent = parse_traceparent(record.traceparent) if record.traceparent else None
+        keep = self._keep(record, parent)
+        record.trace_keep = keep
+        trace = parent[0] if parent is not None else f"{self._bits(128):032x}"
+        span = self._bits(64) or 1
+        record.trace_id, record.span_id = trace, span
+        return f"00-{trace}-{span:016x}-{'01' if keep else '00'}"
 
-    def _keep(self, record: RequestRecord) -> bool:
+    def _keep(self, record: RequestRecord, parent: tuple[str, bool] | None = None) -> bool:
         if record.status != "ok":
             return True  # tail: every failure
         limit = self._slow_ns.get(record.model)
@@ -85,13 +109,39 @@ class TraceExport:
             limit = self._slow_ns[record.model] = int(ms * 1e6)
         if (record.end_ns or record.start_ns) - record.start_ns > limit:
             return True  # tail: slower than the threshold
-        if record.traceparent is not None and sampled_flag(record.traceparent):
-            return True  # head: the caller sampled this trace
+        if parent is not None:
+            if parent[1]:
+                return True  # head: the caller sampled this trace
+        elif record.traceparent is not None and sampled_flag(record.traceparent):
+            return True
         return self._random() < self.sample_ratio  # head: our own share
+
+    # ------------------------------------------------------------------ on the tick
+    def request_finished(self, record: RequestRecord) -> None:
+        if not self.fed_by_monitor:  # the monitor's tick already folds every record in
+            self.fold((record,))
+
+    def fold(self, records: Iterable[RequestRecord]) -> None:
+        """Queue the kept ones among finished records (decided at the response, or now)."""
+        queue, size = self._queue, self.queue_size
+        for record in records:
+            keep = record.trace_keep
+            if keep is None:
+                keep = self._keep(record)
+            if not keep:
+                continue
+            if len(queue) >= size:
+                self.dropped += 1
+                continue
+            queue.append(record)
+            self.kept += 1
+        if len(queue) >= BATCH:
+            self._wake.set()
 
     # ------------------------------------------------------------------ on the export thread
     def _run(self) -> None:
         from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -101,17 +151,32 @@ class TraceExport:
             def on_end(self, span: Any) -> None:
                 batch.append(span)
 
-        provider = TracerProvider(sampler=ALWAYS_ON)
+        class _Ids(RandomIdGenerator):
+            """The ids the response named, for the next root span; random otherwise."""
+
+            trace = 0
+            span = 0
+
+            def generate_trace_id(self) -> int:
+                trace, self.trace = self.trace, 0
+                return trace or super().generate_trace_id()
+
+            def generate_span_id(self) -> int:
+                span, self.span = self.span, 0
+                return span or super().generate_span_id()
+
+        ids = _Ids()
+        provider = TracerProvider(sampler=ALWAYS_ON, id_generator=ids)
         provider.add_span_processor(_Collect())
         tracer = provider.get_tracer("redline")
         propagator = TraceContextTextMapPropagator()
         while not self._stop or self._queue:
-            self._wake.wait(0.2)
+            self._wake.wait(EXPORT_INTERVAL_S)
             self._wake.clear()
             while self._queue:
                 n = 0
                 while self._queue and n < BATCH:
-                    self._build(tracer, propagator, self._queue.popleft())
+                    self._build(tracer, propagator, ids, self._queue.popleft())
                     n += 1
                 try:
                     self.exporter.export(list(batch))
@@ -122,10 +187,13 @@ class TraceExport:
                 batch.clear()
 
     @staticmethod
-    def _build(tracer: Any, propagator: Any, r: RequestRecord) -> None:
+    def _build(tracer: Any, propagator: Any, ids: Any, r: RequestRecord) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-        context = propagator.extract({"traceparent": r.traceparent}) if r.traceparent else None
+        context = (propagator.extract({"traceparent": r.traceparent})
+                   if parse_traceparent(r.traceparent) is not None else None)
+        if r.trace_id is not None:  # the response named these: the root span takes them
+            ids.trace, ids.span = int(r.trace_id, 16), r.span_id
         base = r.wall_ns - r.start_ns
         end = r.end_ns or r.start_ns
         attributes = {"redline.api": r.api, "redline.transport": r.transport,
@@ -137,6 +205,7 @@ class TraceExport:
         root = tracer.start_span(f"redline {r.api} {r.model}", context=context,
                                  kind=SpanKind.SERVER, start_time=r.wall_ns,
                                  attributes=attributes)
+        ids.trace = ids.span = 0  # (a caller's trace id left the preset trace id unused)
         if r.status != "ok":
             root.set_status(Status(StatusCode.ERROR, r.status))
         child_ctx = set_span_in_context(root)

@@ -1,16 +1,22 @@
 """Where each request's inputs and outputs go after it is answered: drift, quality, review.
 
-On the request path this costs one ``deque.append`` of references the record already holds; the
-tick (``absorb``) does the numpy work for many requests at once, off the request's latency.
-The deque is bounded: when ticks fall behind under a flood, the oldest records are dropped
-(counted) rather than memory growing.
+Nothing here runs on the request path: the monitor's tick folds finished records in batches
+(``fold``: the records the model itself answered go into a bounded deque, by reference), and
+``absorb`` does the numpy work for many requests at once on a worker thread. The deque is
+bounded: when ticks fall behind under a flood, the oldest records are dropped rather than
+memory growing. At most ``monitoring.window_rows_per_s`` records a second (per server) reach
+the windows: beyond it ``absorb`` takes a uniform sample of the requests without a request id
+(every request with one is kept: a label may come for it). A drift window of 5,000 rows then
+spans seconds of traffic rather than a fraction of one, at a bounded cost per second.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,19 +39,24 @@ class ModelWindows:
         self.lookup = lookup
         self.settings = settings  # MonitoringSettings
         self.review = review
-        self._pending: deque[tuple[str, str, str, Any, Any]] = deque(maxlen=max_pending)
+        self._pending: deque[RequestRecord] = deque(maxlen=max_pending)
         self.drift: dict[tuple[str, str], DriftMonitor] = {}
         self.quality: dict[tuple[str, str], QualityMonitor] = {}
         self._meta: dict[tuple[str, str], Any] = {}
         self.records_seen = 0
+        self.sampled_out = 0  # records left out of the windows by the rate (no request id)
+        self.rows_per_s = float(getattr(settings, "window_rows_per_s", 0) or 0)
+        self._last_absorb = time.monotonic()
         self._lock = threading.Lock()  # absorb runs on the tick's thread and in routes
 
     def request_finished(self, record: RequestRecord) -> None:
+        self.fold((record,))
+
+    def fold(self, records: Iterable[RequestRecord]) -> None:
         # Only what the model itself answered: a fallback's rows are not this model's inputs.
-        if record.status == "ok" and record.path == "primary" and (
-                record.inputs is not None or record.outputs is not None):
-            self._pending.append((record.model, record.version, record.request_id,
-                                  record.inputs, record.outputs))
+        self._pending.extend(
+            r for r in records if r.status == "ok" and r.path == "primary"
+            and (r.inputs is not None or r.outputs is not None))
 
     # ------------------------------------------------------------------ the tick
     def absorb(self) -> int:
@@ -55,16 +66,34 @@ class ModelWindows:
 
     def _absorb(self) -> int:
         pending = self._pending
-        taken = 0
+        popleft = pending.popleft
+        records = [popleft() for _ in range(len(pending))]  # the loop may append meanwhile
+        taken = len(records)
+        now = time.monotonic()
+        budget = max(100, int(self.rows_per_s * (now - self._last_absorb)))
+        self._last_absorb = now
+        if self.rows_per_s and taken > budget:
+            with_id = [r for r in records if r.request_id]
+            rest = [r for r in records if not r.request_id]
+            room = max(0, budget - len(with_id))
+            if room < len(rest):
+                self.sampled_out += len(rest) - room
+                rest = random.sample(rest, room)
+            records = with_id + rest
         groups: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
-        while pending:
-            model, version, rid, inputs, outputs = pending.popleft()
-            groups.setdefault((model, version), []).append((rid, inputs, outputs))
-            taken += 1
+        for r in records:
+            groups.setdefault((r.model, r.version), []).append((r.request_id, r.inputs,
+                                                                 r.outputs))
         for key, items in groups.items():
             self._absorb_version(key, items)
         self.records_seen += taken
         return taken
+
+    def prepare(self, keys: list[tuple[str, str]]) -> None:
+        """Make the monitors of these versions now (at load) and start their calibration."""
+        with self._lock:
+            for key in keys:
+                self._monitors(key)
 
     def _monitors(self, key: tuple[str, str]) -> tuple[DriftMonitor | None, QualityMonitor | None]:
         if key not in self._meta:
@@ -72,9 +101,10 @@ class ModelWindows:
             self._meta[key] = meta
             if meta is not None:
                 s = self.settings
-                self.drift[key] = DriftMonitor(key[0], key[1], meta.input_profile or {},
-                                               meta.feature_names, s.drift_window_rows,
-                                               s.drift_min_rows)
+                drift = DriftMonitor(key[0], key[1], meta.input_profile or {},
+                                     meta.feature_names, s.drift_window_rows, s.drift_min_rows)
+                drift.calibrate()  # thresholds on a background thread, not in a report
+                self.drift[key] = drift
                 self.quality[key] = QualityMonitor(
                     key[0], key[1], meta.task, meta.metrics or {}, s.quality_join_capacity,
                     s.quality_join_ttl_s, s.quality_window, s.quality_tolerance)

@@ -54,6 +54,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+_TRACEPARENT = b"traceparent"
 _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HLEN = b"inference-header-content-length"
@@ -220,6 +221,9 @@ class RestApp:
             record.finish(error.code if error is not None else "internal")
         else:
             record.finish()
+        traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
+        if traceparent is not None:
+            headers = [*headers, (_TRACEPARENT, traceparent.encode())]
         await self._send(send, status, body, headers)
         self.observers.finished(record)
 

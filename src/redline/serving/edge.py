@@ -67,11 +67,13 @@ def grpc_trailers(exc: RedlineError) -> tuple[tuple[str, str], ...]:
     return (("retry-after-ms", str(millis)),) if millis is not None else ()
 
 
-async def grpc_abort(context: Any, exc: RedlineError) -> None:
-    """End a gRPC call with the status, message and trailers ``exc`` maps to."""
+async def grpc_abort(context: Any, exc: RedlineError,
+                     extra: tuple[tuple[str, str], ...] = ()) -> None:
+    """End a gRPC call with the status, message and trailers ``exc`` maps to (and ``extra``
+    trailers, such as the request's ``traceparent``)."""
     import grpc
 
-    trailers = grpc_trailers(exc)
+    trailers = grpc_trailers(exc) + extra
     if trailers:
         context.set_trailing_metadata(trailers)
     await context.abort(getattr(grpc.StatusCode, exc.grpc_status), exc.message)

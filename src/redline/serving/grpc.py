@@ -156,14 +156,21 @@ class InferenceServicer:
             if error is None:
                 log.exception("unhandled error in ModelInfer")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
+            trailers: tuple[tuple[str, str], ...] = ()
             if record is not None:
                 record.finish(error.code)
+                traceparent = self.observers.traceparent(record)
+                if traceparent is not None:
+                    trailers = ((TRACEPARENT, traceparent),)
                 self.observers.finished(record)
-            await grpc_abort(context, error)
+            await grpc_abort(context, error, trailers)
         if record is not None:
             record.add(ENCODE, t_enc, perf_ns())
             record.rows = int(next(iter(outputs.values())).shape[0]) if outputs else 0
             record.finish()
+            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
+            if traceparent is not None:
+                context.set_trailing_metadata(((TRACEPARENT, traceparent),))
             self.observers.finished(record)
         return resp
 

@@ -90,6 +90,11 @@ class RedlineServer:
         """Load models, serve until ``stop()`` or a signal, then drain."""
         server = self.settings.server
         await self.registry.sync()
+        if self.monitor is not None:
+            # Drift thresholds of every loaded version, calibrated before the ports open: its
+            # CPU burst would otherwise land on the first requests (versions loaded later
+            # calibrate on a background thread).
+            await asyncio.to_thread(self.monitor.prepare_loaded, True)
         # The online store's reachability: logged now and on every change, in the health body.
         store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
         await store_health.check()

@@ -13,6 +13,7 @@ request has finished (tail sampling decides then whether to keep them).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 # The stages, in the order a request meets them. A request records only the ones it passes.
@@ -36,7 +37,7 @@ class RequestRecord:
     __slots__ = (
         "api", "transport", "model", "version", "path", "status", "request_id",
         "traceparent", "start_ns", "wall_ns", "end_ns", "spans", "rows", "inputs",
-        "outputs", "entity_key", "attributes",
+        "outputs", "entity_key", "attributes", "trace_keep", "trace_id", "span_id",
     )
 
     def __init__(self, api: str, transport: str, start_ns: int | None = None) -> None:
@@ -58,6 +59,11 @@ class RequestRecord:
         self.outputs: Any = None            # model outputs (for drift/quality), when kept
         self.entity_key: str | None = None
         self.attributes: dict[str, Any] | None = None
+        # Set by a tracing observer when it answers ``Observers.traceparent``: whether this
+        # request's spans are kept, and the trace and server-span ids the response names.
+        self.trace_keep: bool | None = None
+        self.trace_id: str | None = None     # 32 hex digits
+        self.span_id = 0
 
     def add(self, stage: str, start_ns: int, end_ns: int) -> None:
         self.spans.append((stage, start_ns, end_ns))
@@ -81,7 +87,11 @@ class RequestRecord:
 
 
 class RequestObserver(Protocol):
-    """Receives every finished request. Must be cheap: it runs on the event loop."""
+    """Receives every finished request. Must be cheap: it runs on the event loop.
+
+    An observer may also have ``response_traceparent(record) -> str | None``: the W3C
+    ``traceparent`` the response carries (tracing), asked once the record is finished and
+    before the response is sent."""
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
@@ -89,17 +99,31 @@ class RequestObserver(Protocol):
 class Observers:
     """The observers a server was started with; empty means nothing to do."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_tracers")
 
     def __init__(self, items: list[RequestObserver] | None = None) -> None:
-        self._items: tuple[RequestObserver, ...] = tuple(items or ())
+        self._items: tuple[RequestObserver, ...] = ()
+        self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
+        for observer in items or ():
+            self.add(observer)
 
     def __bool__(self) -> bool:
         return bool(self._items)
 
     def add(self, observer: RequestObserver) -> None:
         self._items = (*self._items, observer)
+        tracer = getattr(observer, "response_traceparent", None)
+        if tracer is not None:
+            self._tracers = (*self._tracers, tracer)
 
     def finished(self, record: RequestRecord) -> None:
         for observer in self._items:
             observer.request_finished(record)
+
+    def traceparent(self, record: RequestRecord) -> str | None:
+        """The ``traceparent`` for the response to a finished ``record`` (None: tracing off)."""
+        for tracer in self._tracers:
+            value = tracer(record)
+            if value is not None:
+                return value
+        return None

@@ -90,11 +90,18 @@ class V1Grpc:
                 log.exception("unhandled error in redline.v1 Predict")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
             record.finish(error.code)
+            trailers: tuple[tuple[str, str], ...] = ()
             if self.observers:
+                traceparent = self.observers.traceparent(record)
+                if traceparent is not None:
+                    trailers = ((TRACEPARENT, traceparent),)
                 self.observers.finished(record)
-            await grpc_abort(context, error)
+            await grpc_abort(context, error, trailers)
         record.finish()
         if self.observers:
+            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
+            if traceparent is not None:
+                context.set_trailing_metadata(((TRACEPARENT, traceparent),))
             self.observers.finished(record)
         return resp
 

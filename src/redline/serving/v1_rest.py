@@ -13,12 +13,14 @@ import orjson
 from redline.errors import RedlineError
 from redline.serving.app import HttpRequest, HttpResponse, RestApp
 from redline.serving.deadline import BUDGET_HEADER, FROM_BODY, FROM_HEADER, Budget, parse_budget
-from redline.serving.edge import as_redline_error
+from redline.serving.edge import JSON_HEADER, as_redline_error, http_error
 from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, parse_request
 from redline.serving.stages import RequestRecord
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
+_JSON = JSON_HEADER
+TRACEPARENT = b"traceparent"
 
 
 class V1Rest:
@@ -37,9 +39,9 @@ class V1Rest:
 
     async def predict(self, request: HttpRequest) -> HttpResponse:
         record = RequestRecord("v1", "rest", int(request.start * 1e9))
-        traceparent = request.headers.get(b"traceparent")
-        if traceparent is not None:
-            record.traceparent = traceparent.decode("latin-1")
+        sent_traceparent = request.headers.get(TRACEPARENT)
+        if sent_traceparent is not None:
+            record.traceparent = sent_traceparent.decode("latin-1")
         try:
             req = parse_request(request.json(), self.pipeline.max_instances)
             version = request.params.get("version")
@@ -62,14 +64,21 @@ class V1Rest:
         except Exception as exc:
             error = as_redline_error(exc)
             record.finish(error.code if isinstance(error, RedlineError) else "internal")
+            traceparent = self.observers.traceparent(record) if self.observers else None
             if self.observers:
                 self.observers.finished(record)
+            if error is not None and traceparent is not None:
+                status, body, headers = http_error(error)
+                return HttpResponse(status, body, [*headers, (TRACEPARENT, traceparent.encode())])
             if error is not None and error is not exc:
                 raise error from None
             raise
         record.finish()
         if self.observers:
+            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
             self.observers.finished(record)
+            if traceparent is not None:
+                return HttpResponse(200, body, [_JSON, (TRACEPARENT, traceparent.encode())])
         return HttpResponse(200, body)
 
     async def stats(self, request: HttpRequest) -> HttpResponse:

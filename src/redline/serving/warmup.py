@@ -66,11 +66,42 @@ def prepare_request_path(registry: Any, pipeline: Any) -> int:
                 parse_request(orjson.loads(body), pipeline.max_instances)
                 route = pipeline.route(handle)
                 if route.reader is not None and pipeline.store.kind == "memory":
-                    # the reader's first read (an absent entity; the memory store only, so no
-                    # shared store sees a read nobody asked for)
-                    route.reader.read({e: [WARMUP_ENTITY] for e in route.entity_names})
+                    # the reader's first reads (the memory store only, so no shared store sees
+                    # a read nobody asked for): an absent entity, then a present one when the
+                    # store holds one (preloaded): merging tiles and deriving values have their
+                    # own first-time costs (measured ~0.4 ms on the first real read)
+                    read = getattr(route.reader, "read_timed", route.reader.read)  # as /v1
+                    read({e: [WARMUP_ENTITY] for e in route.entity_names})
+                    present = _present_entities(pipeline.store, route)
+                    if present is not None:
+                        for _ in range(ROUNDS):
+                            read(present)
             orjson.loads(v2_body(handle))
             done += 1
         except Exception as exc:  # noqa: BLE001 - not loaded, or not a /v1 model: nothing to do
             log.debug("warm-up of %s skipped: %s", name, exc)
     return done
+
+
+def _present_entities(store: Any, route: Any) -> dict[str, list[str]] | None:
+    """One id per entity of ``route`` that the memory store holds data for, or None.
+
+    Keys are ``rl:{<entity>:<id>}:<view>:<version>`` (features/online/base.py); the first key
+    of each of the route's views gives its entity an id."""
+    from redline.features.events import KEY_PREFIX
+
+    wanted = {f":{v.name}:{v.version}": v.entity.name for v in route.views}
+    found: dict[str, list[str]] = {}
+    for key in list(getattr(store, "data", {}))[:10_000]:
+        if not key.startswith(KEY_PREFIX + ":{"):
+            continue
+        close = key.find("}:")
+        entity = wanted.get(key[close + 1:]) if close > 0 else None
+        if entity is None or entity in found:
+            continue
+        head = key[len(KEY_PREFIX) + 2:close]
+        if head.startswith(entity + ":"):
+            found[entity] = [head[len(entity) + 1:]]
+        if len(found) == len(route.entity_names):
+            return found
+    return None
