@@ -120,8 +120,10 @@ def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: s
             n += got
             idle_since = now
     if kind != "bare":
-        n += src.flush()
-        last = time.perf_counter()
+        tail = src.flush()  # normally 0: an empty poll already flushed the last write
+        if tail:
+            n += tail
+            last = time.perf_counter()
         src.close()
     out.put((first, last, n))
 

@@ -208,3 +208,56 @@ def test_kafka_exactly_once_on_a_redis_cluster(kafka_broker, redis_cluster, tmp_
                    "  redis_cluster: true\n")
     store = RedisStore(redis_cluster.url, cluster=True, timeout_ms=10_000)
     _kill_test(kafka_broker, store, redis_cluster.url, "tx-cluster", ("--config", str(cfg)))
+
+
+def test_kafka_consumer_lag_is_watermark_minus_applied(kafka_broker, redis_server) -> None:
+    """redline_ingest_consumer_lag for Kafka: per owned partition, the high watermark minus the
+    offset after the last message applied — all produced messages before the first apply, the
+    unapplied rest after each batch, 0 once drained; checked against the real broker's counts."""
+    from confluent_kafka import Producer
+
+    from redline.monitoring.ingest import IngestMetrics, MeteredSource
+
+    kafka_broker.create_topic("lag", 2)
+    # one record per batch: tansu's high watermark is its last batch's base offset + 1, exact
+    # only for one-record batches (see KafkaSource.consumer_lag)
+    prod = Producer({"bootstrap.servers": kafka_broker.bootstrap, "batch.num.messages": 1})
+    per_part: dict[int, int] = {}
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None
+        per_part[msg.partition()] = per_part.get(msg.partition(), 0) + 1
+
+    now = int(time.time() * 1000)
+    for i in range(400):
+        prod.produce("lag", key=f"c{i % 20}".encode(), on_delivery=delivered,
+                     value=orjson.dumps({"card_id": f"c{i % 20}", "amount": 1.0,
+                                         "merchant": "m", "ts": now}))
+    assert prod.flush(30) == 0 and sum(per_part.values()) == 400
+    store = RedisStore(redis_server.url, timeout_ms=10_000)
+    src = KafkaSource(load_definitions(DEFS), store, topic="lag", group="g-lag", batch=50,
+                      bootstrap=kafka_broker.bootstrap, config=FAST_GROUP)
+    deadline = time.monotonic() + 30
+    while not src.consumer.assignment() and time.monotonic() < deadline:
+        src.poll()
+    assert {tp.partition for tp in src.consumer.assignment()} == {0, 1}
+    seen_partial = False
+    while True:
+        lags = {int(p): n for t, p, n in src.consumer_lag() if t == "lag"}
+        applied = sum(src.applied.values())  # offsets from 0: messages applied and committed
+        assert sum(lags.values()) == 400 - applied
+        for part, n in lags.items():  # each partition: its produced messages minus applied
+            assert n == per_part.get(part, 0) - src.applied.get(part, 0)
+        seen_partial = seen_partial or 0 < applied < 400
+        if applied == 400 or time.monotonic() > deadline:
+            break
+        src.poll()
+    assert applied == 400 and seen_partial
+    metrics = IngestMetrics("lag")
+    metered = MeteredSource(src, metrics)
+    metered.flush()  # a flush always samples
+    got = {(s.labels["partition"], s.labels["source"]): s.value
+           for f in metrics.registry.collect() for s in f.samples
+           if s.name == "redline_ingest_consumer_lag" and s.labels["stream_or_topic"] == "lag"}
+    assert got == {("0", "kafka"): 0.0, ("1", "kafka"): 0.0}
+    src.close()

@@ -71,6 +71,9 @@ class KafkaSource:
             "bootstrap.servers": bootstrap, "group.id": group, "client.id": self.name,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # the broker answers a fetch once data is there or after this wait; librdkafka's
+            # 500 ms default would be the freshness of an event on a quiet topic
+            "fetch.wait.max.ms": 10,
         }
         conf.update(config or {})
         self.consumer = _consumer_class()(conf)
@@ -78,6 +81,10 @@ class KafkaSource:
         self._inflight: Future[tuple[int, dict[int, int]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-kafka-write")
         self.errors = 0
+        # per partition: the offset after the last message applied (and committed) by this
+        # process; the consumer lag is measured from it
+        self.applied: dict[int, int] = {}
+        self._lag_reported: set[int] = set()
 
     # -- the Source interface -----------------------------------------------------------------
 
@@ -109,6 +116,7 @@ class KafkaSource:
             return 0
         n, offsets = fut.result()
         self._commit(offsets, asynchronous=True)
+        self.applied.update(offsets)
         return n
 
     def reset(self) -> None:
@@ -127,6 +135,39 @@ class KafkaSource:
             for tp in self.consumer.committed(assigned, timeout=10):
                 offset = tp.offset if tp.offset >= 0 else 0  # none committed: the beginning
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def consumer_lag(self, timeout_s: float = 1.0) -> list[tuple[str, str, int]]:
+        """[(topic, partition, messages not yet applied)] for the partitions this member owns.
+
+        Measured: the end of the partition minus the offset after the last message this process
+        applied (the offset it commits). The end is the broker's high watermark (a ListOffsets
+        request to the leader, not the cached fetch value), or the consumer's position (the
+        offset after the last message fetched) when that is further: tansu, the broker the tests
+        use, answers the base offset of the partition's last record batch + 1, which is short
+        by the rest of that batch. A partition this process has applied nothing from is
+        measured from the group's committed offset, or the low watermark when none is
+        committed. Partitions it reported before and no longer owns are reported as 0 (their
+        new owner reports them; the gauge keeps the maximum of live processes). One request
+        per owned partition, sampled at most once a second by the metrics wrapper."""
+        assigned = self.consumer.assignment()
+        owned = {tp.partition for tp in assigned}
+        committed: dict[int, int] | None = None
+        fetched = {tp.partition: tp.offset for tp in self.consumer.position(assigned)}
+        out = []
+        for tp in sorted(assigned, key=lambda t: t.partition):
+            low, high = self.consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            end = max(high, fetched.get(tp.partition, -1))
+            pos = self.applied.get(tp.partition)
+            if pos is None:
+                if committed is None:
+                    committed = {c.partition: c.offset for c in
+                                 self.consumer.committed(list(assigned), timeout=timeout_s)}
+                got = committed.get(tp.partition, -1)
+                pos = got if got >= 0 else low
+            out.append((self.topic, str(tp.partition), max(0, end - pos)))
+        out += [(self.topic, str(p), 0) for p in sorted(self._lag_reported - owned)]
+        self._lag_reported |= owned
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {"consumer": self.name, "topic": self.topic, "group": self.group,
@@ -182,3 +223,5 @@ class KafkaSource:
                 self._commit(offsets, asynchronous=False)
             except Exception:  # noqa: BLE001 - store down: the next owner replays, marks skip
                 pass
+        for tp in partitions:  # if one comes back, its lag is measured from the group's offset
+            self.applied.pop(tp.partition, None)

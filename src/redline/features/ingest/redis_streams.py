@@ -44,6 +44,8 @@ class StreamConsumer:
         self._last_claim = 0.0
         self._recovered = False
         self._inflight: Future[int] | None = None
+        # entries read ahead (delivered to us, pending, not yet decoded)
+        self._ahead: list[tuple[bytes, dict[bytes, bytes]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-ingest-write")
         # on a cluster: how long a key remembers the entry ids it applied (an entry must be acked
         # or claimed within it to count once)
@@ -157,14 +159,17 @@ class StreamConsumer:
             except Exception:  # noqa: BLE001 - the outage itself; the entries stay pending
                 pass
         self._recovered = False
+        self._ahead = None  # read ahead, not applied: pending, re-read with our own entries
         self.ensure_group()
 
     def step(self) -> int:
         """One step: claim if due, then read new entries (blocking up to ``block_ms``).
 
-        The next batch is read and decoded while the previous one runs in Redis (one write in
-        flight, on its own connection); each write is atomic and checks ownership, so the
-        overlap changes nothing about exactly-once. Returns entries applied in this step.
+        The next batch is decoded while the previous one runs in Redis (one write in flight, on
+        its own connection), and the one after it is already read; each write is atomic and
+        checks ownership, and entries read ahead stay pending for this consumer (re-read after
+        a restart, claimed after a crash), so the overlap changes nothing about exactly-once.
+        Returns entries applied in this step.
         """
         done = 0
         if not self._recovered:  # our own pending entries (a restart under the same name)
@@ -181,15 +186,25 @@ class StreamConsumer:
             self._last_claim = time.monotonic()
             done += self.flush()
             done += self.claim()
-        resp = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"},
-                                      count=self.batch, block=self.block_ms)
-        entries = [e for e in (resp[0][1] if resp else []) if e[1]]
-        if not entries:
+        ahead, self._ahead = self._ahead, None
+        fresh = self._read(self.block_ms) if ahead is None else ahead
+        if not fresh:
             return done + self.flush()
-        ids, batch = self._decode(entries)
+        ids, batch = self._decode(fresh)  # while the write in flight runs in Redis
+        if self._inflight is not None:
+            # read the next batch now: Redis answers it right after the write in flight, and
+            # it is decoded while the write submitted below runs, so Redis never waits for the
+            # decoder (without the read-ahead the read queued behind the write and Redis sat
+            # idle during each decode)
+            self._ahead = self._read(None)
         done += self.flush()
         self._inflight = self._pool.submit(self._write, ids, batch)
         return done
+
+    def _read(self, block: int | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        resp = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"},
+                                      count=self.batch, block=block)
+        return [e for e in (resp[0][1] if resp else []) if e[1]]
 
     def close(self) -> None:
         self.flush()
