@@ -3,12 +3,14 @@ through Redis Streams and through Kafka, one ingest process, one view, in one ru
 
     .venv/bin/python -m benchmarks.features.freshness_bench [--events 100000] [--seconds 8]
 
-For each source: (1) the highest sustained rate: a backlog of ``--events`` is drained by one
-consumer (events/s); (2) a producer process sends at ``--load`` (default 0.8) of that rate for
-``--seconds`` with event time = send time, while a fresh consumer group ingests; freshness is
-the time the event's batch became visible in Redis (after its write returned) minus its event
-time, over every event, p50/p99/max. Producer, consumer, Redis (and the broker) share the
-machine, as they would on one host.
+For each source: (1) the drain rate: a backlog of ``--events`` is drained by one consumer
+(events/s); (2) a producer process sends at ``--load`` (default 0.8) of that rate for
+``--seconds`` with event time = send time, while a fresh consumer group ingests — on a small
+machine the producer's CPU is taken from ingest, and what the consumer achieves then is the
+highest rate sustained *with* a producer; (3) the same at ``--load`` of that achieved rate.
+Freshness is the time the event's batch became visible in Redis (after its write returned)
+minus its event time, p50/p99/max over the last 65,536 events. Producer, consumer, Redis (and
+the broker) share the machine, as they would on one host.
 """
 
 from __future__ import annotations
@@ -127,9 +129,15 @@ def main() -> None:
             cons = StreamConsumer(one_view(), RedisStore(url, timeout_ms=10_000),
                                   stream="fr:paced", group="g", consumer="c", batch=1000,
                                   block_ms=5)
+            first = _paced(cons, produce_stream, (url, "fr:paced", int(rate), args.seconds), 1.0)
+            rate2 = args.load * first["achieved_per_s"]
+            cons = StreamConsumer(one_view(), RedisStore(url, timeout_ms=10_000),
+                                  stream="fr:paced2", group="g", consumer="c", batch=1000,
+                                  block_ms=5)
             results["redis_stream"] = {
-                "max_sustained_per_s": round(top), "offered_per_s": round(rate),
-                **_paced(cons, produce_stream, (url, "fr:paced", int(rate), args.seconds), 1.0)}
+                "drain_per_s": round(top), "offered_per_s": round(rate), **first,
+                "at_load_of_achieved": {"offered_per_s": round(rate2), **_paced(
+                    cons, produce_stream, (url, "fr:paced2", int(rate2), args.seconds), 1.0)}}
         if "kafka" in args.sources:
             kproc, bootstrap = start_tansu()
             try:
@@ -142,10 +150,16 @@ def main() -> None:
                 top = n / dt
                 rate = args.load * top
                 src = _kafka_source(url, bootstrap, "fr-paced", "g2", 5)
+                first = _paced(src, produce_kafka, (bootstrap, "fr-paced", rate, args.seconds),
+                               3.0)
+                src.close()
+                _create_topic(bootstrap, "fr-paced2")
+                rate2 = args.load * first["achieved_per_s"]
+                src = _kafka_source(url, bootstrap, "fr-paced2", "g3", 5)
                 results["kafka"] = {
-                    "max_sustained_per_s": round(top), "offered_per_s": round(rate),
-                    **_paced(src, produce_kafka, (bootstrap, "fr-paced", rate, args.seconds),
-                             3.0)}
+                    "drain_per_s": round(top), "offered_per_s": round(rate), **first,
+                    "at_load_of_achieved": {"offered_per_s": round(rate2), **_paced(
+                        src, produce_kafka, (bootstrap, "fr-paced2", rate2, args.seconds), 3.0)}}
                 src.close()
             finally:
                 kproc.kill()
