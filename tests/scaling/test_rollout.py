@@ -148,10 +148,12 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
         assert shadow.compared >= 50 and shadow.mismatched == shadow.compared
         assert shadow.max_abs_diff == pytest.approx(0.4, rel=1e-3)
         baseline = server.server.registry.get("affine", "1")
-        assert baseline.keep_io  # a shadowed baseline keeps each request's arrays for replay
+        assert baseline.shadowed  # a shadowed baseline keeps every request's arrays for replay
         cli("rollout", "abort", "--config", config, "-m", "affine")
         controller.refresh(force=True)
-        assert not baseline.keep_io  # ...and stops once the shadow ends
+        assert not baseline.shadowed  # ...and stops once the shadow ends
+        # ...while monitoring keeps its own sample of the version's requests.
+        assert baseline.keep_io == server.server.settings.monitoring.enabled
         # A slow candidate in shadow: answers come back at the baseline's speed, not its.
         cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "3",
             "--shadow", "--percent", "100")

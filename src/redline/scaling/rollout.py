@@ -309,7 +309,7 @@ class RolloutController:
             return
         with contextlib.suppress(Exception):
             handle = self.registry.get(spec.model, str(spec.baseline))
-            handle.keep_io = True
+            handle.shadowed = True  # every request's arrays, not monitoring's sample
             self._keeping.add(handle)
 
     def _release_io(self) -> None:
@@ -317,7 +317,7 @@ class RolloutController:
         wanted = {(s.model, s.baseline) for s in self.active.values() if s.mode == "shadow"}
         for handle in list(self._keeping):
             if (handle.name, handle.version) not in wanted:
-                handle.keep_io = False
+                handle.shadowed = False
                 self._keeping.discard(handle)
 
     def _write_stats(self) -> None:
