@@ -24,35 +24,18 @@ from typing import Any
 from benchmarks.features.common import start_redis
 from benchmarks.features.ingest_bench import fill, one_view, payload
 from benchmarks.features.ingest_bench import produce as produce_stream
-from benchmarks.features.kafka_bench import GROUP_CONF, start_tansu
+from benchmarks.features.kafka_bench import GROUP_CONF, create_topic, start_tansu
+from benchmarks.features.kafka_bench import produce as produce_burst
 from redline.features.ingest import StreamConsumer
 from redline.features.online.redis import RedisStore
 
 
-def _create_topic(bootstrap: str, topic: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(topic, num_partitions=4,
-                                             replication_factor=1)]).values():
-        fut.result(15)
-
-
-def produce_kafka(bootstrap: str, topic: str, rate: float, seconds: float, n: int = 0) -> None:
-    """``n`` events as fast as possible (``rate`` 0), else ``rate`` events/s for ``seconds``,
-    event time = send time, in 5 ms ticks."""
+def produce_kafka(bootstrap: str, topic: str, rate: float, seconds: float) -> None:
+    """``rate`` events/s for ``seconds``, event time = send time, in 5 ms ticks."""
     from confluent_kafka import Producer
 
     prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1,
                      "queue.buffering.max.messages": 2_000_000})
-    if not rate:
-        now = int(time.time() * 1000)
-        for i in range(n):
-            prod.produce(topic, key=f"c{i % 10000}".encode(), value=payload(i, now))
-            if i % 10000 == 0:
-                prod.poll(0)
-        prod.flush(60)
-        return
     tick = 0.005
     per_tick = max(1, int(rate * tick))
     t0 = time.perf_counter()
@@ -141,10 +124,10 @@ def main() -> None:
         if "kafka" in args.sources:
             kproc, bootstrap = start_tansu()
             try:
-                _create_topic(bootstrap, "fr-max")
-                _create_topic(bootstrap, "fr-paced")
+                create_topic(bootstrap, "fr-max")
+                create_topic(bootstrap, "fr-paced")
                 src = _kafka_source(url, bootstrap, "fr-max", "g1", 100)
-                produce_kafka(bootstrap, "fr-max", 0, 0, args.events)
+                produce_burst(bootstrap, "fr-max", args.events, linger_ms=1)
                 n, dt = _ingest_until_quiet(src, 3.0)
                 src.close()
                 top = n / dt
@@ -153,7 +136,7 @@ def main() -> None:
                 first = _paced(src, produce_kafka, (bootstrap, "fr-paced", rate, args.seconds),
                                3.0)
                 src.close()
-                _create_topic(bootstrap, "fr-paced2")
+                create_topic(bootstrap, "fr-paced2")
                 rate2 = args.load * first["achieved_per_s"]
                 src = _kafka_source(url, bootstrap, "fr-paced2", "g3", 5)
                 results["kafka"] = {

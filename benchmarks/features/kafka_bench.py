@@ -55,8 +55,8 @@ def start_tansu() -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    from confluent_kafka import Producer
+def create_topic(bootstrap: str, topic: str) -> None:
+    """A 4-partition topic (nothing if it exists already)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -66,8 +66,15 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
             fut.result(15)
         except Exception:  # noqa: BLE001 - it exists already
             pass
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
-                     "queue.buffering.max.messages": 1_000_000})
+
+
+def produce(bootstrap: str, topic: str, n: int, linger_ms: int = 20) -> None:
+    """``n`` events as fast as the producer goes, into ``topic`` (created if missing)."""
+    from confluent_kafka import Producer
+
+    create_topic(bootstrap, topic)
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms,
+                     "queue.buffering.max.messages": 2_000_000})
     now = int(time.time() * 1000)
     for i in range(n):
         prod.produce(topic, key=f"c{i % 10000}".encode(), value=payload(i, now))

@@ -137,3 +137,15 @@ def serve() -> Iterator[Any]:
     yield start
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def server(request: pytest.FixtureRequest, serve: Any, repo_path: Path,
+           defs_path: Path) -> ServerThread:
+    """A server of the trained models, once on the memory store and once on a real Redis."""
+    if request.param == "redis":
+        redis_server = request.getfixturevalue("redis_server")
+        settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    else:
+        settings = make_settings(repo_path, defs_path)
+    return serve(settings)

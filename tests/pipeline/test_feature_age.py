@@ -8,19 +8,6 @@ import time
 
 import httpx
 import orjson
-import pytest
-
-from tests.pipeline.conftest import make_settings
-
-
-@pytest.fixture(params=["memory", "redis"])
-def server(request, serve, repo_path, defs_path):
-    if request.param == "redis":
-        redis_server = request.getfixturevalue("redis_server")
-        settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
-    else:
-        settings = make_settings(repo_path, defs_path)
-    return serve(settings)
 
 
 def _age(text: str) -> tuple[float, float]:

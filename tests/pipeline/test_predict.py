@@ -26,16 +26,6 @@ def expected_score(repo_path, row: list[float]) -> float:
     return float(out["probabilities"][0, 1])
 
 
-@pytest.fixture(params=["memory", "redis"])
-def server(request, serve, repo_path, defs_path):
-    if request.param == "redis":
-        redis_server = request.getfixturevalue("redis_server")
-        settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
-    else:
-        settings = make_settings(repo_path, defs_path)
-    return serve(settings)
-
-
 def test_predict_reads_features_applies_transform_and_answers(server, repo_path):
     with httpx.Client(base_url=server.url, timeout=10) as c:
         r = c.post("/v1/events", content=events("c1", [10.0, 30.0]))

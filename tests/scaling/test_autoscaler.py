@@ -44,26 +44,33 @@ def test_latency_alone_scales_up_and_bounds_hold() -> None:
     assert busy_but_fast.target == 2  # between the marks: no flapping
 
 
+def surge_config(scale_down_cooldown_s: float) -> str:
+    """Scale 1..2 workers on a queue of one request, quickly up, down after the cool-down."""
+    return CONFIG + ("scaling:\n  min_workers: 1\n  max_workers: 2\n  queue_high: 1.0\n"
+                     "  queue_low: 0.5\n  autoscale_interval_s: 0.2\n"
+                     "  scale_up_cooldown_s: 0.5\n"
+                     f"  scale_down_cooldown_s: {scale_down_cooldown_s}\n")
+
+
+def wait_for_log(serve: Serve, line: str, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in serve.log.read_text():
+        assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
+        time.sleep(0.1)
+
+
 def test_a_real_surge_adds_a_worker_and_the_lull_removes_it(tmp_path: Path) -> None:
     ModelRepository(tmp_path / "repo").add_onnx("affine", slow_affine(layers=60))
-    config = CONFIG + ("scaling:\n  min_workers: 1\n  max_workers: 2\n  queue_high: 1.0\n"
-                       "  queue_low: 0.5\n  autoscale_interval_s: 0.2\n"
-                       "  scale_up_cooldown_s: 0.5\n  scale_down_cooldown_s: 1.5\n")
+    config = surge_config(scale_down_cooldown_s=1.5)
     serve = Serve(tmp_path, "--workers", "1", config=config).wait_ready()
     try:
         serve.wait_children(1)
         with SteadyLoad(serve.url, threads=8, seconds=20, pause_s=0.0) as load:
-            deadline = time.monotonic() + 15
-            while "autoscale 1 -> 2" not in serve.log.read_text():
-                assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
-                time.sleep(0.1)
+            wait_for_log(serve, "autoscale 1 -> 2")
             serve.wait_children(2)
             result = load.stop()
         assert result.failed == 0, result.errors[:5]
-        deadline = time.monotonic() + 15
-        while "autoscale 2 -> 1" not in serve.log.read_text():
-            assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
-            time.sleep(0.1)
+        wait_for_log(serve, "autoscale 2 -> 1")
         serve.wait_children(1)  # the retired worker drained and exited; none replaced it
         log = serve.log.read_text()
         assert re.search(r"autoscale 1 -> 2 workers: up: queue", log)
@@ -83,9 +90,7 @@ def test_a_grpc_surge_adds_a_worker(tmp_path: Path) -> None:
     from redline.proto import grpc_service_pb2_grpc as pbg
 
     ModelRepository(tmp_path / "repo").add_onnx("affine", slow_affine(layers=60))
-    config = CONFIG + ("scaling:\n  min_workers: 1\n  max_workers: 2\n  queue_high: 1.0\n"
-                       "  queue_low: 0.5\n  autoscale_interval_s: 0.2\n"
-                       "  scale_up_cooldown_s: 0.5\n  scale_down_cooldown_s: 60\n")
+    config = surge_config(scale_down_cooldown_s=60)
     serve = Serve(tmp_path, "--workers", "1", config=config).wait_ready()
     stop = threading.Event()
     answered: list[int] = []
@@ -111,10 +116,7 @@ def test_a_grpc_surge_adds_a_worker(tmp_path: Path) -> None:
         serve.wait_children(1)
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 15
-        while "autoscale 1 -> 2" not in serve.log.read_text():
-            assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
-            time.sleep(0.1)
+        wait_for_log(serve, "autoscale 1 -> 2")
         serve.wait_children(2)
     finally:
         stop.set()

@@ -96,17 +96,10 @@ class RedisReader:
         self.windows = [w.window for v in plan.views for w in v.layout().windows]
         # a row of the reply: any data, every view's outputs, one newest event time per view
         self.row_width = 1 + plan.width + len(plan.views)
-        self._tile_sizes = sorted({w.tile_ms for ws in self.view_windows for w in ws})
-        self._args_at: tuple[tuple[int, ...], list[Any]] | None = None
         if store.cluster:
             self.cluster = _ClusterRead(self, cache)
 
     def _args(self, now: int, views: Sequence[int] | None = None) -> list[Any]:
-        if views is None:  # the same for every read until a tile boundary passes: kept
-            at = tuple(now // t for t in self._tile_sizes)
-            last = self._args_at
-            if last is not None and last[0] == at:
-                return last[1]
         picked = range(len(self.plan.views)) if views is None else views
         # "#t": the cached result's layout (outputs, then the newest event time)
         args: list[Any] = [
@@ -117,8 +110,6 @@ class RedisReader:
                 lo, hi = w.covering(now)
                 args.append(lo)
                 args.append(hi)
-        if views is None:
-            self._args_at = (at, args)
         return args
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32

@@ -325,18 +325,6 @@ return {acked, accepted, dead}
 
 _FIELDS = ("n", "s", "c", "mu", "m2", "mn", "mx", "lt", "la", "li", "lv")
 
-# ``merge`` of PARTIALS restricted to (n, sum, compensation): its first lines, on those values
-# only (no other field of ``merge`` feeds them), for windows that output only counts and sums.
-MERGE_NS = r"""
-local function merge_ns(n, s, c, n2, s2, c2)
-  if n2 == 0 then return n, s, c end
-  if n == 0 then return n2, s2, c2 end
-  s, c = neu(s, c, s2)
-  s, c = neu(s, c, c2)
-  return n + n2, s, c
-end
-"""
-
 
 def _acc(w: int) -> str:
     return ", ".join(f"{v}{w}" for v in _FIELDS)
@@ -354,13 +342,9 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
 
     The result cache holds a view's outputs and newest time for one signature; writes delete it,
     and a new tile changes the signature, so a hit returns exactly what merging the tiles would.
-
-    A window whose outputs are only counts and sums merges with ``merge_ns`` — ``merge``
-    restricted to (n, sum, compensation), the same operations on those three values — instead
-    of the full record.
     """
     nv = len(views)
-    lines = [PARTIALS, MERGE_NS, "local unpack_, pack = struct.unpack, struct.pack",
+    lines = [PARTIALS, "local unpack_, pack = struct.unpack, struct.pack",
              f"local nv = {nv}", "local A = {}",
              "for i = 1, #ARGV do A[i] = tonumber(ARGV[i]) end",
              "local replies = {}",
@@ -372,8 +356,6 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
         lay = view.layout()
         nout = len(lay.outputs)
         fmt = "<" + "d" * (nout + 1)
-        kinds = {w.wid: {o.kind for o in lay.outputs if o.wid == w.wid} for w in lay.windows}
-        small = {wid for wid, ks in kinds.items() if ks <= {"count", "sum"}}
         lines.append("  do")
         lines.append("    local hit = false")
         lines.append("    local newest = -INF")
@@ -398,8 +380,6 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
             if g.hll:
                 lines.append(f"    local h{w.wid} = {{}}")
                 lines.append(f"    for i = 1, 256 do h{w.wid}[i] = 0 end")
-            elif w.wid in small:
-                lines.append(f"    local n{w.wid}, s{w.wid}, c{w.wid} = 0, 0.0, 0.0")
             else:
                 lines.append(f"    local {_acc(w.wid)} = "
                              "0, 0.0, 0.0, 0.0, 0.0, INF, -INF, -INF, -INF, -INF, 0/0")
@@ -422,12 +402,8 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
             lines.append("            if n > 0 and lt > newest then newest = lt end")
             for w in wins:
                 lines.append(f"            if idx >= lo{w.wid} and idx <= hi{w.wid} then")
-                if w.wid in small:
-                    lines.append(f"              n{w.wid}, s{w.wid}, c{w.wid} = merge_ns("
-                                 f"n{w.wid}, s{w.wid}, c{w.wid}, n, s, c)")
-                else:
-                    lines.append(f"              {_acc(w.wid)} = merge({_acc(w.wid)}, "
-                                 "n, s, c, mu, m2, mn, mx, lt, la, li, lv)")
+                lines.append(f"              {_acc(w.wid)} = merge({_acc(w.wid)}, "
+                             "n, s, c, mu, m2, mn, mx, lt, la, li, lv)")
                 lines.append("            end")
             lines.append("          end")
         if not first:
