@@ -272,7 +272,11 @@ def test_slow_log_and_cli_top_and_drift(served) -> None:  # type: ignore[no-unty
         assert http.get("/v1/debug/slow").status_code == 401
         slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
         assert slow and slow[0]["total_us"] >= slow[-1]["total_us"]
-        assert "inference" in slow[0]["stages_us"]
+        # The server is shared by the module: an earlier test's refused request (no stage run)
+        # can be among the slowest of the minute. Every answered inference carries its stages.
+        answered = [r for r in slow if r["api"] == "v2" and r["status"] == "ok"
+                    and r["model"] == "fraud"]
+        assert answered and all("inference" in r["stages_us"] for r in answered), slow
     time.sleep(0.3)  # one tick
     env = {**os.environ, "PYTHONPATH": "src", "COLUMNS": "200"}
     cli = [sys.executable, "-m", "redline.cli"]
