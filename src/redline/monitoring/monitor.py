@@ -144,9 +144,10 @@ class ServerMonitor:
         return done
 
     def use_trace_exporter(self, exporter: Any) -> Any:
-        """Export spans to ``exporter`` (an OpenTelemetry ``SpanExporter``); returns the
-        tracing object. Works before or after the observers are wired: the feed's records
-        reach it at the next fold, and responses carry a ``traceparent`` from now on."""
+        """Export spans to ``exporter`` (a ``tracing.SpanSink``: ``send(bytes)`` of an OTLP
+        protobuf request, e.g. ``OtlpHttpSink``); returns the tracing object. Works before or
+        after the observers are wired: the feed's records reach it at the next fold, and
+        responses carry a ``traceparent`` from now on."""
         from redline.monitoring.tracing import TraceExport
 
         mon = self.settings.monitoring
