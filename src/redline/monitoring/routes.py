@@ -41,7 +41,8 @@ def install_routes(app: Any, monitor: Any) -> None:
     async def slow(request: HttpRequest) -> HttpResponse:
         monitor.drain()  # the records since the last tick too
         return HttpResponse.json({"window_s": monitor.slow.window_s,
-                                  "requests": monitor.slow.slowest()})
+                                  "requests": monitor.slow.slowest(),
+                                  "worker_pid": os.getpid()})  # this worker's requests
 
     async def drift(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]
@@ -51,7 +52,8 @@ def install_routes(app: Any, monitor: Any) -> None:
         reports = await asyncio.to_thread(_drift_reports, monitor, name, version)
         return HttpResponse.json({"model": name, "versions": reports,
                                   "note": None if reports else
-                                  "no live traffic for this model yet: drift needs requests"})
+                                  "no live traffic for this model yet: drift needs requests",
+                                  "worker_pid": os.getpid()})  # over this worker's requests
 
     async def quality(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]
