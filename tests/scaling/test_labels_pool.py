@@ -9,6 +9,7 @@ and after the restart the predictions made meanwhile still take their labels.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -192,3 +193,33 @@ def test_redis_killed_mid_way_labels_get_503_and_the_join_recovers(
     log = serve.log.read_text()
     assert "Traceback" not in log
     assert "label join: predictions wait in memory" in log
+
+
+def test_a_pools_join_is_bounded_and_counts_late_and_unmatched_labels(tmp_path: Path) -> None:
+    """A pool with a small join: at most ``capacity`` predictions wait (in the file itself),
+    as many ids that left are remembered, so their labels count as late; older ones and
+    unknown ids as unmatched; nothing is dropped without a count."""
+    make_repository(tmp_path / "repo")
+    path = tmp_path / "state" / "labels.sqlite"
+    config = CONFIG + (f"  quality_join_capacity: 100\n  quality_window: 50\n"
+                       f"  quality_path: {path}\n")
+    serve = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
+    try:
+        serve.wait_children(2)
+        scores = predict(serve.url, "b", 300)
+        time.sleep(1.0)  # both workers' ticks have written and evicted
+        with sqlite3.connect(path) as db:
+            counts = dict(db.execute("SELECT 'pending', count(*) FROM pending UNION ALL "
+                                     "SELECT 'gone', count(*) FROM gone UNION ALL "
+                                     "SELECT 'recent', count(*) FROM recent"))
+        assert counts == {"pending": 100, "gone": 100, "recent": 50}
+        got = post_labels(serve.url, labels_for(scores, 4), per_post=300)
+        assert got == {"joined": 100, "late": 100, "unmatched": 100}
+        (answer, _) = quality_from_every_worker(serve.url)
+        version = answer["versions"][0]
+        assert version["evicted"] == 200 and version["late_labels"] == 100
+        assert version["pending_join"] == 0 and version["labelled"] == 50  # the window
+        assert answer["unmatched_labels"] == 100
+        assert answer["label_join"]["store"] == "sqlite"
+    finally:
+        assert serve.stop() == 0

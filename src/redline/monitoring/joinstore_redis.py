@@ -94,7 +94,7 @@ class RedisJoin:
         self._batches: deque[tuple[int, float, list[str], list[float]]] = deque()
         self._seq = itertools.count()
         self._rows = 0
-        self.unsent_dropped = 0  # predictions lost because Redis was down longer than the bound
+        self._dropped = 0  # predictions dropped from the local batches before they were written
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- predictions (the tick)
@@ -103,15 +103,17 @@ class RedisJoin:
         with self._lock:
             self._batches.append((next(self._seq), time.time(), list(request_ids), values))
             self._rows += len(values)
-            bound = self.capacity + self.window
+            # Bounded while it waits (Redis down): the oldest batches go, counted as evicted at
+            # the next write.
+            bound = 2 * self.capacity + self.window
             while self._rows > bound and len(self._batches) > 1:
                 _, _, ids, dropped = self._batches.popleft()
                 self._rows -= len(dropped)
-                self.unsent_dropped += sum(1 for rid in ids if rid)
+                self._dropped += sum(1 for rid in ids if rid)
 
     def flush(self) -> None:
         with self._lock:
-            batches = list(self._batches)
+            batches, dropped = list(self._batches), self._dropped
         if not batches:
             return
         k = self.keys
@@ -125,13 +127,16 @@ class RedisJoin:
             if values:
                 pipe.rpush(k["recent"], *values[-self.window:])
         pipe.ltrim(k["recent"], -self.window, -1)
+        if dropped:
+            pipe.hincrby(k["counts"], "evicted", dropped)
         self.backend.evict(keys=[k["pending"], k["times"], k["gone"], k["counts"],
                                  k["pairs"], k["recent"]],
                            args=[now - self.ttl, self.capacity, self.ttl, now], client=pipe)
         self.backend.guarded(pipe.execute)
         with self._lock:  # written: forget them (new ones may have come meanwhile)
             while self._batches and self._batches[0][0] <= batches[-1][0]:
-                self._rows -= len(self._batches.popleft()[2])
+                self._rows -= len(self._batches.popleft()[3])
+            self._dropped -= dropped
 
     # ---------------------------------------------------------------- labels (the routes)
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
@@ -170,10 +175,6 @@ class RedisJoin:
         labelled = _floats(pairs).reshape(-1, 2)
         evicted, joined, late = (int(c or 0) for c in counts)
         return JoinSnapshot(labelled, _floats(recent), int(pending), evicted, joined, late)
-
-    @property
-    def unsent(self) -> int:
-        return self._rows
 
 
 class RedisBackend:

@@ -212,6 +212,11 @@ class ServerMonitor:
                 log.exception("monitoring tick failed")
 
     def close(self) -> None:
+        try:  # the last requests' predictions into a shared label join (a worker that drains)
+            self.drain()
+            self.windows.absorb()
+        except Exception:  # noqa: BLE001 - monitoring must never stop a shutdown
+            log.exception("writing the last predictions to the label join failed")
         if self.tracing is not None:
             self.tracing.close()
         if self.alerts is not None:
