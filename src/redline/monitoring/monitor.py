@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from bisect import bisect_left
 from collections import deque
 from typing import Any
 
+from redline.errors import StoreUnavailable
+from redline.monitoring.joinstore import join_backend
 from redline.monitoring.metrics import (
     BREAKER_LEVEL,
     TOTAL,
@@ -83,7 +86,8 @@ class ServerMonitor:
         self.feed = RecordFeed(self)
         self.slow = SlowLog(mon.slow_log_size)
         self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
-        self.windows = ModelWindows(self._metadata, mon, self.review)
+        self.windows = ModelWindows(self._metadata, mon, self.review,
+                                    join=join_backend(settings))
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
         if trace_exporter is None and mon.otlp_endpoint:
@@ -369,7 +373,10 @@ class ServerMonitor:
                     export.drift_score.labels(*key, f["feature"], stat).set(value)
                 export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
         for key, quality in list(self.windows.quality.items()):
-            report = quality.report()
+            try:
+                report = quality.report()
+            except StoreUnavailable:
+                continue  # a shared label join is down: the last report stands, routes say 503
             self.quality_reports[key] = report
             for kind in ("realised", "estimated"):
                 for metric, value in (report.get(kind) or {}).items():
@@ -406,6 +413,8 @@ class ServerMonitor:
         history = list(self.history)[-ticks:]
         return {
             "now": round(time.time(), 3), "tick_s": self.tick_s, "history": history,
+            # with several workers these figures are this worker's (/metrics merges them all)
+            "worker_pid": os.getpid(),
             "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
             "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
             "tracing": self.tracing.stats() if self.tracing is not None else None,
