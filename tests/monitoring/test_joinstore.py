@@ -8,6 +8,7 @@ recovery.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,12 @@ def test_predictions_waiting_for_a_down_store_are_bounded_and_counted(
     # 2 x capacity + window (25) waited; the 15 before them were dropped, counted as evicted
     assert snap.pending == 10 and snap.evicted == 30
     assert join_labels([q.state], ["r39", "r29", "r0"], [1.0, 1.0, 1.0]) == (1, ["r0"], 1)
+
+
+def test_one_worker_holds_the_alert_lease_until_it_stops_renewing(backends: Factory) -> None:
+    a, b = backends(), backends()
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)  # renewed by its holder
+    time.sleep(0.7)  # a stopped renewing (a worker that died)
+    assert b.leads("alerts", 0.5) and not a.leads("alerts", 0.5)
+    assert MemoryBackend().leads("alerts", 0.5)  # one process: always

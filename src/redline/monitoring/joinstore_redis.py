@@ -18,8 +18,11 @@ is one Lua call per chunk of labels, atomic, so two workers never join one predi
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any
 
@@ -77,6 +80,15 @@ if joined > 0 then
   redis.call('EXPIRE', l, ttl); redis.call('EXPIRE', c, ttl)
 end
 return out
+"""
+
+LEASE = """
+local owner = redis.call('GET', KEYS[1])
+if not owner or owner == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
 """
 
 
@@ -190,6 +202,8 @@ class RedisBackend:
         self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
         self.evict = self.client.register_script(EVICT)
         self.join = self.client.register_script(JOIN)
+        self.lease = self.client.register_script(LEASE)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.states: list[RedisJoin] = []
         self._unmatched_key = f"{PREFIX}:unmatched"
 
@@ -210,6 +224,15 @@ class RedisBackend:
     def unmatched(self, model: str) -> int:
         got = self.guarded(lambda: self.client.hmget(self._unmatched_key, [model, ""]))
         return sum(int(v or 0) for v in got)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        """Whether this process holds (or now takes) the lease ``name``; with Redis down, yes:
+        an alert sent twice beats one not sent."""
+        try:
+            return bool(self.guarded(lambda: self.lease(
+                keys=[f"{PREFIX}:lease:{name}"], args=[self.owner, int(ttl_s * 1000)])))
+        except StoreUnavailable:
+            return True
 
     def guarded(self, fn: Any) -> Any:
         import redis

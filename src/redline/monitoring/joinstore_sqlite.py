@@ -12,6 +12,7 @@ join one prediction twice.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -34,6 +35,7 @@ CREATE INDEX IF NOT EXISTS pairs_mv ON pairs(mv, id);
 CREATE TABLE IF NOT EXISTS recent(id INTEGER PRIMARY KEY AUTOINCREMENT, mv TEXT, score REAL);
 CREATE INDEX IF NOT EXISTS recent_mv ON recent(mv, id);
 CREATE TABLE IF NOT EXISTS counts(mv TEXT, name TEXT, n INTEGER, PRIMARY KEY(mv, name));
+CREATE TABLE IF NOT EXISTS lease(name TEXT PRIMARY KEY, owner TEXT, until REAL);
 """
 _TRIM = ("DELETE FROM {table} WHERE mv = ?1 AND id <= (SELECT id FROM {table} WHERE mv = ?1 "
          "ORDER BY id DESC LIMIT 1 OFFSET ?2)")
@@ -214,6 +216,25 @@ class SqliteBackend:
             "SELECT sum(n) FROM counts WHERE mv = ? AND name IN (?, '')",
             ("\x1funmatched", model)).fetchone(), write=False)
         return int(rows[0] or 0)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        """Whether this process holds (or now takes) the lease ``name``; with the file unusable,
+        yes: an alert sent twice beats one not sent."""
+        owner = f"{os.getpid()}:{id(self)}"
+
+        def run(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            row = db.execute("SELECT owner, until FROM lease WHERE name = ?", (name,)).fetchone()
+            if row is None or row[0] == owner or row[1] < now:
+                db.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)",
+                           (name, owner, now + ttl_s))
+                return True
+            return False
+
+        try:
+            return bool(self.transaction(run))
+        except StoreUnavailable:
+            return True
 
     def transaction(self, fn: Any, write: bool = True) -> Any:
         """``fn(db)`` in one transaction (IMMEDIATE for writes: the write lock is taken at the

@@ -112,6 +112,7 @@ class ServerMonitor:
         self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self._observers_extra: list[Any] = []
+        self._alert_leader = True
 
     # ------------------------------------------------------------------ wiring
     def observers(self) -> list[Any]:
@@ -240,7 +241,7 @@ class ServerMonitor:
         await asyncio.to_thread(self._windows_work, evaluate)
         point["drift"] = {f"{m}:{v}": r["drifted"] for (m, v), r in self.drift_reports.items()}
         self.history.append(point)
-        if self.alerts is not None:
+        if self.alerts is not None and self._alert_leader:
             self.alerts.update(self._conditions())
 
     def _series_point(self, dt: float) -> dict[str, Any]:
@@ -357,6 +358,8 @@ class ServerMonitor:
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
+        if self.alerts is not None:  # one worker of a pool sends the webhook (joinstore lease)
+            self._alert_leader = self.windows.join.leads("alerts", max(3.0, 3 * self.tick_s))
         if not evaluate:
             return
         self.evaluate()
