@@ -88,7 +88,15 @@ class Target:
 
 
 def interleaved(targets: list[Target], rounds: int, slice_s: float, **load: object) -> dict:
-    """Alternate short slices between targets; merge each target's slices into one result."""
+    """Alternate short slices between targets; merge each target's slices into one result.
+
+    The load generator shares CPU 1 with the redis-servers, so its pre-send spin yields the CPU
+    on every turn (``spin_yield``) unless ``load`` says otherwise: a spin that holds the core
+    delays each Redis wake-up behind it by up to a scheduler slice (measured with
+    ``tail_probe.py``: redis-server's wake-up delay p99 3.7 ms spinning, 25 us yielding), a
+    cost of the measuring tool that landed on every Redis-backed server's tail and not on the
+    floor's."""
+    load = {"spin_yield": True, **load}
     from hdrh.histogram import HdrHistogram
 
     from redline.bench.runner import LoadSpec, run_load
@@ -120,16 +128,18 @@ def interleaved(targets: list[Target], rounds: int, slice_s: float, **load: obje
 
 
 def compare(targets: list[Target], duration: float, cases: set[str] | None = None,
-            rounds: int = 4) -> dict:
+            rounds: int = 4, spin_yield: bool = True) -> dict:
     """``cases``: which of c1, c8, open_500 and ladder to run (all by default); ``rounds``:
-    interleaved slices per side and case (the duration is split over them)."""
+    interleaved slices per side and case (the duration is split over them); ``spin_yield``:
+    False for the load generator's CPU-holding spin of runs before 2026-12-01 13:00 UTC."""
     slice_s = max(1.0, duration / rounds)
+    y = {"spin_yield": spin_yield}
     out: dict = {}
     for name, load in (("c1", {"connections": 1}), ("c8", {"connections": 8}),
                        ("open_500", {"rate": 500.0, "connections": 64})):
         if cases is not None and name not in cases:
             continue
-        out[name] = interleaved(targets, rounds, slice_s, **load)
+        out[name] = interleaved(targets, rounds, slice_s, **load, **y)
         print(name, {k: (v["rps"], v["p50_ms"], v["p99_ms"]) for k, v in out[name].items()},
               file=sys.stderr)
     if cases is not None and "ladder" not in cases:
@@ -141,7 +151,7 @@ def compare(targets: list[Target], duration: float, cases: set[str] | None = Non
         live = [t for t in targets if misses[t.label] < 2]
         if not live:
             break
-        step = interleaved(live, 2, slice_s, rate=rate, connections=64)
+        step = interleaved(live, 2, slice_s, rate=rate, connections=64, **y)
         for label, res in step.items():
             ok = res["p99_ms"] <= 5.0 and not res["errors"] and res["rps"] >= 0.95 * rate
             ladder[label].append({"rate": rate, "p50_ms": res["p50_ms"],
@@ -296,6 +306,9 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated subset of c1,c8,open_500,ladder")
     parser.add_argument("--rounds", type=int, default=4,
                         help="interleaved slices per side and case (default 4)")
+    parser.add_argument("--spin-hog", action="store_true",
+                        help="the load generator spins without yielding before each send (as "
+                        "in runs before 2026-12-01 13:00 UTC), holding CPU 1 from redis-server")
     parser.add_argument("--before", help="src/ of another redline tree, served as a third "
                         "target (redline_before) interleaved with the others")
     parser.add_argument("--before-env", action="append", default=[], metavar="KEY=VALUE",
@@ -316,7 +329,8 @@ def main() -> None:
             targets.append(start_feast(args, procs))
         targets.append(start_floor(work, procs))
         cases = set(args.cases.split(",")) if args.cases else None
-        out = {"redline_setup": info, **compare(targets, args.duration, cases, args.rounds)}
+        out = {"redline_setup": info, **compare(targets, args.duration, cases, args.rounds,
+                                                       not args.spin_hog)}
         # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
         out["redline_pipeline_stats"] = httpx.get(target.url + "/v1/pipeline/stats").json()
     finally:

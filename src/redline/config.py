@@ -198,6 +198,12 @@ class MonitoringSettings:
     quality_join_ttl_s: float = 7 * 24 * 3600.0
     quality_window: int = 5000  # labelled predictions the rolling quality is computed over
     quality_tolerance: float = 0.05  # alarm when quality is worse than validation by this fraction
+    # Where the label join lives (monitoring/joinstore.py): auto = Redis when features.store is
+    # redis (every worker and replica shares it), else the SQLite file quality_path when set (a
+    # pool of workers sets one in its state directory), else this process (one worker only).
+    quality_store: str = "auto"  # auto | memory | sqlite | redis
+    quality_path: str | None = field(default=None, metadata={"path": True})  # the SQLite file
+    quality_store_timeout_ms: float = 2000.0  # a shared join slower than this answers 503
     # Human review: uncertain / out-of-range / drifted requests, at a bounded rate.
     review_per_minute: float = 30.0
     review_capacity: int = 1000

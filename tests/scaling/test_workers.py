@@ -128,11 +128,15 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None
     assert "error [" in log and "Traceback" not in log
 
 
-def test_labels_and_quality_are_refused_by_a_pool_of_workers(tmp_path: Path) -> None:
-    """The label join is per process: a pool answers a clear 409 rather than losing labels,
-    and everything else (predictions, metrics) still works; one worker takes labels."""
+def test_labels_and_quality_are_refused_by_a_pool_told_to_keep_them_per_worker(
+        tmp_path: Path) -> None:
+    """With ``monitoring.quality_store: memory`` the label join is per process: a pool answers a
+    clear 409 naming the fix rather than losing labels, and everything else (predictions,
+    metrics) still works; one worker takes labels. (By default a pool shares its join:
+    tests/scaling/test_labels_pool.py.)"""
     config = ("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
-              "server:\n  watch_repository: false\nmonitoring:\n  enabled: true\n")
+              "server:\n  watch_repository: false\nmonitoring:\n  enabled: true\n"
+              "  quality_store: memory\n")
     pool = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
     try:
         pool.wait_children(2)
@@ -146,6 +150,7 @@ def test_labels_and_quality_are_refused_by_a_pool_of_workers(tmp_path: Path) -> 
             assert r.status_code == 409, r.text
             assert r.json()["code"] == "per_worker_state"
             assert "--workers 1" in r.json()["error"]
+            assert "quality_store to auto" in r.json()["error"]
         assert httpx.get(f"{pool.url}/metrics").status_code == 200
     finally:
         assert pool.stop() == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import urllib.request
 from collections import Counter
@@ -53,6 +54,10 @@ class LoadSpec:
     # (REST), or a serialised redline.v1 PredictRequest (gRPC).
     v1_body: bytes | None = None
     path: str | None = None  # REST path for v1_body instead of /v1/models/{model}/predict (peers)
+    # Open loop: spin (instead of sleeping) this long before each send, yielding the CPU to
+    # any other runnable task on every turn when ``spin_yield`` (see ``_measure``).
+    spin_s: float = 0.0015
+    spin_yield: bool = False
 
 
 @dataclass
@@ -228,15 +233,18 @@ async def _measure(spec: LoadSpec, call: Callable[[], Awaitable[Any]], duration_
             # Open loop: fire on schedule, never wait for answers.
             times = send_times(spec.rate, duration_s, spec.schedule, spec.seed) + start
             tasks: set[asyncio.Task[None]] = set()
+            spin, spin_yield = spec.spin_s, spec.spin_yield
             for due in times:
                 # uvloop's timers have 1 ms resolution: sleeping the whole gap would send late
                 # and charge the lateness to the server. Sleep most of it, then spin (the loop
-                # still runs I/O between spins; the load tool has its own core).
+                # still runs I/O between spins).
                 delay = due - now()
-                if delay > 0.002:
-                    await asyncio.sleep(delay - 0.0015)
+                if delay > spin + 0.0005:
+                    await asyncio.sleep(delay - spin)
                 while now() < due:
                     await asyncio.sleep(0)
+                    if spin_yield:
+                        os.sched_yield()
                 task = asyncio.ensure_future(one(float(due)))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

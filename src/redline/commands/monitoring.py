@@ -94,6 +94,7 @@ def top(url: str | None, admin_token: str | None, model: str | None, interval: f
 
     One row per stage of each series (API, model, version), the last second's figures; below,
     the slowest requests of the last minute with their stage timings (with --admin-token).
+    With several workers behind the port each view is the answering worker's (its pid shown).
 
     \b
     Examples:
@@ -130,7 +131,8 @@ def snapshot(url: str, token: str | None, model: str | None) -> dict[str, Any]:
     models = {k: v for k, v in last.get("models", {}).items()
               if model is None or v.get("model") == model}
     view: dict[str, Any] = {"url": url, "time": last.get("t"), "series": series,
-                            "models": models, "slow": None}
+                            "models": models, "slow": None,
+                            "worker_pid": summary.get("worker_pid")}
     if token:
         slow = call(url, "/v1/debug/slow", token)["requests"]
         view["slow"] = [s for s in slow if model is None or s["model"] == model]
@@ -143,7 +145,11 @@ def render_top(view: dict[str, Any]) -> Any:
     from rich.text import Text
 
     when = time.strftime("%H:%M:%S", time.localtime(view["time"])) if view["time"] else "–"
-    parts: list[Any] = [Text(f"redline {view['url']}  {when}  (last second)", style="bold")]
+    # With several workers behind the port each refresh shows the worker that answered.
+    pid = view.get("worker_pid")
+    worker = f"  worker pid {pid}" if pid else ""
+    parts: list[Any] = [Text(f"redline {view['url']}{worker}  {when}  (last second)",
+                             style="bold")]
     if not view["series"]:
         parts.append(Text("no requests in the last second"))
     for key, s in sorted(view["series"].items()):

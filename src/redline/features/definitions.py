@@ -308,6 +308,9 @@ class ViewLayout:
             TileGroup(i, fld, hll, tile, k, ring_size(k, tile, skew))
             for i, ((fld, hll, tile), k) in enumerate(sorted(grid.items(), key=_group_order))
         )
+        if len(groups) > 256:  # a group is one byte of its tag in the Redis hash
+            raise ConfigError(f"view '{view.name}' needs {len(groups)} tile grids (at most 256): "
+                              "use fewer distinct (field, tile size) pairs or split the view")
         by_key = {(g.field, g.hll, g.tile_ms): g.gid for g in groups}
         windows: dict[tuple[int, int], WindowRef] = {}
         outputs = []

@@ -27,12 +27,26 @@ from redline.features.definitions import EventSource, FeatureDefinitions, Featur
 from redline.features.tiles import admit, place
 
 KEY_PREFIX = "rl"
+# Redis key schema 2: one hash per (entity, source) holds every view's tiles (docs/features.md)
+STORE_PREFIX = "rl2"
 
 
 def entity_key(entity: str, entity_id: str, view: FeatureView) -> str:
-    """Redis/memory key of one entity's tiles in one view version; ``{...}`` is the hash tag, so
-    every view of one entity lives on one Redis Cluster shard."""
+    """Memory-store key of one entity's tiles in one view version (also the name a batch gives
+    an entity-view); ``{...}`` is the hash tag, so every key of one entity is on one shard."""
     return f"{KEY_PREFIX}:{{{entity}:{entity_id}}}:{view.name}:{view.version}"
+
+
+def store_key(entity: str, entity_id: str, source: str) -> str:
+    """Redis key of one entity's tiles of every view of ``source`` (key schema 2): one hash, so a
+    batch touches it once for all the source's views, and a read gets them in one call."""
+    return f"{STORE_PREFIX}:{{{entity}:{entity_id}}}:{source}"
+
+
+def view_tag(view: FeatureView) -> int:
+    """A number naming a view version inside a schema-2 hash: 40 bits of its version, times 256
+    (the tile group is added), so ``tag + gid`` is exact as a double in Lua and in numpy."""
+    return int(view.version[:10], 16) * 256
 
 
 @dataclass
@@ -57,19 +71,25 @@ class UpdateBatch:
     key_ttl_ms: list[int] = field(default_factory=list)
     key_dedup_ms: list[int] = field(default_factory=list)  # event-id window per key (0: off)
     key_index: dict[str, int] = field(default_factory=dict)
+    # per key, where Redis keeps it (key schema 2): the (entity, source) hash and the view's tag
+    key_store: list[str] = field(default_factory=list)
+    key_tag: list[int] = field(default_factory=list)
     ops: list[tuple[int, int, int, int, int, int, int, float, int, int, int]] = field(
         default_factory=list)
     accepted: list[int] = field(default_factory=list)  # tags of accepted events
     event_ts: list[int] = field(default_factory=list)  # their event times (for freshness)
     rejected: list[Rejected] = field(default_factory=list)
 
-    def key(self, name: str, ttl_ms: int, dedup_ms: int = 0) -> int:
+    def key(self, name: str, ttl_ms: int, dedup_ms: int = 0, store: str = "", tag: int = 0
+            ) -> int:
         i = self.key_index.get(name)
         if i is None:
             i = self.key_index[name] = len(self.keys)
             self.keys.append(name)
             self.key_ttl_ms.append(ttl_ms)
             self.key_dedup_ms.append(dedup_ms)
+            self.key_store.append(store)
+            self.key_tag.append(tag)
         return i
 
 
@@ -208,13 +228,15 @@ class _SourcePlan:
         self.grids = sorted({(g.tile_ms, g.tiles, g.ring) for v in views
                              for g in v.layout().groups})
         grid_index = {grid: i for i, grid in enumerate(self.grids)}
-        # per view: the key around the entity id, its TTL, and its tile groups
+        # per view: the key around the entity id, its TTL, its tag and its tile groups
         self.views = [
             (f"{KEY_PREFIX}:{{{self.entity}:", f"}}:{v.name}:{v.version}", v.layout().ttl_ms,
-             [(g.gid, g.field, g.hll, grid_index[(g.tile_ms, g.tiles, g.ring)])
-              for g in v.layout().groups])
+             view_tag(v), [(g.gid, g.field, g.hll, grid_index[(g.tile_ms, g.tiles, g.ring)])
+                           for g in v.layout().groups])
             for v in views
         ]
+        self.store_head = f"{STORE_PREFIX}:{{{self.entity}:"
+        self.store_tail = f"}}:{source.name}"
 
     def hll(self, name: str, value: Any) -> tuple[int, int]:
         cache = self.hll_cache[name]
@@ -346,7 +368,8 @@ class EventDecoder:
             sid = plan.stable_id(ts, eid, values)
         ops = batch.ops
         spots = [place(ts, arrival, tile_ms, tiles, ring) for tile_ms, tiles, ring in plan.grids]
-        for head, tail, ttl, groups in plan.views:
+        skey = plan.store_head + eid + plan.store_tail
+        for head, tail, ttl, vtag, groups in plan.views:
             k = -1
             for gid, fld, hll, gi in groups:
                 where = spots[gi]
@@ -354,7 +377,7 @@ class EventDecoder:
                     continue  # no read at or after its arrival can see this tile
                 idx, slot = where
                 if k < 0:
-                    k = batch.key(head + eid + tail, ttl, plan.dedup_ms)
+                    k = batch.key(head + eid + tail, ttl, plan.dedup_ms, skey, vtag)
                 if fld is None:
                     ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, -1, 0, tag))
                 elif hll:

@@ -334,7 +334,8 @@ class PrometheusExport:
                                    "than validation beyond the tolerance.", mv, registry=reg,
                                    multiprocess_mode="livemax")
         self.labels = Counter("redline_labels", "Labels received, by outcome "
-                              "(joined|unmatched).", ["outcome"], registry=reg)
+                              "(joined|unmatched|late: after its prediction left the join).",
+                              ["outcome"], registry=reg)
         self.trace_dropped = Counter("redline_trace_spans_dropped", "Requests whose spans were "
                                      "dropped because the export queue was full.", registry=reg)
         self.review_queued = Counter("redline_review_queued", "Requests sampled into the review "

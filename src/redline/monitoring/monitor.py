@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from bisect import bisect_left
 from collections import deque
 from typing import Any
 
+from redline.errors import StoreUnavailable
+from redline.monitoring.joinstore import join_backend
 from redline.monitoring.metrics import (
     BREAKER_LEVEL,
     TOTAL,
@@ -83,7 +86,8 @@ class ServerMonitor:
         self.feed = RecordFeed(self)
         self.slow = SlowLog(mon.slow_log_size)
         self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
-        self.windows = ModelWindows(self._metadata, mon, self.review)
+        self.windows = ModelWindows(self._metadata, mon, self.review,
+                                    join=join_backend(settings))
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
         if trace_exporter is None and mon.otlp_endpoint:
@@ -108,6 +112,7 @@ class ServerMonitor:
         self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self._observers_extra: list[Any] = []
+        self._alert_leader = True
 
     # ------------------------------------------------------------------ wiring
     def observers(self) -> list[Any]:
@@ -208,6 +213,11 @@ class ServerMonitor:
                 log.exception("monitoring tick failed")
 
     def close(self) -> None:
+        try:  # the last requests' predictions into a shared label join (a worker that drains)
+            self.drain()
+            self.windows.absorb()
+        except Exception:  # noqa: BLE001 - monitoring must never stop a shutdown
+            log.exception("writing the last predictions to the label join failed")
         if self.tracing is not None:
             self.tracing.close()
         if self.alerts is not None:
@@ -231,7 +241,7 @@ class ServerMonitor:
         await asyncio.to_thread(self._windows_work, evaluate)
         point["drift"] = {f"{m}:{v}": r["drifted"] for (m, v), r in self.drift_reports.items()}
         self.history.append(point)
-        if self.alerts is not None:
+        if self.alerts is not None and self._alert_leader:
             self.alerts.update(self._conditions())
 
     def _series_point(self, dt: float) -> dict[str, Any]:
@@ -348,6 +358,8 @@ class ServerMonitor:
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
+        if self.alerts is not None:  # one worker of a pool sends the webhook (joinstore lease)
+            self._alert_leader = self.windows.join.leads("alerts", max(3.0, 3 * self.tick_s))
         if not evaluate:
             return
         self.evaluate()
@@ -369,7 +381,10 @@ class ServerMonitor:
                     export.drift_score.labels(*key, f["feature"], stat).set(value)
                 export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
         for key, quality in list(self.windows.quality.items()):
-            report = quality.report()
+            try:
+                report = quality.report()
+            except StoreUnavailable:
+                continue  # a shared label join is down: the last report stands, routes say 503
             self.quality_reports[key] = report
             for kind in ("realised", "estimated"):
                 for metric, value in (report.get(kind) or {}).items():
@@ -406,6 +421,8 @@ class ServerMonitor:
         history = list(self.history)[-ticks:]
         return {
             "now": round(time.time(), 3), "tick_s": self.tick_s, "history": history,
+            # with several workers these figures are this worker's (/metrics merges them all)
+            "worker_pid": os.getpid(),
             "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
             "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
             "tracing": self.tracing.stats() if self.tracing is not None else None,

@@ -1,7 +1,8 @@
 """Live quality: labels that arrive later, joined on request id, against the validation score.
 
 The server keeps each prediction's score under its request id (bounded: the oldest go first,
-and none older than a TTL) until a label arrives (``POST /v1/labels`` or a review), then moves
+and none older than a TTL; in this process, or shared by every worker: ``joinstore.py``) until a
+label arrives (``POST /v1/labels`` or a review), then moves
 the pair into a rolling window and reports ROC AUC, accuracy and log loss (classification) or
 RMSE and MAE (regression), beside the version's validation score from its metadata.
 
@@ -15,12 +16,11 @@ the realised figure and a user sees how well it tracked.
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
+
+from redline.monitoring.joinstore import JoinState, MemoryJoin, join_labels
 
 HIGHER_IS_BETTER = {"roc_auc": True, "accuracy": True, "log_loss": False, "rmse": False,
                     "mae": False}
@@ -81,78 +81,54 @@ def cbpe(p: np.ndarray) -> dict[str, float | None]:
 
 # ---------------------------------------------------------------------- one model version
 class QualityMonitor:
-    """The label join and the rolling quality of one model version."""
+    """The label join and the rolling quality of one model version.
+
+    The join's state (waiting predictions, joined pairs, recent scores) lives in a
+    ``JoinState``: this process's memory by default, or a store every worker shares
+    (``monitoring/joinstore.py``); the figures are computed here from what it holds."""
 
     def __init__(self, model: str, version: str, task: str, reference: dict[str, float],
                  join_capacity: int = 100_000, join_ttl_s: float = 7 * 24 * 3600.0,
-                 window: int = 5000, tolerance: float = 0.05) -> None:
+                 window: int = 5000, tolerance: float = 0.05, state: JoinState | None = None
+                 ) -> None:
         self.model, self.version = model, version
         self.classification = task == "classification"
         self.reference = {k: float(v) for k, v in reference.items() if k in HIGHER_IS_BETTER}
         self.join_capacity = join_capacity
         self.join_ttl_s = join_ttl_s
         self.tolerance = tolerance
-        self._pending: OrderedDict[str, tuple[float, float]] = OrderedDict()  # id -> (t, score)
-        self._labelled: deque[tuple[float, float]] = deque(maxlen=window)  # (score, label)
-        self._recent: deque[float] = deque(maxlen=window)  # scores, labelled or not
-        self.joined = 0
-        self.evicted = 0
-        self._lock = threading.Lock()
+        self.state: JoinState = state if state is not None else MemoryJoin(
+            join_capacity, join_ttl_s, window)
 
     def predicted(self, request_ids: list[str], scores: np.ndarray) -> None:
         """Keep each prediction's score until its label arrives (bounded)."""
-        now = time.monotonic()
-        with self._lock:
-            pending = self._pending
-            for rid, score in zip(request_ids, scores.tolist(), strict=False):
-                self._recent.append(score)
-                if not rid:
-                    continue
-                pending[rid] = (now, score)
-                pending.move_to_end(rid)
-            while len(pending) > self.join_capacity:
-                pending.popitem(last=False)
-                self.evicted += 1
-            cutoff = now - self.join_ttl_s
-            while pending:
-                first = next(iter(pending.values()))
-                if first[0] >= cutoff:
-                    break
-                pending.popitem(last=False)
-                self.evicted += 1
-
-    def has(self, request_id: str) -> bool:
-        return request_id in self._pending
+        self.state.predicted(request_ids, scores)
 
     def label(self, request_id: str, label: float) -> bool:
         """Join one label; False if no prediction with that id is kept."""
-        with self._lock:
-            entry = self._pending.pop(request_id, None)
-            if entry is None:
-                return False
-            self._labelled.append((entry[1], float(label)))
-            self.joined += 1
-            return True
+        return join_labels([self.state], [request_id], [float(label)])[0] == 1
 
     def label_score(self, score: float, label: float) -> None:
         """A label whose prediction is known directly (a reviewed request)."""
-        with self._lock:
-            self._labelled.append((float(score), float(label)))
-            self.joined += 1
+        self.state.label_score(score, label)
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return self.state.snapshot().pending
+
+    @property
+    def evicted(self) -> int:
+        return self.state.snapshot().evicted
 
     def report(self) -> dict[str, Any]:
-        with self._lock:
-            labelled = np.asarray(self._labelled, dtype=np.float64).reshape(-1, 2)
-            recent = np.asarray(self._recent, dtype=np.float64)
+        snap = self.state.snapshot()
+        labelled, recent = snap.labelled, snap.recent
         out: dict[str, Any] = {
             "model": self.model, "version": self.version,
             "task": "classification" if self.classification else "regression",
-            "labelled": int(labelled.shape[0]), "pending_join": self.pending,
-            "join_capacity": self.join_capacity, "evicted": self.evicted,
+            "labelled": int(labelled.shape[0]), "pending_join": snap.pending,
+            "join_capacity": self.join_capacity, "evicted": snap.evicted,
+            "joined": snap.joined, "late_labels": snap.late,
             "reference": self.reference, "tolerance": self.tolerance,
         }
         realised: dict[str, float | None] = {}

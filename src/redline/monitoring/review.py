@@ -82,16 +82,22 @@ class ReviewQueue:
             items = [i for i in self._items.values() if model is None or i["model"] == model]
         return items[:limit]
 
+    def waiting(self, item_id: str, label: Any) -> dict[str, Any]:
+        """The waiting item ``item_id`` (still queued), once ``label`` is known to be valid."""
+        _check_label(label)
+        with self._lock:
+            item = self._items.get(item_id)
+        if item is None:
+            raise _not_waiting(item_id)
+        return item
+
     def label(self, item_id: str, label: Any, reviewer: str | None = None) -> dict[str, Any]:
         """Record a reviewer's label; the item leaves the queue and joins the labelled table."""
-        if label is None or isinstance(label, bool) or not isinstance(label, int | float):
-            raise InvalidInput(f"a review label must be a number (the class or the target), "
-                               f"got {label!r}")
+        _check_label(label)
         with self._lock:
             item = self._items.pop(item_id, None)
             if item is None:
-                raise NotFound(f"no review item '{item_id}' is waiting (it may have been "
-                               "labelled already or dropped from a full queue)")
+                raise _not_waiting(item_id)
             done = {**item, "label": float(label), "reviewer": reviewer or "",
                     "labelled_at": round(time.time(), 3)}
             self._labelled.append(done)
@@ -139,3 +145,14 @@ def _float(v: Any) -> float | None:
         return None if v is None else float(v)
     except (TypeError, ValueError):
         return None
+
+
+def _check_label(label: Any) -> None:
+    if label is None or isinstance(label, bool) or not isinstance(label, int | float):
+        raise InvalidInput(f"a review label must be a number (the class or the target), "
+                           f"got {label!r}")
+
+
+def _not_waiting(item_id: str) -> NotFound:
+    return NotFound(f"no review item '{item_id}' is waiting (it may have been labelled already "
+                    "or dropped from a full queue)")

@@ -8,6 +8,7 @@ admin token because they show request inputs, ``GET /v1/debug/slow`` and the rev
 from __future__ import annotations
 
 import asyncio
+import os
 from importlib import resources
 from typing import Any
 
@@ -40,7 +41,8 @@ def install_routes(app: Any, monitor: Any) -> None:
     async def slow(request: HttpRequest) -> HttpResponse:
         monitor.drain()  # the records since the last tick too
         return HttpResponse.json({"window_s": monitor.slow.window_s,
-                                  "requests": monitor.slow.slowest()})
+                                  "requests": monitor.slow.slowest(),
+                                  "worker_pid": os.getpid()})  # this worker's requests
 
     async def drift(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]
@@ -50,17 +52,21 @@ def install_routes(app: Any, monitor: Any) -> None:
         reports = await asyncio.to_thread(_drift_reports, monitor, name, version)
         return HttpResponse.json({"model": name, "versions": reports,
                                   "note": None if reports else
-                                  "no live traffic for this model yet: drift needs requests"})
+                                  "no live traffic for this model yet: drift needs requests",
+                                  "worker_pid": os.getpid()})  # over this worker's requests
 
     async def quality(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]
         model_known(name)
         version = request.params.get("version")
         monitor.drain()
-        await asyncio.to_thread(monitor.windows.absorb)
-        reports = [q.report() for (m, v), q in sorted(monitor.windows.quality.items())
-                   if m == name and (version is None or v == version)]
-        return HttpResponse.json({"model": name, "versions": reports})
+        reports = await asyncio.to_thread(_quality_reports, monitor, name, version)
+        join = monitor.windows.join
+        return HttpResponse.json({
+            "model": name, "versions": reports,
+            "unmatched_labels": await asyncio.to_thread(join.unmatched, name),
+            "label_join": {"store": join.kind, "shared": join.shared,
+                           "worker_pid": os.getpid()}})
 
     async def labels(request: HttpRequest) -> HttpResponse:
         doc = request.json()
@@ -70,9 +76,7 @@ def install_routes(app: Any, monitor: Any) -> None:
                                '"label": 1}, ...]} (optionally "model" per item)')
         if len(items) > MAX_LABELS:
             raise InvalidInput(f"{len(items)} labels in one request; send at most {MAX_LABELS}")
-        monitor.drain()  # predictions since the last tick too
-        await asyncio.to_thread(monitor.windows.absorb)
-        joined, unmatched = 0, []
+        by_model: dict[str | None, tuple[list[str], list[float]]] = {}
         for i, item in enumerate(items):
             if not isinstance(item, dict) or "request_id" not in item or "label" not in item:
                 raise InvalidInput(f"labels[{i}] must be an object with request_id and label")
@@ -80,14 +84,33 @@ def install_routes(app: Any, monitor: Any) -> None:
             if isinstance(label, bool) or not isinstance(label, int | float):
                 raise InvalidInput(f"labels[{i}].label must be a number, got {label!r}")
             model = item.get("model", doc.get("model"))
-            if monitor.windows.label(model, str(item["request_id"]), float(label)):
-                joined += 1
-            else:
-                unmatched.append(str(item["request_id"]))
+            ids, values = by_model.setdefault(None if model is None else str(model), ([], []))
+            ids.append(str(item["request_id"]))
+            values.append(float(label))
+        monitor.drain()  # predictions since the last tick too
+        windows = monitor.windows
+        joined = late = 0
+        unmatched: list[str] = []
+        for model, (ids, values) in by_model.items():
+            got = await asyncio.to_thread(_join, windows, model, ids, values)
+            if got[1] and windows.join.shared:
+                # Another worker may hold these predictions unwritten until its next tick.
+                await asyncio.sleep(monitor.tick_s * 1.5)
+                keep = set(got[1])
+                pairs = [(r, v) for r, v in zip(ids, values, strict=True) if r in keep]
+                again = await asyncio.to_thread(_join, windows, model, [p[0] for p in pairs],
+                                                [p[1] for p in pairs])
+                got = (got[0] + again[0], again[1], got[2] + again[2])
+            joined, late = joined + got[0], late + got[2]
+            unmatched += got[1]
+            if got[1]:
+                await asyncio.to_thread(windows.join.count_unmatched, model, len(got[1]))
         monitor.export.labels.labels("joined").inc(joined)
         if unmatched:
             monitor.export.labels.labels("unmatched").inc(len(unmatched))
-        return HttpResponse.json({"joined": joined, "unmatched": len(unmatched),
+        if late:
+            monitor.export.labels.labels("late").inc(late)
+        return HttpResponse.json({"joined": joined, "unmatched": len(unmatched), "late": late,
                                   "unmatched_ids": unmatched[:100]})
 
     async def review_list(request: HttpRequest) -> HttpResponse:
@@ -102,15 +125,15 @@ def install_routes(app: Any, monitor: Any) -> None:
         if not isinstance(doc, dict) or "label" not in doc:
             raise InvalidInput('POST /v1/review/{id}/label takes {"label": 1, '
                                '"reviewer": "..."}')
-        item = monitor.review.label(request.params["id"], doc["label"], doc.get("reviewer"))
+        item = monitor.review.waiting(request.params["id"], doc["label"])
         q = monitor.windows.quality.get((item["model"], item["version"]))
         if q is not None:
-            # The prediction may still wait for a label under its request id: join it there,
-            # else count the reviewed pair directly.
-            if not (item["request_id"] and q.label(item["request_id"], item["label"])):
-                if item["score"] is not None:
-                    q.label_score(item["score"], item["label"])
-        return HttpResponse.json(item)
+            # First into quality (a shared join that is down answers 503 and the item stays
+            # queued): the prediction may still wait under its request id; else the pair counts
+            # directly.
+            await asyncio.to_thread(_review_into_quality, q, item, float(doc["label"]))
+        done = monitor.review.label(request.params["id"], doc["label"], doc.get("reviewer"))
+        return HttpResponse.json(done)
 
     async def review_export(request: HttpRequest) -> HttpResponse:
         body = await asyncio.to_thread(monitor.review.export_parquet)
@@ -148,3 +171,21 @@ def _drift_reports(monitor: Any, name: str, version: str | None) -> list[dict[st
         monitor.drift_reports[key] = report
         out.append(report)
     return out
+
+
+def _quality_reports(monitor: Any, name: str, version: str | None) -> list[dict[str, Any]]:
+    monitor.windows.absorb()
+    return [q.report() for (m, v), q in sorted(monitor.windows.quality.items())
+            if m == name and (version is None or v == version)]
+
+
+def _join(windows: Any, model: str | None, ids: list[str], values: list[float]
+          ) -> tuple[int, list[str], int]:
+    windows.absorb()  # this worker's latest predictions first
+    return windows.label_many(model, ids, values)  # type: ignore[no-any-return]
+
+
+def _review_into_quality(q: Any, item: dict[str, Any], label: float) -> None:
+    if not (item["request_id"] and q.label(item["request_id"], label)):
+        if item["score"] is not None:
+            q.label_score(item["score"], label)

@@ -12,6 +12,7 @@ spans seconds of traffic rather than a fraction of one, at a bounded cost per se
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -21,12 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from redline.errors import RedlineError
 from redline.monitoring.drift import DriftMonitor
+from redline.monitoring.joinstore import JoinBackend, MemoryBackend, join_labels
 from redline.monitoring.quality import QualityMonitor
 from redline.monitoring.review import ReviewQueue
 
 if TYPE_CHECKING:
     from redline.serving.stages import RequestRecord
+
+log = logging.getLogger("redline.monitoring")
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
 
@@ -35,10 +40,12 @@ class ModelWindows:
     """The request observer for drift, quality and review, and the monitors per version."""
 
     def __init__(self, lookup: MetadataLookup, settings: Any, review: ReviewQueue,
-                 max_pending: int = 50_000) -> None:
+                 max_pending: int = 50_000, join: JoinBackend | None = None) -> None:
         self.lookup = lookup
         self.settings = settings  # MonitoringSettings
         self.review = review
+        self.join: JoinBackend = join if join is not None else MemoryBackend()
+        self.unsent_error: str | None = None  # why the last flush to a shared join failed
         self._pending: deque[RequestRecord] = deque(maxlen=max_pending)
         self.drift: dict[tuple[str, str], DriftMonitor] = {}
         self.quality: dict[tuple[str, str], QualityMonitor] = {}
@@ -60,9 +67,25 @@ class ModelWindows:
 
     # ------------------------------------------------------------------ the tick
     def absorb(self) -> int:
-        """Move pending records into the windows; returns how many were taken."""
+        """Move pending records into the windows (and their predictions into a shared join);
+        returns how many were taken."""
         with self._lock:
-            return self._absorb()
+            taken = self._absorb()
+            self._flush()
+            return taken
+
+    def _flush(self) -> None:
+        """New predictions into a shared join; when it is down they wait, bounded, for the next
+        tick (and a label route answers 503 meanwhile)."""
+        if not self.join.shared:
+            return
+        try:
+            self.join.flush()
+            self.unsent_error = None
+        except RedlineError as exc:
+            if self.unsent_error is None:
+                log.warning("label join: predictions wait in memory: %s", exc.message)
+            self.unsent_error = exc.message
 
     def _absorb(self) -> int:
         pending = self._pending
@@ -107,7 +130,9 @@ class ModelWindows:
                 self.drift[key] = drift
                 self.quality[key] = QualityMonitor(
                     key[0], key[1], meta.task, meta.metrics or {}, s.quality_join_capacity,
-                    s.quality_join_ttl_s, s.quality_window, s.quality_tolerance)
+                    s.quality_join_ttl_s, s.quality_window, s.quality_tolerance,
+                    self.join.state(key[0], key[1], s.quality_join_capacity,
+                                    s.quality_join_ttl_s, s.quality_window))
         return self.drift.get(key), self.quality.get(key)
 
     def _absorb_version(self, key: tuple[str, str], items: list[tuple[str, Any, Any]]) -> None:
@@ -182,10 +207,15 @@ class ModelWindows:
     # ------------------------------------------------------------------ labels
     def label(self, model: str | None, request_id: str, label: float) -> bool:
         """Join a label to the prediction it belongs to (any version of ``model``)."""
-        for key, q in self.quality.items():
-            if (model is None or key[0] == model) and q.label(request_id, label):
-                return True
-        return False
+        return self.label_many(model, [request_id], [label])[0] == 1
+
+    def label_many(self, model: str | None, request_ids: list[str], labels: list[float]
+                   ) -> tuple[int, list[str], int]:
+        """Join labels to their predictions (any version of ``model``, or of any model):
+        (joined, unmatched ids, late). Raises ``StoreUnavailable`` when a shared join is down."""
+        states = [q.state for key, q in sorted(self.quality.items())
+                  if model is None or key[0] == model]
+        return join_labels(states, request_ids, labels)
 
     def versions(self, model: str) -> list[tuple[str, str]]:
         return sorted((k for k in self.drift if k[0] == model), key=lambda k: _vkey(k[1]))

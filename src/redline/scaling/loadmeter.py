@@ -97,6 +97,33 @@ class AsgiMeter:
     def __init__(self, app: Any, meter: LoadMeter) -> None:
         self.app = app
         self.meter = meter
+        inline = getattr(app, "infer_inline", None)
+        if inline is not None:  # the HTTP protocol's inline lane (serving/http_protocol.py)
+            self.infer_inline = self._metered_inline(inline)
+
+    def _metered_inline(self, inline: Callable[..., Any]) -> Callable[..., Any]:
+        meter = self.meter
+
+        def infer_inline(path: str, headers: Any, body: bytes, respond: Any) -> Any:
+            start = meter.begin()
+            try:
+                later = inline(path, headers, body, respond)
+            except BaseException:
+                meter.end(start)
+                raise
+            if later is None:
+                meter.end(start)
+                return None
+
+            async def rest(scope: Any, receive: Any, send: Any) -> None:
+                try:
+                    await later(scope, receive, send)
+                finally:
+                    meter.end(start)
+
+            return rest
+
+        return infer_inline
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -1,12 +1,11 @@
-"""What a pool of workers refuses: requests for state that each worker process keeps alone.
+"""What a pool refuses when its label join is kept per worker process.
 
-The label join (``POST /v1/labels``) and the quality figures (``GET .../quality``) live in the
-memory of the worker that served the predictions. Behind one shared port a label reaches any
-worker, most often not the one holding its prediction: it would be counted as unmatched and
-lost, and each quality read would show a different worker's share. So a worker of a pool
-(``--workers N`` with N > 1, or autoscaling) answers those requests with a clear 409
-(``per_worker_state``) that says to serve labelled traffic with one worker. Drift, metrics and
-everything else work with any number of workers.
+A pool of workers shares its label join and quality figures (``monitoring/joinstore.py``: Redis
+when the features are there, else a SQLite file in the pool's state directory). Only a pool told
+to keep them in each process (``monitoring.quality_store: memory``) cannot answer truthfully: a
+label reaches any worker, most often not the one holding its prediction, and each quality read
+would show one worker's share. Such a worker answers ``POST /v1/labels`` and ``GET
+.../quality`` with a clear 409 (``per_worker_state``) naming the fix.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ from redline.errors import PerWorkerState
 from redline.serving.edge import http_error
 
 MESSAGE = (
-    "the label join and the quality figures are kept per worker process, and this server runs "
-    "several workers behind one port (--workers N or scaling.max_workers), so a label could "
-    "reach a worker that never saw its prediction and be lost. Serve the traffic whose labels "
-    "you post with one worker (`redline serve --workers 1`, scaling.workers: 1); drift, "
-    "metrics and predictions work with any number of workers")
+    "monitoring.quality_store is memory, so the label join and the quality figures are kept per "
+    "worker process, and this server runs several workers behind one port (--workers N or "
+    "scaling.max_workers): a label could reach a worker that never saw its prediction and be "
+    "lost. Set monitoring.quality_store to auto (the workers then share a SQLite file, or Redis "
+    "with features.store: redis), or serve with one worker (`redline serve --workers 1`)")
 
 
 def per_worker_only(method: str, path: str) -> bool:

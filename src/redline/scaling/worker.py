@@ -46,6 +46,9 @@ def main() -> None:
         settings.server.http_port = spec["http_port"]
         if spec.get("grpc_port") is not None:
             settings.server.grpc_port = spec["grpc_port"]
+        if spec.get("state_dir") and not settings.monitoring.quality_path:
+            # the pool's shared label join when no Redis holds it (monitoring/joinstore.py)
+            settings.monitoring.quality_path = os.path.join(spec["state_dir"], "labels.sqlite")
         server = RedlineServer(settings)
         from redline.scaling.rollout import install
 
@@ -55,9 +58,12 @@ def main() -> None:
         meter = LoadMeter(board, spec["slot"])  # both transports count towards the autoscaler
         app: Any = server.app
         if settings.monitoring.enabled:
-            from redline.scaling.pooled import PooledWorkerGuard
+            from redline.monitoring.joinstore import join_backend_kind
 
-            app = PooledWorkerGuard(app)  # the label join is per process: refused in a pool
+            if join_backend_kind(settings) == "memory":
+                from redline.scaling.pooled import PooledWorkerGuard
+
+                app = PooledWorkerGuard(app)  # a label join kept per process: refused in a pool
         server.asgi = AsgiMeter(app, meter)
         server.grpc_interceptors.append(GrpcMeter(meter))
         if settings.features.preload:

@@ -148,7 +148,8 @@ class Supervisor:
     # ------------------------------------------------------------------ workers
     def _spawn(self, worker: _Worker) -> None:
         spec = {**self.worker_args, "http_fd": self.http.fileno(), "http_port": self.http_port,
-                "grpc_port": self.grpc_port, "board_fd": self.board.fd, "slot": worker.slot}
+                "grpc_port": self.grpc_port, "board_fd": self.board.fd, "slot": worker.slot,
+                "state_dir": self._state_dir.name}
         env = {**os.environ, "REDLINE_WORKER": json.dumps(spec)}
         self.board.reset(worker.slot)
         worker.proc = subprocess.Popen(
@@ -232,6 +233,9 @@ class Supervisor:
             # Every worker writes its metrics files here; any worker's /metrics merges them all.
             self._metrics_dir = tempfile.TemporaryDirectory(prefix="redline-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir.name
+        # The pool's state directory: the workers' shared label join (a SQLite file) when no
+        # Redis holds it (monitoring/joinstore.py); it lives as long as the pool.
+        self._state_dir = tempfile.TemporaryDirectory(prefix="redline-state-")
         self.board = LoadBoard.create()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())

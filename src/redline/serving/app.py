@@ -42,6 +42,7 @@ from redline.serving.deadline import (
     parse_priority,
 )
 from redline.serving.edge import as_redline_error, error_body, http_error
+from redline.serving.fastjson import JsonFastPath
 from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata, triton_config
 from redline.serving.protocol import InferRequest, decode_rest, encode_rest
@@ -53,6 +54,7 @@ log = logging.getLogger("redline.serving")
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _TRACEPARENT = b"traceparent"
 _JSON = (b"content-type", b"application/json")
@@ -216,16 +218,26 @@ class RestApp:
         try:
             status, body, headers = await self._infer(scope, receive, path, record)
         except Exception as exc:  # noqa: BLE001 - mapped as in __call__
-            status, body, headers = self._error_answer(exc, "POST", path)
-            error = as_redline_error(exc)  # the code from the error, not parsed back from the body
-            record.finish(error.code if error is not None else "internal")
+            status, body, headers = self._failed(exc, path, record)
         else:
             record.finish()
+        await self._send(send, status, body, self._traced(record, headers))
+        self.observers.finished(record)
+
+    def _failed(self, exc: Exception, path: str,
+                record: RequestRecord) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """The answer to a failed observed request, its record finished with the error code."""
+        answer = self._error_answer(exc, "POST", path)
+        error = as_redline_error(exc)  # the code from the error, not parsed back from the body
+        record.finish(error.code if error is not None else "internal")
+        return answer
+
+    def _traced(self, record: RequestRecord,
+                headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
         if traceparent is not None:
-            headers = [*headers, (_TRACEPARENT, traceparent.encode())]
-        await self._send(send, status, body, headers)
-        self.observers.finished(record)
+            return [*headers, (_TRACEPARENT, traceparent.encode())]
+        return headers
 
     def _error_answer(self, exc: Exception, method: str,
                       path: str) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
@@ -249,36 +261,89 @@ class RestApp:
         self, scope: Scope, receive: Receive, path: str, record: RequestRecord | None
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         start = now()
-        declared = header_length = budget = priority = None
-        for key, value in scope["headers"]:
-            which = _INFER_HEADERS.get(key)
-            if which is None:
-                continue
-            if which == 0:
-                declared = int(value) if value.isdigit() else None
-            elif which == 1:
-                if not value.isdigit():
-                    raise InvalidInput("Inference-Header-Content-Length must be an integer")
-                header_length = int(value)
-            elif which == 2:
-                budget = value
-            elif which == 3:
-                priority = value
-            elif record is not None:
-                record.traceparent = value.decode("latin-1")
-        parts = path[11:-6].split("/")
-        if len(parts) == 1:
-            name, version = parts[0], None
-        elif len(parts) == 3 and parts[1] == "versions":
-            name, version = parts[0], parts[2]
-        else:
-            raise NotFound(f"no route for POST {path}")
+        head = _infer_headers(scope["headers"], record)
+        name, version = _infer_route(path)
+        declared = head[0]
         if declared is not None and declared > self.max_body:
             raise PayloadTooLarge(self._too_large(declared))
         message = await receive()
         body = message.get("body", b"")
         if message.get("more_body"):
             body = await self._read_rest(receive, body)
+        answer = self._infer_body(name, version, head, body, record, start)
+        if type(answer) is _Queued:
+            return await self._infer_queued(answer)
+        return answer  # type: ignore[return-value]
+
+    def infer_inline(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                     respond: Responder) -> Asgi | None:
+        """Answer ``POST path`` (a V2 infer path) now, from the HTTP parser's callback.
+
+        The HTTP protocol (``serving/http_protocol.py``) calls this once the whole request is
+        in, with the lower-case headers and the body; ``respond(status, body, headers)`` writes
+        the answer at once (and ``None`` is returned). When the model cannot run on the spot
+        (its batcher is busy or the run is long) nothing is written and an ASGI app is returned
+        that finishes the request from where it stopped (queued, no second decode); the protocol
+        runs it as an ASGI app. Same answers, errors and records as the ASGI path.
+        """
+        start = now()
+        record = RequestRecord("v2", "rest") if self.observers else None
+        try:
+            head = _infer_headers(headers, record)
+            name, version = _infer_route(path)
+            declared = head[0]
+            if declared is not None and declared > self.max_body:
+                raise PayloadTooLarge(self._too_large(declared))
+            answer = self._infer_body(name, version, head, body, record, start)
+        except Exception as exc:  # noqa: BLE001 - mapped as in __call__
+            if record is None:
+                answer = self._error_answer(exc, "POST", path)
+            else:
+                answer = self._failed(exc, path, record)
+        else:
+            if type(answer) is _Queued:
+                return self._later(answer, path)
+            if record is not None:
+                record.finish()
+        status, payload, out = answer  # type: ignore[misc]
+        if record is None:
+            respond(status, payload, out)
+        else:
+            respond(status, payload, self._traced(record, out))
+            self.observers.finished(record)
+        return None
+
+    def _later(self, queued: _Queued, path: str) -> Asgi:
+        """The rest of an inline request that has to queue, as an ASGI app for this request
+        only (its body is already decoded; ``receive`` is not called)."""
+
+        async def finish(scope: Scope, receive: Receive, send: Send) -> None:
+            record = queued.record
+            try:
+                status, body, headers = await self._infer_queued(queued)
+            except Exception as exc:  # noqa: BLE001 - mapped as in __call__
+                if record is None:
+                    status, body, headers = self._error_answer(exc, "POST", path)
+                else:
+                    status, body, headers = self._failed(exc, path, record)
+            else:
+                if record is not None:
+                    record.finish()
+            if record is None:
+                await self._send(send, status, body, headers)
+            else:
+                await self._send(send, status, body, self._traced(record, headers))
+                self.observers.finished(record)
+
+        return finish
+
+    def _infer_body(
+        self, name: str, version: str | None, head: tuple[Any, ...], body: bytes,
+        record: RequestRecord | None, start: float,
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | _Queued:
+        """Decode, admit and (when it can run at once) run and encode one infer request;
+        a :class:`_Queued` when the model's batcher has to queue it."""
+        _, header_length, budget, priority = head
         if header_length is None:
             # The common request (one float input, flat data) skips the general decoder, the
             # model's input check and the general encoder; anything else, errors included,
@@ -296,17 +361,11 @@ class RestApp:
                 level = parse_priority(priority)
                 if record is not None:
                     _decoded(record, handle, rid, rows)
-                outputs = await handle.infer(inputs, checked, priority=level, validate=False,
-                                             record=record)
-                t_enc = perf_ns()
-                payload = fast.encode(outputs, rid)
-                if payload is None:  # the model returned an undeclared dtype: general encoder
-                    request = InferRequest(inputs, {})
-                    request.id = rid
-                    payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
-                if record is not None:
-                    record.add(ENCODE, t_enc, perf_ns())
-                return 200, payload, [_JSON]
+                outputs = handle.infer_now(inputs, rows, record)
+                if outputs is None:
+                    return _Queued(handle, inputs, rows, checked.deadline, level, record,
+                                   fast, rid, None)
+                return self._encode_fast(handle, fast, outputs, rid, record)
         request = decode_rest(body, header_length)
         handle = self.registry.get(name, version)
         if request.outputs:
@@ -318,8 +377,40 @@ class RestApp:
         if record is not None:
             first = next(iter(request.inputs.values()))
             _decoded(record, handle, request.id, int(first.shape[0]) if first.ndim else 1)
-        outputs = await handle.infer(request.inputs, checked, priority=level,
-                                     datatypes=request.datatypes, record=record)
+        inputs, rows = handle.prepare(request.inputs, request.datatypes)
+        outputs = handle.infer_now(inputs, rows, record)
+        if outputs is None:
+            return _Queued(handle, inputs, rows, checked.deadline, level, record, None, None,
+                           request)
+        return self._encode_general(handle, outputs, request, record)
+
+    async def _infer_queued(
+        self, q: _Queued
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        outputs = await q.handle.infer_queued(q.inputs, q.rows, q.deadline, q.level, q.record)
+        if q.request is None:
+            assert q.fast is not None
+            return self._encode_fast(q.handle, q.fast, outputs, q.rid, q.record)
+        return self._encode_general(q.handle, outputs, q.request, q.record)
+
+    @staticmethod
+    def _encode_fast(handle: ModelHandle, fast: JsonFastPath, outputs: dict[str, Any],
+                     rid: str | None, record: RequestRecord | None,
+                     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        t_enc = perf_ns()
+        payload = fast.encode(outputs, rid)
+        if payload is None:  # the model returned an undeclared dtype: general encoder
+            request = InferRequest({}, {})
+            request.id = rid
+            payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
+        if record is not None:
+            record.add(ENCODE, t_enc, perf_ns())
+        return 200, payload, [_JSON]
+
+    @staticmethod
+    def _encode_general(handle: ModelHandle, outputs: dict[str, Any], request: InferRequest,
+                        record: RequestRecord | None,
+                        ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         t_enc = perf_ns()
         outputs = handle.select_outputs(outputs, request.outputs)
         payload, json_length = encode_rest(handle.name, handle.version_str, outputs, request)
@@ -450,6 +541,57 @@ class RestApp:
     async def _repo_unload(self, request: HttpRequest) -> HttpResponse:
         await self.registry.unload(request.params["name"])
         return HttpResponse.json({"name": request.params["name"], "unloaded": True})
+
+
+Responder = Callable[[int, bytes, list[tuple[bytes, bytes]]], None]
+
+
+class _Queued:
+    """An infer request decoded and admitted whose model run has to wait in the batcher."""
+
+    __slots__ = ("handle", "inputs", "rows", "deadline", "level", "record", "fast", "rid",
+                 "request")
+
+    def __init__(self, handle: ModelHandle, inputs: dict[str, Any], rows: int,
+                 deadline: float, level: int, record: RequestRecord | None,
+                 fast: JsonFastPath | None, rid: str | None,
+                 request: InferRequest | None) -> None:
+        self.handle, self.inputs, self.rows = handle, inputs, rows
+        self.deadline, self.level, self.record = deadline, level, record
+        self.fast, self.rid, self.request = fast, rid, request
+
+
+def _infer_headers(headers: list[tuple[bytes, bytes]],
+                   record: RequestRecord | None) -> tuple[Any, ...]:
+    """(declared length, binary header length, budget, priority) from an infer's headers."""
+    declared = header_length = budget = priority = None
+    for key, value in headers:
+        which = _INFER_HEADERS.get(key)
+        if which is None:
+            continue
+        if which == 0:
+            declared = int(value) if value.isdigit() else None
+        elif which == 1:
+            if not value.isdigit():
+                raise InvalidInput("Inference-Header-Content-Length must be an integer")
+            header_length = int(value)
+        elif which == 2:
+            budget = value
+        elif which == 3:
+            priority = value
+        elif record is not None:
+            record.traceparent = value.decode("latin-1")
+    return declared, header_length, budget, priority
+
+
+def _infer_route(path: str) -> tuple[str, str | None]:
+    """(model, version) of ``/v2/models/{name}[/versions/{v}]/infer``."""
+    parts = path[11:-6].split("/")
+    if len(parts) == 1:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions":
+        return parts[0], parts[2]
+    raise NotFound(f"no route for POST {path}")
 
 
 def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: int) -> None:

@@ -216,37 +216,57 @@ class ModelHandle:
         else:
             first = next(iter(inputs.values()))
             rows = int(first.shape[0]) if first.ndim else 1
-        batcher = self.batcher
+        outputs = self.infer_now(inputs, rows, record)
+        if outputs is None:
+            outputs = await self.infer_queued(inputs, rows, deadline, priority, record)
+        return outputs
+
+    def infer_now(self, inputs: dict[str, np.ndarray], rows: int,
+                  record: RequestRecord | None = None) -> dict[str, np.ndarray] | None:
+        """The outputs of checked ``inputs`` run at once on the calling thread (the batcher is
+        idle and the run is short), else ``None``: then :meth:`infer_queued` queues them.
+
+        Synchronous, so the HTTP protocol can answer a request from its parser callback without
+        a task (``serving/http_protocol.py``); :meth:`infer` is both steps in one call.
+        """
         if record is None:
-            outputs = batcher.run_now(inputs, rows)
-            if outputs is not None:
-                return outputs
-            return await batcher.submit(inputs, rows, deadline, priority)
+            return self.batcher.run_now(inputs, rows)
         t0 = perf_ns()
-        keep = self.shadowed
-        if self.keep_io and not keep:
-            if t0 >= self._io_next_ns:  # a sample in time, at the windows' own rate
-                self._io_next_ns = t0 + self._io_gap_ns
-                keep = True
-            elif record.request_id:  # a label may come for it: the quality join needs it
-                keep = True
-        if keep:
-            record.inputs = inputs
-        outputs = batcher.run_now(inputs, rows)
+        outputs = self.batcher.run_now(inputs, rows)
         if outputs is not None:
             record.add(INFERENCE, t0, perf_ns())
-            if keep:
-                record.outputs = outputs
-            return outputs
+            self._keep_io(record, inputs, outputs, t0)
+        return outputs
+
+    async def infer_queued(
+        self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None,
+        priority: int = LOW, record: RequestRecord | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Checked ``inputs`` through the batcher's queue (admission, deadline, batching)."""
+        if record is None:
+            return await self.batcher.submit(inputs, rows, deadline, priority)
+        t0 = perf_ns()
+        batcher = self.batcher
         outputs = await batcher.submit(inputs, rows, deadline, priority)
         t1 = perf_ns()
-        if keep:
-            record.outputs = outputs
         # The batch that resumed this request ran last_run_s; the rest of the wait was queue.
         ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
         record.add(QUEUE, t0, ran)
         record.add(INFERENCE, ran, t1)
+        self._keep_io(record, inputs, outputs, t0)
         return outputs
+
+    def _keep_io(self, record: RequestRecord, inputs: dict[str, np.ndarray],
+                 outputs: dict[str, np.ndarray], t0: int) -> None:
+        """Keep the arrays on the record when monitoring's windows (or a shadow) want them."""
+        if self.shadowed:
+            record.inputs, record.outputs = inputs, outputs
+        elif self.keep_io:
+            if t0 >= self._io_next_ns:  # a sample in time, at the windows' own rate
+                self._io_next_ns = t0 + self._io_gap_ns
+            elif not record.request_id:  # with an id a label may come: the quality join
+                return
+            record.inputs, record.outputs = inputs, outputs
 
     def check_outputs(self, names: list[str]) -> None:
         """Refuse unknown requested output names before any work is done."""

@@ -24,7 +24,7 @@ from redline.errors import ConfigError
 from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
-from redline.serving.http_protocol import JsonErrorHttpProtocol
+from redline.serving.http_protocol import RedlineHttpProtocol
 from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers
@@ -135,7 +135,7 @@ class RedlineServer:
                 ) from None
             await grpc_server.start()
         config = uvicorn.Config(
-            self.asgi, host=server.host, port=server.http_port, http=JsonErrorHttpProtocol,
+            self.asgi, host=server.host, port=server.http_port, http=RedlineHttpProtocol,
             loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
             server_header=False,

@@ -1,4 +1,8 @@
-"""The Redis online store: tiles in one hash per (entity, view version), merged by Lua in Redis.
+"""The Redis online store: tiles in one hash per (entity, source), merged by Lua in Redis.
+
+Key schema 2 (``rl2:{entity:id}:source``): the hash holds every view version of the source, one
+field per tile (``redis_lua`` has the field layout). Keys of schema 1 (``rl:{entity:id}:view:
+version``, one hash per view) are ignored and expire by their own TTL.
 
 One read of any number of views for a batch of entities is one EVALSHA — one round trip. Writes
 of a batch are one EVALSHA too, atomic: with a stream, the same script checks the entries are
@@ -28,9 +32,9 @@ from redis.commands.core import Script
 
 from redline.errors import ConfigError, StoreUnavailable
 from redline.features.definitions import FeatureView
-from redline.features.events import UpdateBatch
+from redline.features.events import UpdateBatch, store_key
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
-from redline.features.online.redis_lua import WRITE_SCRIPT, read_script
+from redline.features.online.redis_lua import WRITE_SCRIPT, read_script, source_groups
 
 T = TypeVar("T")
 _ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.cluster.ClusterDownError,
@@ -76,16 +80,35 @@ def write_keys(keys: Sequence[str], ids: bool = True) -> list[str]:
     return [*keys, *map(cache_key, keys), *map(ids_key, keys)]
 
 
-def needs_ids(batch: UpdateBatch, head: Sequence[Any]) -> bool:
-    """Whether the write reads the keys' event-id sets: stream entries on a cluster (mode 3) or a
-    source with event ids."""
-    return head[0] == "3" or any(batch.key_dedup_ms)
+def _key_parts(views: Sequence[FeatureView]) -> list[tuple[int, str, str]]:
+    """Per hash of :func:`redis_lua.source_groups`: a view whose ids name it, and the key
+    around the id."""
+    out = []
+    for group in source_groups(views):
+        v = views[group[0]]
+        head, _, tail = store_key(v.entity.name, "\0", v.source.name).partition("\0")
+        out.append((group[0], head, tail))
+    return out
+
+
+def _row_keys(parts: list[tuple[int, str, str]], cols: Sequence[Sequence[str]],
+              rows: Sequence[int], cache: bool) -> list[str]:
+    """KEYS of a read of ``rows``: per row its hashes, then (``cache``) their result caches."""
+    keys: list[str] = []
+    for r in rows:
+        row = [head + cols[j][r] + tail for j, head, tail in parts]
+        keys += row
+        if cache:
+            keys += [k + ":m" for k in row]
+    return keys
 
 
 class RedisReader:
     def __init__(self, store: RedisStore, plan: ReadPlan, cache: bool = True) -> None:
         self.store = store
         self.plan = plan
+        self.cache = cache
+        self.parts = _key_parts(plan.views)
         self.script: Script = store.client.register_script(read_script(plan.views, cache))
         self.view_windows = [[w.window for w in v.layout().windows] for v in plan.views]
         try:  # load now so the first read is one round trip (NOSCRIPT is retried if Redis restarts)
@@ -123,8 +146,8 @@ class RedisReader:
         the tiles the read merged — the feature age at read is ``now`` minus it."""
         if self.store.cluster:
             now = now_ms() if now is None else now
-            n, data_keys = self.plan.keys(ids)
-            flat = guarded(self.store.url, lambda: self.cluster.read(n, data_keys, now))
+            n, cols = self.plan.ids_per_view(ids)
+            flat = guarded(self.store.url, lambda: self.cluster.read(n, cols, now))
             return self._split(flat, dtype)
         n, keys, args = self.command(ids, now)
         replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
@@ -136,14 +159,8 @@ class RedisReader:
         caller that sends it on its own connection (``serving``'s event-loop reader) as
         ``EVALSHA self.script.sha`` and parses the reply with :meth:`decode`."""
         now = now_ms() if now is None else now
-        n, data_keys = self.plan.keys(ids)
-        nv = len(self.plan.views)
-        keys: list[str] = []
-        for r in range(n):
-            row = data_keys[r * nv:(r + 1) * nv]
-            keys += row
-            keys += [cache_key(k) for k in row]
-        return n, keys, self._args(now)
+        n, cols = self.plan.ids_per_view(ids)
+        return n, _row_keys(self.parts, cols, range(n), self.cache), self._args(now)
 
     def decode(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +183,7 @@ class RedisReader:
 
 
 class _ClusterRead:
-    """Reads on Redis Cluster: the views are grouped by entity type (their keys share one hash
+    """Reads on Redis Cluster: the views are grouped by entity type (their hashes share one hash
     tag per entity id); each (group, slot) is one script call with only that slot's keys, the
     calls for one shard go in one pipeline, shards in parallel; replies are placed by key."""
 
@@ -178,23 +195,28 @@ class _ClusterRead:
         for j, v in enumerate(plan.views):
             by_entity.setdefault(v.entity.name, []).append(j)
         self.groups = list(by_entity.values())
+        self.cache = cache
         self.scripts = [client.register_script(read_script([plan.views[j] for j in g], cache))
                         for g in self.groups]
+        # per group: its hashes' key parts, with view indices of the whole plan
+        self.parts = []
+        for g in self.groups:
+            sub = _key_parts([plan.views[j] for j in g])
+            self.parts.append([(g[j], head, tail) for j, head, tail in sub])
         widths = [len(v.layout().outputs) for v in plan.views]
         self.offsets = np.cumsum([0, *widths])  # view j's outputs in a row: offsets[j]..[j+1]
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="redline-cluster-read")
 
-    def read(self, n: int, data_keys: list[str], now: int) -> np.ndarray:
+    def read(self, n: int, cols: Sequence[Sequence[str]], now: int) -> np.ndarray:
         reader = self.reader
         client = reader.store.client
-        nv = len(reader.plan.views)
         out = np.zeros((n, reader.row_width), dtype=np.float64)
-        # (group, slot) -> rows; a call's keys are one slot's, per row: views then caches
+        # (group, slot) -> rows; a call's keys are one slot's, per row: hashes then caches
         calls: dict[tuple[int, int], list[int]] = {}
-        for gi, group in enumerate(self.groups):
-            first = group[0]
+        for gi, parts in enumerate(self.parts):
+            j, head, tail = parts[0]
             for r in range(n):
-                calls.setdefault((gi, client.keyslot(data_keys[r * nv + first])), []).append(r)
+                calls.setdefault((gi, client.keyslot(head + cols[j][r] + tail)), []).append(r)
         args = [reader._args(now, g) for g in self.groups]
         by_node: dict[str, list[tuple[int, int, list[int]]]] = {}
         for (gi, slot), rows in calls.items():
@@ -206,8 +228,8 @@ class _ClusterRead:
             node = client.get_node(node_name=node_name)
             pipe = node.redis_connection.pipeline(transaction=False)
             for gi, _slot, rows in todo:
-                self.scripts[gi](keys=self._keys(gi, rows, data_keys, nv), args=args[gi],
-                                 client=pipe)
+                self.scripts[gi](keys=_row_keys(self.parts[gi], cols, rows, self.cache),
+                                 args=args[gi], client=pipe)
             replies = pipe.execute()
             return [(gi, rows, rep) for (gi, _s, rows), rep in zip(todo, replies, strict=True)]
 
@@ -221,8 +243,8 @@ class _ClusterRead:
                 raise
             # the slots moved (failover, resharding): refresh the map, one call at a time
             client.nodes_manager.initialize()
-            results = [[(gi, rows, self.scripts[gi](keys=self._keys(gi, rows, data_keys, nv),
-                                                    args=args[gi]))
+            results = [[(gi, rows, self.scripts[gi](
+                keys=_row_keys(self.parts[gi], cols, rows, self.cache), args=args[gi]))
                         for gi, _slot, rows in todo] for todo in by_node.values()]
         width = int(self.offsets[-1])
         for node_results in results:
@@ -240,56 +262,76 @@ class _ClusterRead:
                         pos += 1
         return out
 
-    def _keys(self, gi: int, rows: list[int], data_keys: list[str], nv: int) -> list[str]:
-        keys = []
-        for r in rows:
-            row = [data_keys[r * nv + j] for j in self.groups[gi]]
-            keys += row
-            keys += [cache_key(k) for k in row]
-        return keys
+
+def store_keys(batch: UpdateBatch) -> tuple[list[str], list[int], list[int], list[int]]:
+    """The batch's (entity, source) hashes (key schema 2), each batch key's index among them,
+    and per hash its TTL and event-id window (the largest of its views')."""
+    index: dict[str, int] = {}
+    kmap: list[int] = []
+    ttl: list[int] = []
+    dedup: list[int] = []
+    for skey, t, d in zip(batch.key_store, batch.key_ttl_ms, batch.key_dedup_ms, strict=True):
+        i = index.get(skey)
+        if i is None:
+            i = index[skey] = len(ttl)
+            ttl.append(t)
+            dedup.append(d)
+        else:
+            ttl[i] = max(ttl[i], t)
+            dedup[i] = max(dedup[i], d)
+        kmap.append(i)
+    return list(index), kmap, ttl, dedup
 
 
-def write_args(batch: UpdateBatch) -> list[Any]:
-    """ARGV tail shared by plain and stream writes: accepted tags, dead letters, TTLs, dedup
-    windows, then the tile updates (see ``redis_lua.WRITE_SCRIPT`` and :func:`ops_by_key`)."""
+def write_call(batch: UpdateBatch, head: Sequence[Any]) -> tuple[list[str], list[Any]]:
+    """KEYS (the hashes, their read caches, their event-id sets when needed) and the ARGV tail
+    shared by plain and stream writes: accepted tags, dead letters, TTLs, dedup windows, then
+    the tile updates (see ``redis_lua.WRITE_SCRIPT`` and :func:`ops_by_key`)."""
+    skeys, kmap, ttl, dedup = store_keys(batch)
     args: list[Any] = [array("d", batch.accepted).tobytes(), len(batch.rejected)]
     for r in batch.rejected:
         args += [r.tag, r.reason.split(":", 1)[0].split(" ", 1)[0], r.reason, r.raw]
-    args.append(array("d", batch.key_ttl_ms).tobytes())
-    args.append(array("d", batch.key_dedup_ms or [0] * len(batch.keys)).tobytes())
-    args += ops_by_key(batch.ops)
-    return args
+    args.append(array("d", ttl).tobytes())
+    args.append(array("d", dedup).tobytes())
+    args += ops_by_key(batch.ops, kmap, batch.key_tag)
+    ids = head[0] == "3" or any(dedup)
+    return write_keys(skeys, ids), args
 
 
-# One tile update as the write script reads it (``struct.unpack('<HIddhBI')``, 29 bytes): group,
-# ring slot, tile index, value, HyperLogLog register (-1: numeric) and rank, event tag. What is
-# the same for every update of an event (event time, arrival, stable id) is sent once per event.
-_OP = np.dtype([("gid", "<u2"), ("slot", "<u4"), ("idx", "<f8"), ("x", "<f8"), ("reg", "<i2"),
+# One tile update as the write script reads it (``struct.unpack('<dIddhBI')``, 35 bytes): group
+# tag (view tag + group id, see ``events.view_tag``), ring slot, tile index, value, HyperLogLog
+# register (-1: numeric) and rank, event tag. What is the same for every update of an event
+# (event time, arrival, stable id) is sent once per event.
+_OP = np.dtype([("grp", "<f8"), ("slot", "<u4"), ("idx", "<f8"), ("x", "<f8"), ("reg", "<i2"),
                 ("rank", "u1"), ("tag", "<u4")])
 
 
-def ops_by_key(ops: Sequence[Sequence[float]]) -> list[bytes]:
-    """``UpdateBatch.ops`` for the write script: the updates sorted by key — stably, so every tile
-    is updated in the events' order — as packed :data:`_OP` records; the runs (key, count); and
-    per event tag its (event time, arrival, stable id) as packed doubles. Compact because Redis's
-    Lua hashes every byte of every argument (measured: 880 → 314 bytes an event for 5 views)."""
+def ops_by_key(ops: Sequence[Sequence[float]], kmap: Sequence[int], tags: Sequence[int]
+               ) -> list[bytes]:
+    """``UpdateBatch.ops`` for the write script: the updates sorted by hash (``kmap``: batch key
+    -> hash) — stably, so every tile is updated in the events' order — as packed :data:`_OP`
+    records; the runs (hash, count); and per event tag its (event time, arrival, stable id) as
+    packed doubles. Compact because Redis's Lua hashes every byte of every argument (measured:
+    880 → 314 bytes an event for 5 views)."""
     if not ops:
         return [b"", b"", b""]
     flat = np.frombuffer(array("d", chain.from_iterable(ops)), dtype=np.float64).reshape(-1, 11)
-    keys = flat[:, 0]
+    k = flat[:, 0].astype(np.intp)
+    keys = np.asarray(kmap, dtype=np.float64)[k]
+    grp = np.asarray(tags, dtype=np.float64)[k] + flat[:, 1]
     if len(keys) > 1 and (keys[1:] < keys[:-1]).any():
-        flat = flat[np.argsort(keys, kind="stable")]
-        keys = flat[:, 0]
+        order = np.argsort(keys, kind="stable")
+        flat, keys, grp = flat[order], keys[order], grp[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     counts = np.diff(np.r_[starts, len(keys)])
     runs = np.column_stack((keys[starts], counts)).astype(np.float64)
     rec = np.empty(len(flat), dtype=_OP)
-    rec["gid"], rec["idx"], rec["slot"] = flat[:, 1], flat[:, 2], flat[:, 3]
+    rec["grp"], rec["idx"], rec["slot"] = grp, flat[:, 2], flat[:, 3]
     rec["x"], rec["reg"], rec["rank"] = flat[:, 7], flat[:, 8], flat[:, 9]
-    tags = flat[:, 10].astype(np.int64)
-    rec["tag"] = tags
-    events = np.zeros((int(tags.max()) + 1, 3), dtype=np.float64)
-    events[tags] = flat[:, 4:7]
+    tags_ = flat[:, 10].astype(np.int64)
+    rec["tag"] = tags_
+    events = np.zeros((int(tags_.max()) + 1, 3), dtype=np.float64)
+    events[tags_] = flat[:, 4:7]
     return [rec.tobytes(), runs.tobytes(), events.tobytes()]
 
 
@@ -316,9 +358,8 @@ class RedisStore:
         if not batch.ops:
             return
         if not self.cluster:
-            args = ["0", *write_args(batch)]
-            keys = write_keys(batch.keys, needs_ids(batch, args))
-            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            keys, tail = write_call(batch, ("0",))
+            guarded(self.url, lambda: self.writer(keys=keys, args=["0", *tail]))
             return
         guarded(self.url, lambda: self._cluster_write(batch))
 
@@ -333,13 +374,13 @@ class RedisStore:
             sub = UpdateBatch()
             remap = {}
             for i in idxs:
-                remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i],
-                                   batch.key_dedup_ms[i] if batch.key_dedup_ms else 0)
+                remap[i] = sub.key(batch.keys[i], batch.key_ttl_ms[i], batch.key_dedup_ms[i],
+                                   batch.key_store[i], batch.key_tag[i])
             sub.ops = [(remap[op[0]], *op[1:]) for op in batch.ops if op[0] in remap]  # type: ignore[misc]
             sub.accepted = batch.accepted
             node = self.client.nodes_manager.get_node_from_slot(slot).name
-            by_node.setdefault(node, []).append(
-                (write_keys(sub.keys, needs_ids(sub, head)), [*head, *write_args(sub)]))
+            keys, tail = write_call(sub, head)
+            by_node.setdefault(node, []).append((keys, [*head, *tail]))
 
         def run(node_name: str) -> None:
             node = self.client.get_node(node_name=node_name)
@@ -376,9 +417,8 @@ class RedisStore:
         blob = array("d", chain.from_iterable(positions)).tobytes()
         head = ["2", topic, blob]
         if not self.cluster:
-            args = [*head, *write_args(batch)]
-            keys = write_keys(batch.keys, needs_ids(batch, head))
-            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            keys, tail = write_call(batch, head)
+            guarded(self.url, lambda: self.writer(keys=keys, args=[*head, *tail]))
             return
         guarded(self.url, lambda: self._cluster_write(batch, head))
 
@@ -396,9 +436,8 @@ class RedisStore:
             pairs += [float(ms), float(seq or 0)]
         head = ["3", window_ms, array("d", pairs).tobytes()]
         if not self.cluster:
-            args = [*head, *write_args(batch)]
-            keys = write_keys(batch.keys, needs_ids(batch, head))
-            guarded(self.url, lambda: self.writer(keys=keys, args=args))
+            keys, tail = write_call(batch, head)
+            guarded(self.url, lambda: self.writer(keys=keys, args=[*head, *tail]))
             return
         guarded(self.url, lambda: self._cluster_write(batch, head))
 
@@ -407,9 +446,9 @@ class RedisStore:
         """Exactly-once apply of stream entries ``ids`` (in id order; tags index into them): returns
         (entries acked, events accepted, events dead-lettered) — zeros for entries another
         consumer already claimed."""
-        keys = [stream, f"{stream}:dead", f"{stream}:stats",
-                *write_keys(batch.keys, needs_ids(batch, "1"))]
-        args = ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *write_args(batch)]
+        skeys, tail = write_call(batch, ("1",))
+        keys = [stream, f"{stream}:dead", f"{stream}:stats", *skeys]
+        args = ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *tail]
         res = guarded(self.url, lambda: self.writer(keys=keys, args=args))
         return int(res[0]), int(res[1]), int(res[2])
 

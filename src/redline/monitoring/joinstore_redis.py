@@ -1,0 +1,252 @@
+"""The label join in Redis: every worker and every replica on every host joins and reads the same.
+
+Per model version, under one hash tag (one cluster slot), with a TTL refreshed on every write so
+an abandoned version's keys go by themselves:
+
+- ``pending`` (hash id -> score) and ``times`` (zset id -> wall time): predictions awaiting a
+  label; at most ``capacity`` and none older than the TTL (the Lua ``EVICT`` moves the oldest out);
+- ``gone`` (zset of ids, at most ``capacity``): ids that left unlabelled, so a late label is
+  counted as late;
+- ``pairs`` (list of ``"score label"``, capped at the window) and ``recent`` (list of scores,
+  capped): what every process computes the same quality figures from;
+- ``counts`` (hash): evicted, joined, late.
+
+Predictions are written by the monitoring tick in one pipeline per version (``flush``); a join
+is one Lua call per chunk of labels, atomic, so two workers never join one prediction twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from redline.errors import StoreUnavailable
+from redline.monitoring.joinstore import JoinSnapshot
+
+PREFIX = "redline:quality"
+LABEL_CHUNK = 2000  # labels per Lua call: Redis serves nobody else while one runs
+
+EVICT = """
+local p, t, g, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local cap, ttl, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = 0
+local old = redis.call('ZRANGEBYSCORE', t, '-inf', '(' .. ARGV[1])
+for _, id in ipairs(old) do
+  redis.call('HDEL', p, id); redis.call('ZADD', g, now, id); n = n + 1
+end
+if #old > 0 then redis.call('ZREMRANGEBYSCORE', t, '-inf', '(' .. ARGV[1]) end
+local over = redis.call('ZCARD', t) - cap
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', t, over)
+  for i = 1, #popped, 2 do
+    redis.call('HDEL', p, popped[i]); redis.call('ZADD', g, now, popped[i]); n = n + 1
+  end
+end
+local gover = redis.call('ZCARD', g) - cap
+if gover > 0 then redis.call('ZPOPMIN', g, gover) end
+if n > 0 then redis.call('HINCRBY', c, 'evicted', n) end
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+return n
+"""
+
+JOIN = """
+local p, t, g, l, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local window, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, joined = {}, 0
+for i = 3, #ARGV, 2 do
+  local id = ARGV[i]
+  local s = redis.call('HGET', p, id)
+  if s then
+    redis.call('HDEL', p, id); redis.call('ZREM', t, id)
+    redis.call('RPUSH', l, s .. ' ' .. ARGV[i + 1])
+    joined = joined + 1; out[#out + 1] = 1
+  elseif redis.call('ZSCORE', g, id) then
+    out[#out + 1] = 2
+  else
+    out[#out + 1] = 0
+  end
+end
+if joined > 0 then
+  redis.call('LTRIM', l, -window, -1)
+  redis.call('HINCRBY', c, 'joined', joined)
+  redis.call('EXPIRE', l, ttl); redis.call('EXPIRE', c, ttl)
+end
+return out
+"""
+
+LEASE = """
+local owner = redis.call('GET', KEYS[1])
+if not owner or owner == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+class RedisJoin:
+    """One version's join in Redis; predictions wait in a bounded local batch until ``flush``."""
+
+    def __init__(self, backend: RedisBackend, model: str, version: str, capacity: int,
+                 ttl_s: float, window: int) -> None:
+        self.backend = backend
+        tag = f"{PREFIX}:{{{model}:{version}}}"
+        self.keys = {k: f"{tag}:{k}" for k in ("pending", "times", "gone", "pairs", "recent",
+                                               "counts")}
+        self.capacity, self.ttl = capacity, max(60, int(ttl_s))
+        self.window = window
+        self._batches: deque[tuple[int, float, list[str], list[float]]] = deque()
+        self._seq = itertools.count()
+        self._rows = 0
+        self._dropped = 0  # predictions dropped from the local batches before they were written
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- predictions (the tick)
+    def predicted(self, request_ids: list[str], scores: np.ndarray) -> None:
+        values = scores.tolist()
+        with self._lock:
+            self._batches.append((next(self._seq), time.time(), list(request_ids), values))
+            self._rows += len(values)
+            # Bounded while it waits (Redis down): the oldest batches go, counted as evicted at
+            # the next write.
+            bound = 2 * self.capacity + self.window
+            while self._rows > bound and len(self._batches) > 1:
+                _, _, ids, dropped = self._batches.popleft()
+                self._rows -= len(dropped)
+                self._dropped += sum(1 for rid in ids if rid)
+
+    def flush(self) -> None:
+        with self._lock:
+            batches, dropped = list(self._batches), self._dropped
+        if not batches:
+            return
+        k = self.keys
+        now = time.time()
+        pipe = self.backend.client.pipeline(transaction=False)
+        for _, t, ids, values in batches:
+            kept = {rid: s for rid, s in zip(ids, values, strict=False) if rid}
+            if kept:
+                pipe.hset(k["pending"], mapping=kept)
+                pipe.zadd(k["times"], dict.fromkeys(kept, t))
+            if values:
+                pipe.rpush(k["recent"], *values[-self.window:])
+        pipe.ltrim(k["recent"], -self.window, -1)
+        if dropped:
+            pipe.hincrby(k["counts"], "evicted", dropped)
+        self.backend.evict(keys=[k["pending"], k["times"], k["gone"], k["counts"],
+                                 k["pairs"], k["recent"]],
+                           args=[now - self.ttl, self.capacity, self.ttl, now], client=pipe)
+        self.backend.guarded(pipe.execute)
+        with self._lock:  # written: forget them (new ones may have come meanwhile)
+            while self._batches and self._batches[0][0] <= batches[-1][0]:
+                self._rows -= len(self._batches.popleft()[3])
+            self._dropped -= dropped
+
+    # ---------------------------------------------------------------- labels (the routes)
+    def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
+        k = self.keys
+        keys = [k["pending"], k["times"], k["gone"], k["pairs"], k["counts"]]
+        out: list[int] = []
+        for start in range(0, len(request_ids), LABEL_CHUNK):
+            args: list[Any] = [self.window, self.ttl]
+            for rid, label in zip(request_ids[start:start + LABEL_CHUNK],
+                                  labels[start:start + LABEL_CHUNK], strict=True):
+                args += [rid, repr(float(label))]
+            out += [int(o) for o in self.backend.guarded(
+                lambda a=args: self.backend.join(keys=keys, args=a))]
+        return out
+
+    def count_late(self, n: int) -> None:
+        self.backend.guarded(lambda: self.backend.client.hincrby(self.keys["counts"], "late", n))
+
+    def label_score(self, score: float, label: float) -> None:
+        k = self.keys
+        pipe = self.backend.client.pipeline(transaction=False)
+        pipe.rpush(k["pairs"], f"{float(score)!r} {float(label)!r}")
+        pipe.ltrim(k["pairs"], -self.window, -1)
+        pipe.hincrby(k["counts"], "joined", 1)
+        pipe.expire(k["pairs"], self.ttl)
+        self.backend.guarded(pipe.execute)
+
+    def snapshot(self) -> JoinSnapshot:
+        k = self.keys
+        pipe = self.backend.client.pipeline(transaction=False)
+        pipe.lrange(k["pairs"], 0, -1)
+        pipe.lrange(k["recent"], 0, -1)
+        pipe.hlen(k["pending"])
+        pipe.hmget(k["counts"], ["evicted", "joined", "late"])
+        pairs, recent, pending, counts = self.backend.guarded(pipe.execute)
+        labelled = _floats(pairs).reshape(-1, 2)
+        evicted, joined, late = (int(c or 0) for c in counts)
+        return JoinSnapshot(labelled, _floats(recent), int(pending), evicted, joined, late)
+
+
+class RedisBackend:
+    """The Redis client and scripts every version's join shares."""
+
+    kind = "redis"
+    shared = True
+
+    def __init__(self, url: str, cluster: bool = False, timeout_ms: float = 2000.0) -> None:
+        from redline.features.online.redis import connect
+
+        self.url = url
+        self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
+        self.evict = self.client.register_script(EVICT)
+        self.join = self.client.register_script(JOIN)
+        self.lease = self.client.register_script(LEASE)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.states: list[RedisJoin] = []
+        self._unmatched_key = f"{PREFIX}:unmatched"
+
+    def state(self, model: str, version: str, capacity: int, ttl_s: float,
+              window: int) -> RedisJoin:
+        state = RedisJoin(self, model, version, capacity, ttl_s, window)
+        self.states.append(state)
+        return state
+
+    def flush(self) -> None:
+        """Every version's waiting predictions into Redis (the tick; a failure keeps them)."""
+        for state in list(self.states):
+            state.flush()
+
+    def count_unmatched(self, model: str | None, n: int) -> None:
+        self.guarded(lambda: self.client.hincrby(self._unmatched_key, model or "", n))
+
+    def unmatched(self, model: str) -> int:
+        got = self.guarded(lambda: self.client.hmget(self._unmatched_key, [model, ""]))
+        return sum(int(v or 0) for v in got)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        """Whether this process holds (or now takes) the lease ``name``; with Redis down, yes:
+        an alert sent twice beats one not sent."""
+        try:
+            return bool(self.guarded(lambda: self.lease(
+                keys=[f"{PREFIX}:lease:{name}"], args=[self.owner, int(ttl_s * 1000)])))
+        except StoreUnavailable:
+            return True
+
+    def guarded(self, fn: Any) -> Any:
+        import redis
+
+        try:
+            return fn()
+        except (redis.RedisError, OSError) as exc:
+            raise StoreUnavailable(
+                f"the label join's Redis at {self.url} cannot be reached ({type(exc).__name__}: "
+                f"{exc}); labels and quality figures are refused until it is back (predictions "
+                "wait in memory, bounded); post the labels again then") from exc
+
+
+def _floats(items: list[bytes]) -> np.ndarray:
+    if not items:
+        return np.empty(0, dtype=np.float64)
+    return np.array(b" ".join(items).split(), dtype=np.float64)

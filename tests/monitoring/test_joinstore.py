@@ -1,0 +1,163 @@
+"""The shared label join: two processes' backends (SQLite file, real Redis) see one join.
+
+Each test builds two backends over the same store, as two workers would, writes predictions
+through one and labels through the other, and checks the joined figures, the bounds, the
+late/unmatched counts, and (Redis) an outage: a clear StoreUnavailable, predictions kept, and
+recovery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.metrics import log_loss, roc_auc_score
+
+from redline.config import Settings
+from redline.errors import ConfigError, StoreUnavailable
+from redline.monitoring.joinstore import MemoryBackend, join_backend, join_backend_kind, join_labels
+from redline.monitoring.joinstore_redis import RedisBackend
+from redline.monitoring.joinstore_sqlite import SqliteBackend
+from redline.monitoring.quality import QualityMonitor
+from tests.conftest import RedisServer
+
+Factory = Callable[[], Any]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backends(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
+    """A maker of backends that all share one store (one per simulated worker)."""
+    if request.param == "sqlite":
+        path = str(tmp_path / "state" / "labels.sqlite")
+        return lambda: SqliteBackend(path)
+    redis = request.getfixturevalue("redis_server")
+    return lambda: RedisBackend(redis.url)
+
+
+def monitor(backend: Any, capacity: int = 100_000, window: int = 5000) -> QualityMonitor:
+    return QualityMonitor("m", "1", "classification", {"roc_auc": 0.9}, capacity, 3600.0,
+                          window, 0.05, backend.state("m", "1", capacity, 3600.0, window))
+
+
+def test_two_workers_join_and_report_the_same_figures(backends: Factory) -> None:
+    a, b = backends(), backends()
+    qa, qb = monitor(a), monitor(b)
+    rng = np.random.default_rng(3)
+    p = rng.random(3000)
+    y = (rng.random(3000) < p).astype(float)
+    ids = [f"r{i}" for i in range(3000)]
+    qa.predicted(ids[:1500], p[:1500])  # worker a served the first half, b the second
+    qb.predicted(ids[1500:], p[1500:])
+    a.flush()
+    b.flush()
+    # Labels reach the "other" worker: a's predictions are labelled through b and vice versa.
+    assert join_labels([qb.state], ids[:1500], y[:1500].tolist()) == (1500, [], 0)
+    assert join_labels([qa.state], ids[1500:], y[1500:].tolist()) == (1500, [], 0)
+    assert join_labels([qa.state], ["r0", "nope"], [1.0, 0.0]) == (0, ["r0", "nope"], 0)
+    ra, rb = qa.report(), qb.report()
+    for r in (ra, rb):
+        assert r["labelled"] == 3000 and r["pending_join"] == 0 and r["joined"] == 3000
+        assert r["realised"]["roc_auc"] == pytest.approx(roc_auc_score(y, p), abs=1e-5)
+        assert r["realised"]["log_loss"] == pytest.approx(log_loss(y, p), abs=1e-5)
+    assert ra["realised"] == rb["realised"] and ra["estimated"] == rb["estimated"]
+    # every worker's recent scores feed the estimate: 3000 rows, not one worker's 1500
+    assert ra["estimated"]["accuracy"] == pytest.approx(np.mean(np.maximum(p, 1 - p)), abs=1e-4)
+
+
+def test_bounds_late_and_unmatched(backends: Factory) -> None:
+    a, b = backends(), backends()
+    qa, qb = monitor(a, capacity=1000, window=300), monitor(b, capacity=1000, window=300)
+    for start in range(0, 5000, 500):
+        qa.predicted([f"r{i}" for i in range(start, start + 500)], np.full(500, 0.7))
+        a.flush()
+    r = qb.report()
+    assert r["pending_join"] == 1000 and r["evicted"] == 4000
+    assert r["labelled"] == 0 and len(qb.state.snapshot().recent) == 300  # capped
+    # r0..r3999 left unlabelled: the last 1000 of them (capacity) are remembered, so their
+    # labels count as late; r0 is forgotten too (unmatched), r4999 joins, x was never seen.
+    joined, unmatched, late = join_labels([qb.state], ["r0", "r3000", "r3999", "r4999", "x"],
+                                          [1.0, 1.0, 1.0, 1.0, 0.0])
+    assert (joined, unmatched, late) == (1, ["r0", "x"], 2)
+    assert qa.report()["late_labels"] == 2
+    b.count_unmatched("m", 1)
+    assert a.unmatched("m") == 1
+    # the joined pairs are capped at the window too
+    joined, _, _ = join_labels([qa.state], [f"r{i}" for i in range(4000, 4999)], [1.0] * 999)
+    assert joined == 999 and qb.report()["labelled"] == 300
+
+
+def test_redis_down_is_a_clear_error_and_predictions_wait(redis_server: RedisServer) -> None:
+    backend = RedisBackend(redis_server.url, timeout_ms=300)
+    q = monitor(backend)
+    q.predicted(["a", "b"], np.array([0.2, 0.9]))
+    backend.flush()
+    redis_server.kill()
+    q.predicted(["c"], np.array([0.6]))
+    with pytest.raises(StoreUnavailable, match="label join's Redis"):
+        backend.flush()
+    with pytest.raises(StoreUnavailable):
+        join_labels([q.state], ["a"], [0.0])
+    with pytest.raises(StoreUnavailable):
+        q.report()
+    redis_server.restart()  # empty: what was written is gone, what waited is not
+    backend.flush()
+    assert join_labels([q.state], ["c", "a"], [1.0, 0.0]) == (1, ["a"], 0)
+    assert q.report()["labelled"] == 1
+
+
+def test_backend_choice() -> None:
+    s = Settings()
+    assert join_backend_kind(s) == "memory" and isinstance(join_backend(s), MemoryBackend)
+    s.monitoring.quality_path = "x.sqlite"
+    assert join_backend_kind(s) == "sqlite"  # what a pool of workers sets
+    s.features.store = "redis"
+    assert join_backend_kind(s) == "redis"  # replicas on several hosts share it
+    s.monitoring.quality_store = "memory"
+    assert join_backend_kind(s) == "memory"
+    s.monitoring.quality_store = "postgres"
+    with pytest.raises(ConfigError, match="auto, memory, sqlite or redis"):
+        join_backend_kind(s)
+    s.monitoring.quality_store, s.monitoring.quality_path = "sqlite", None
+    with pytest.raises(ConfigError, match="quality_path"):
+        join_backend_kind(s)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_predictions_waiting_for_a_down_store_are_bounded_and_counted(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if kind == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        backend: Any = RedisBackend(redis.url, timeout_ms=300)
+        redis.kill()
+    else:
+        backend = SqliteBackend(str(tmp_path / "labels.sqlite"))
+        backend.db.close()  # the file cannot be written: what a full disk looks like here
+    q = monitor(backend, capacity=10, window=5)
+    for i in range(40):
+        q.predicted([f"r{i}"], np.array([0.5]))
+    with pytest.raises(StoreUnavailable):
+        backend.flush()
+    if kind == "redis":
+        redis.restart()
+    else:
+        backend = SqliteBackend(str(tmp_path / "labels.sqlite"))
+        backend.states.append(q.state)
+        q.state.backend = backend
+    backend.flush()
+    snap = q.state.snapshot()
+    # 2 x capacity + window (25) waited; the 15 before them were dropped, counted as evicted
+    assert snap.pending == 10 and snap.evicted == 30
+    assert join_labels([q.state], ["r39", "r29", "r0"], [1.0, 1.0, 1.0]) == (1, ["r0"], 1)
+
+
+def test_one_worker_holds_the_alert_lease_until_it_stops_renewing(backends: Factory) -> None:
+    a, b = backends(), backends()
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)  # renewed by its holder
+    time.sleep(0.7)  # a stopped renewing (a worker that died)
+    assert b.leads("alerts", 0.5) and not a.leads("alerts", 0.5)
+    assert MemoryBackend().leads("alerts", 0.5)  # one process: always
