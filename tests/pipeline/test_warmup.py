@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from redline.serving.http_protocol import JsonErrorHttpProtocol
+from redline.serving.http_protocol import RedlineHttpProtocol
 from redline.serving.warmup import _present_ids, warm_request_path
 from tests.pipeline.conftest import make_settings
 
@@ -99,7 +99,7 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
         assert states and all(s.out is None for s in states)  # written, never read
     before = settled(srv.url)
     answered = srv.call(warm_request_path(server.registry, pipeline, settings,
-                                          bool(server.observers), JsonErrorHttpProtocol))
+                                          bool(server.observers), RedlineHttpProtocol))
     assert answered == 2  # cards (V2 and /v1) and cards_small (V2) answered the private app
     time.sleep(1.2)  # a tick: anything the warm-up handed the monitor would show now
     after = snapshot(srv.url)

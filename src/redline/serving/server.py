@@ -106,7 +106,7 @@ class RedlineServer:
         # now, before the ports open (so no readiness probe sees the server ready while it
         # runs), on stand-ins that leave no trace (serving/warmup.py).
         await warm_request_path(self.registry, self.pipeline, self.settings,
-                                bool(self.observers), JsonErrorHttpProtocol)
+                                bool(self.observers), RedlineHttpProtocol)
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
