@@ -8,6 +8,7 @@ recovery.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,40 @@ def test_backend_choice() -> None:
     s.monitoring.quality_store, s.monitoring.quality_path = "sqlite", None
     with pytest.raises(ConfigError, match="quality_path"):
         join_backend_kind(s)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_predictions_waiting_for_a_down_store_are_bounded_and_counted(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if kind == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        backend: Any = RedisBackend(redis.url, timeout_ms=300)
+        redis.kill()
+    else:
+        backend = SqliteBackend(str(tmp_path / "labels.sqlite"))
+        backend.db.close()  # the file cannot be written: what a full disk looks like here
+    q = monitor(backend, capacity=10, window=5)
+    for i in range(40):
+        q.predicted([f"r{i}"], np.array([0.5]))
+    with pytest.raises(StoreUnavailable):
+        backend.flush()
+    if kind == "redis":
+        redis.restart()
+    else:
+        backend = SqliteBackend(str(tmp_path / "labels.sqlite"))
+        backend.states.append(q.state)
+        q.state.backend = backend
+    backend.flush()
+    snap = q.state.snapshot()
+    # 2 x capacity + window (25) waited; the 15 before them were dropped, counted as evicted
+    assert snap.pending == 10 and snap.evicted == 30
+    assert join_labels([q.state], ["r39", "r29", "r0"], [1.0, 1.0, 1.0]) == (1, ["r0"], 1)
+
+
+def test_one_worker_holds_the_alert_lease_until_it_stops_renewing(backends: Factory) -> None:
+    a, b = backends(), backends()
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)
+    assert a.leads("alerts", 0.5) and not b.leads("alerts", 0.5)  # renewed by its holder
+    time.sleep(0.7)  # a stopped renewing (a worker that died)
+    assert b.leads("alerts", 0.5) and not a.leads("alerts", 0.5)
+    assert MemoryBackend().leads("alerts", 0.5)  # one process: always

@@ -9,8 +9,12 @@ and after the restart the predictions made meanwhile still take their labels.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +127,26 @@ def labels_for(scores: dict[str, float], seed: int) -> dict[str, float]:
     return {rid: float(rng.random() < p) for rid, p in scores.items()}
 
 
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A real local HTTP receiver of the alert webhook; what it got, in order."""
+    got: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", got
+    server.shutdown()
+
+
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_pool_joins_labels_and_every_worker_reports_the_same_quality(
         tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
@@ -192,3 +216,56 @@ def test_redis_killed_mid_way_labels_get_503_and_the_join_recovers(
     log = serve.log.read_text()
     assert "Traceback" not in log
     assert "label join: predictions wait in memory" in log
+
+
+def test_a_pools_join_is_bounded_and_counts_late_and_unmatched_labels(tmp_path: Path) -> None:
+    """A pool with a small join: at most ``capacity`` predictions wait (in the file itself),
+    as many ids that left are remembered, so their labels count as late; older ones and
+    unknown ids as unmatched; nothing is dropped without a count."""
+    make_repository(tmp_path / "repo")
+    path = tmp_path / "state" / "labels.sqlite"
+    config = CONFIG + (f"  quality_join_capacity: 100\n  quality_window: 50\n"
+                       f"  quality_path: {path}\n")
+    serve = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
+    try:
+        serve.wait_children(2)
+        scores = predict(serve.url, "b", 300)
+        time.sleep(1.0)  # both workers' ticks have written and evicted
+        with sqlite3.connect(path) as db:
+            counts = dict(db.execute("SELECT 'pending', count(*) FROM pending UNION ALL "
+                                     "SELECT 'gone', count(*) FROM gone UNION ALL "
+                                     "SELECT 'recent', count(*) FROM recent"))
+        assert counts == {"pending": 100, "gone": 100, "recent": 50}
+        got = post_labels(serve.url, labels_for(scores, 4), per_post=300)
+        assert got == {"joined": 100, "late": 100, "unmatched": 100}
+        (answer, _) = quality_from_every_worker(serve.url)
+        version = answer["versions"][0]
+        assert version["evicted"] == 200 and version["late_labels"] == 100
+        assert version["pending_join"] == 0 and version["labelled"] == 50  # the window
+        assert answer["unmatched_labels"] == 100
+        assert answer["label_join"]["store"] == "sqlite"
+    finally:
+        assert serve.stop() == 0
+
+
+def test_a_pool_sends_each_quality_alert_once(
+        tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]]) -> None:
+    """Every worker computes the same (shared) quality alarm; only the worker holding the
+    alert lease calls the webhook, so it is called once, not once per worker."""
+    url, got = webhook
+    make_repository(tmp_path / "repo")
+    config = CONFIG + f"  alert_webhook_url: {url}\n"
+    serve = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
+    try:
+        serve.wait_children(2)
+        scores = predict(serve.url, "c", 400)
+        rng = np.random.default_rng(5)
+        noise = {rid: float(rng.integers(0, 2)) for rid in scores}  # unrelated: AUC ~0.5
+        assert post_labels(serve.url, noise)["joined"] == 400
+        for answer in quality_from_every_worker(serve.url):
+            assert answer["versions"][0]["alarm"], answer  # both workers see the alarm
+        time.sleep(3.0)  # several evaluations on both workers
+    finally:
+        assert serve.stop() == 0
+    quality = [a for a in got if a["alert"] == "quality:fraud:1"]
+    assert [a["status"] for a in quality] == ["firing"], got

@@ -15,6 +15,9 @@ One :class:`JoinBackend` per server process hands out one :class:`JoinState` per
   server to run; ``redline serve --workers N`` puts it in the pool's state directory;
 - ``redis`` (``joinstore_redis``): shared by every worker and every replica on every host.
 
+A shared backend also holds a lease (``leads``): the one worker holding it sends the alert
+webhook, so a pool does not send each alert once per worker.
+
 Predictions reach a shared backend in batches from the monitoring tick (``flush``), never from
 a request. A shared backend that cannot be reached raises ``StoreUnavailable`` (a 503 for the
 label and quality routes); the predictions of that time wait in memory, bounded, and are written
@@ -76,6 +79,8 @@ class JoinBackend(Protocol):
     def count_unmatched(self, model: str | None, n: int) -> None: ...
 
     def unmatched(self, model: str) -> int: ...
+
+    def leads(self, name: str, ttl_s: float) -> bool: ...
 
 
 # ---------------------------------------------------------------------- this process
@@ -165,6 +170,9 @@ class MemoryBackend:
 
     def unmatched(self, model: str) -> int:
         return self._unmatched.get(model, 0) + self._unmatched.get("", 0)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        return True  # the only process that sees this join
 
 
 def join_labels(states: list[Any], request_ids: list[str], labels: list[float]

@@ -18,8 +18,11 @@ is one Lua call per chunk of labels, atomic, so two workers never join one predi
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any
 
@@ -79,6 +82,15 @@ end
 return out
 """
 
+LEASE = """
+local owner = redis.call('GET', KEYS[1])
+if not owner or owner == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 class RedisJoin:
     """One version's join in Redis; predictions wait in a bounded local batch until ``flush``."""
@@ -94,7 +106,7 @@ class RedisJoin:
         self._batches: deque[tuple[int, float, list[str], list[float]]] = deque()
         self._seq = itertools.count()
         self._rows = 0
-        self.unsent_dropped = 0  # predictions lost because Redis was down longer than the bound
+        self._dropped = 0  # predictions dropped from the local batches before they were written
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- predictions (the tick)
@@ -103,15 +115,17 @@ class RedisJoin:
         with self._lock:
             self._batches.append((next(self._seq), time.time(), list(request_ids), values))
             self._rows += len(values)
-            bound = self.capacity + self.window
+            # Bounded while it waits (Redis down): the oldest batches go, counted as evicted at
+            # the next write.
+            bound = 2 * self.capacity + self.window
             while self._rows > bound and len(self._batches) > 1:
                 _, _, ids, dropped = self._batches.popleft()
                 self._rows -= len(dropped)
-                self.unsent_dropped += sum(1 for rid in ids if rid)
+                self._dropped += sum(1 for rid in ids if rid)
 
     def flush(self) -> None:
         with self._lock:
-            batches = list(self._batches)
+            batches, dropped = list(self._batches), self._dropped
         if not batches:
             return
         k = self.keys
@@ -125,13 +139,16 @@ class RedisJoin:
             if values:
                 pipe.rpush(k["recent"], *values[-self.window:])
         pipe.ltrim(k["recent"], -self.window, -1)
+        if dropped:
+            pipe.hincrby(k["counts"], "evicted", dropped)
         self.backend.evict(keys=[k["pending"], k["times"], k["gone"], k["counts"],
                                  k["pairs"], k["recent"]],
                            args=[now - self.ttl, self.capacity, self.ttl, now], client=pipe)
         self.backend.guarded(pipe.execute)
         with self._lock:  # written: forget them (new ones may have come meanwhile)
             while self._batches and self._batches[0][0] <= batches[-1][0]:
-                self._rows -= len(self._batches.popleft()[2])
+                self._rows -= len(self._batches.popleft()[3])
+            self._dropped -= dropped
 
     # ---------------------------------------------------------------- labels (the routes)
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
@@ -171,10 +188,6 @@ class RedisJoin:
         evicted, joined, late = (int(c or 0) for c in counts)
         return JoinSnapshot(labelled, _floats(recent), int(pending), evicted, joined, late)
 
-    @property
-    def unsent(self) -> int:
-        return self._rows
-
 
 class RedisBackend:
     """The Redis client and scripts every version's join shares."""
@@ -189,6 +202,8 @@ class RedisBackend:
         self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)
         self.evict = self.client.register_script(EVICT)
         self.join = self.client.register_script(JOIN)
+        self.lease = self.client.register_script(LEASE)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.states: list[RedisJoin] = []
         self._unmatched_key = f"{PREFIX}:unmatched"
 
@@ -209,6 +224,15 @@ class RedisBackend:
     def unmatched(self, model: str) -> int:
         got = self.guarded(lambda: self.client.hmget(self._unmatched_key, [model, ""]))
         return sum(int(v or 0) for v in got)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        """Whether this process holds (or now takes) the lease ``name``; with Redis down, yes:
+        an alert sent twice beats one not sent."""
+        try:
+            return bool(self.guarded(lambda: self.lease(
+                keys=[f"{PREFIX}:lease:{name}"], args=[self.owner, int(ttl_s * 1000)])))
+        except StoreUnavailable:
+            return True
 
     def guarded(self, fn: Any) -> Any:
         import redis

@@ -12,6 +12,7 @@ join one prediction twice.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -34,6 +35,7 @@ CREATE INDEX IF NOT EXISTS pairs_mv ON pairs(mv, id);
 CREATE TABLE IF NOT EXISTS recent(id INTEGER PRIMARY KEY AUTOINCREMENT, mv TEXT, score REAL);
 CREATE INDEX IF NOT EXISTS recent_mv ON recent(mv, id);
 CREATE TABLE IF NOT EXISTS counts(mv TEXT, name TEXT, n INTEGER, PRIMARY KEY(mv, name));
+CREATE TABLE IF NOT EXISTS lease(name TEXT PRIMARY KEY, owner TEXT, until REAL);
 """
 _TRIM = ("DELETE FROM {table} WHERE mv = ?1 AND id <= (SELECT id FROM {table} WHERE mv = ?1 "
          "ORDER BY id DESC LIMIT 1 OFFSET ?2)")
@@ -51,6 +53,7 @@ class SqliteJoin:
         self.capacity, self.ttl_s, self.window = capacity, ttl_s, window
         self._ids: list[tuple[str, str, float, float]] = []
         self._scores: list[tuple[str, float]] = []
+        self._dropped = 0  # predictions dropped from the local batch before they were written
         self._lock = threading.Lock()
 
     def predicted(self, request_ids: list[str], scores: np.ndarray) -> None:
@@ -60,15 +63,20 @@ class SqliteJoin:
             self._ids += [(self.mv, rid, now, s) for rid, s in zip(request_ids, values,
                                                                    strict=False) if rid]
             self._scores += [(self.mv, s) for s in values[-self.window:]]
-            del self._ids[: max(0, len(self._ids) - self.capacity)]  # bounded while it waits
+            # Bounded while it waits (the file is unusable for a while): the oldest go, counted
+            # as evicted at the next write.
+            over = len(self._ids) - (2 * self.capacity + self.window)
+            if over > 0:
+                del self._ids[:over]
+                self._dropped += over
             del self._scores[: max(0, len(self._scores) - self.window)]
 
     def write(self, db: sqlite3.Connection, now: float) -> None:
         """This version's waiting predictions and its eviction, inside the caller's
         transaction."""
         with self._lock:
-            ids, scores = self._ids, self._scores
-            self._ids, self._scores = [], []
+            ids, scores, dropped = self._ids, self._scores, self._dropped
+            self._ids, self._scores, self._dropped = [], [], 0
         try:
             mv = self.mv
             db.executemany("INSERT OR REPLACE INTO pending VALUES (?, ?, ?, ?)", ids)
@@ -92,11 +100,12 @@ class SqliteJoin:
             if gone_over > 0:
                 db.execute("DELETE FROM gone WHERE rowid IN (SELECT rowid FROM gone WHERE "
                            "mv = ? ORDER BY t LIMIT ?)", (mv, gone_over))
-            if evicted:
-                db.execute(_COUNT, (mv, "evicted", evicted))
+            if evicted + dropped:
+                db.execute(_COUNT, (mv, "evicted", evicted + dropped))
         except BaseException:
             with self._lock:  # not written: they wait for the next flush (still bounded)
                 self._ids[:0], self._scores[:0] = ids, scores
+                self._dropped += dropped
             raise
 
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
@@ -163,11 +172,26 @@ class SqliteBackend:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(path, timeout=timeout_ms / 1000.0, isolation_level=None,
                                       check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise self._unavailable(exc) from exc
+        self._setup()
+
+    def _setup(self) -> None:
+        """WAL and the tables. Workers start together: switching the journal mode takes the
+        file alone and does not wait for a busy one, so a worker that finds it locked retries."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise self._unavailable(exc) from exc
+                time.sleep(0.05)
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
 
     def state(self, model: str, version: str, capacity: int, ttl_s: float,
               window: int) -> SqliteJoin:
@@ -192,6 +216,25 @@ class SqliteBackend:
             "SELECT sum(n) FROM counts WHERE mv = ? AND name IN (?, '')",
             ("\x1funmatched", model)).fetchone(), write=False)
         return int(rows[0] or 0)
+
+    def leads(self, name: str, ttl_s: float) -> bool:
+        """Whether this process holds (or now takes) the lease ``name``; with the file unusable,
+        yes: an alert sent twice beats one not sent."""
+        owner = f"{os.getpid()}:{id(self)}"
+
+        def run(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            row = db.execute("SELECT owner, until FROM lease WHERE name = ?", (name,)).fetchone()
+            if row is None or row[0] == owner or row[1] < now:
+                db.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)",
+                           (name, owner, now + ttl_s))
+                return True
+            return False
+
+        try:
+            return bool(self.transaction(run))
+        except StoreUnavailable:
+            return True
 
     def transaction(self, fn: Any, write: bool = True) -> Any:
         """``fn(db)`` in one transaction (IMMEDIATE for writes: the write lock is taken at the
