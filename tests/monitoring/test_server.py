@@ -17,12 +17,13 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.config import ModelSettings
+from redline.monitoring.tracing import OtlpHttpSink
 from redline.proto import grpc_service_pb2 as pb
 from redline.proto import grpc_service_pb2_grpc as pbg
+from tests.monitoring.otlp import OtlpReceiver
 from tests.monitoring.served import (
     ADMIN_TOKEN,
     make_repository,
@@ -44,11 +45,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
     settings.monitoring.trace_sample_ratio = 0.0  # only sampled traceparents, failures, slow
     settings.models["fraud"] = ModelSettings(slo_ms=7.0)
     server = ServerThread(settings, make_repository(tmp_path_factory.mktemp("repo")))
-    exporter = InMemorySpanExporter()
-    server.server.monitor.use_trace_exporter(exporter)  # the monitor's feed brings the records
+    receiver = OtlpReceiver()  # a real OTLP/HTTP collector stand-in
+    server.server.monitor.use_trace_exporter(OtlpHttpSink(receiver.endpoint))
     server.start()
-    yield server, exporter
+    yield server, receiver
     server.stop()
+    receiver.close()
 
 
 def grpc_request(x: np.ndarray, rid: str = "") -> pb.ModelInferRequest:
@@ -117,7 +119,7 @@ def test_metrics_after_known_traffic_on_both_transports(served) -> None:  # type
 
 
 def test_traceparent_over_http_and_grpc_becomes_the_parent_of_stage_spans(served) -> None:  # type: ignore[no-untyped-def]
-    server, exporter = served
+    server, receiver = served
     x = training_data(np.random.default_rng(2), 1)
     header = f"00-{TRACE}-{PARENT}-01"
     with httpx.Client(base_url=server.http, headers={"x-redline-budget-ms": "5000"}) as http:
@@ -131,20 +133,18 @@ def test_traceparent_over_http_and_grpc_becomes_the_parent_of_stage_spans(served
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         tracing.flush()
-        roots = {s.attributes.get("redline.request_id"): s for s in exporter.get_finished_spans()
+        roots = {s.attributes.get("redline.request_id"): s for s in receiver.spans
                  if s.name.startswith("redline ")}
         if {"traced-rest", "traced-grpc"} <= set(roots):
             break
         time.sleep(0.05)
     assert "unsampled" not in roots
-    spans = exporter.get_finished_spans()
+    spans = receiver.spans
     for rid, transport in (("traced-rest", "rest"), ("traced-grpc", "grpc")):
         root = roots[rid]
-        assert format(root.context.trace_id, "032x") == TRACE
-        assert format(root.parent.span_id, "016x") == PARENT
+        assert root.trace_id == TRACE and root.parent == PARENT
         assert root.attributes["redline.transport"] == transport
-        children = {s.name for s in spans if s.parent is not None
-                    and s.parent.span_id == root.context.span_id}
+        children = {s.name for s in spans if s.parent == root.span_id}
         assert {"decode", "inference", "encode"} <= children, children
 
 
@@ -156,12 +156,12 @@ def _traceparent(value: str) -> tuple[str, str, str]:
 
 def test_the_response_names_the_requests_trace_over_http_and_grpc(served) -> None:  # type: ignore[no-untyped-def]
     """With tracing on every answer carries a traceparent: the caller's trace (or a new one),
-    the server span's id, and 01 when the spans are kept (exported to the in-memory exporter
-    with exactly those ids), 00 when head sampling left them out."""
+    the server span's id, and 01 when the spans are kept (exported to the OTLP receiver with
+    exactly those ids), 00 when head sampling left them out."""
     from redline.proto import redline_v1_pb2 as v1
     from redline.proto import redline_v1_pb2_grpc as v1g
 
-    server, exporter = served
+    server, receiver = served
     x = training_data(np.random.default_rng(5), 1)
     sent = f"00-{TRACE}-{PARENT}-01"
     row = {"amount": float(x[0, 0]), "age": float(x[0, 1]), "channel": int(x[0, 2])}
@@ -204,15 +204,15 @@ def test_the_response_names_the_requests_trace_over_http_and_grpc(served) -> Non
     roots: dict[str, object] = {}
     while time.monotonic() < deadline and not set(named) <= set(roots):
         tracing.flush()
-        roots = {s.attributes.get("redline.request_id"): s for s in exporter.get_finished_spans()
+        roots = {s.attributes.get("redline.request_id"): s for s in receiver.spans
                  if s.name.startswith("redline ")}
         time.sleep(0.05)
     assert "tp-new" not in roots
     for rid, (trace, span, _) in named.items():
         root = roots[rid]
-        assert format(root.context.trace_id, "032x") == trace  # type: ignore[attr-defined]
-        assert format(root.context.span_id, "016x") == span, rid  # type: ignore[attr-defined]
-        assert format(root.parent.span_id, "016x") == PARENT  # type: ignore[attr-defined]
+        assert root.trace_id == trace  # type: ignore[attr-defined]
+        assert root.span_id == span, rid  # type: ignore[attr-defined]
+        assert root.parent == PARENT  # type: ignore[attr-defined]
 
 
 def test_drift_labels_quality_and_review_over_http(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

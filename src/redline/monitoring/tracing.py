@@ -1,31 +1,36 @@
-"""OpenTelemetry spans per stage, built after the request from its record.
+"""Trace spans per stage, encoded straight into OTLP protobuf after the request, from its record.
 
 Tracing in Python usually costs tens of microseconds per span on the request path. Here the
 request path pays for one decision, made when the request has finished and before its response
 is sent: keep this request's trace or not. Head sampling keeps a share of requests (and every
 request whose W3C ``traceparent`` says the caller sampled it); the tail rule also keeps every
-request that failed or was slower than its threshold. No OpenTelemetry object is made for it:
-the decision picks the server span's id, and the response carries ``traceparent:
-00-<trace>-<that span id>-<01 kept | 00 not>`` (HTTP header, gRPC trailing metadata) so a client
-can find its trace. The monitor's tick hands the kept records to a bounded queue; a background
-thread turns each into one server span with a child span per stage (real start and end times,
-from the record's clock anchor, and the ids the response named) and exports them in batches,
-about once a second. When the queue is full the record is dropped and counted: export never
-blocks a request.
+request that failed or was slower than its threshold. Nothing is built for it: the decision
+picks the trace and server-span ids (one random draw, one string), and the response carries
+``traceparent: 00-<trace>-<that span id>-<01 kept | 00 not>`` (HTTP header, gRPC trailing
+metadata) so a client can find its trace. The monitor's tick hands the kept records to a
+bounded queue; a background thread encodes each as one server span with a child span per stage
+(real start and end times, from the record's clock anchor, and the ids the response named)
+directly into OTLP protobuf messages (``opentelemetry-proto``) and posts them in batches, about
+once a second. No OpenTelemetry SDK span is made: SDK spans plus their OTLP encoding cost ~160
+µs per kept request, these messages ~15 µs (``docs/performance.md#observability``). When the
+queue is full the record is dropped and counted: export never blocks a request.
 
 The parent of a request's span is the caller's ``traceparent`` (HTTP header or gRPC metadata),
-so redline's spans join the caller's trace. Spans go to OTLP when ``monitoring.otlp_endpoint`` is
-set (``pip install 'redline[otel]'``); nothing is exported by default.
+so redline's spans join the caller's trace. Spans go over OTLP/HTTP (protobuf) when
+``monitoring.otlp_endpoint`` is set (``pip install 'redline[otel]'``); nothing is exported by
+default.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from redline.serving.stages import RequestRecord
@@ -35,6 +40,9 @@ log = logging.getLogger("redline.monitoring")
 BATCH = 256
 EXPORT_INTERVAL_S = 1.0  # a kept span waits at most this long (fewer, larger exports)
 _HEX = frozenset("0123456789abcdef")
+_ZERO_SPAN = "0" * 16
+_ZERO_TRACE = "0" * 32
+_MASK64 = (1 << 64) - 1
 
 
 def parse_traceparent(traceparent: str | None) -> tuple[str, bool] | None:
@@ -63,14 +71,22 @@ def sampled_flag(traceparent: str | None) -> bool:
         return False
 
 
+class SpanSink(Protocol):
+    """Where encoded spans go: ``send`` one OTLP ``ExportTraceServiceRequest`` (protobuf
+    bytes); raising means the batch was not delivered (counted, never retried)."""
+
+    def send(self, payload: bytes) -> None: ...
+
+
 class TraceExport:
     """The request observer that decides, queues and (on its own thread) exports spans."""
 
-    def __init__(self, exporter: Any, sample_ratio: float = 0.01,
+    def __init__(self, sink: SpanSink, sample_ratio: float = 0.01,
                  slow_ms: Callable[[str], float] | float = 100.0,
-                 queue_size: int = 2048) -> None:
-        self.exporter = exporter
+                 queue_size: int = 2048, service: str = "redline") -> None:
+        self.sink = sink
         self.sample_ratio = sample_ratio
+        self.service = service
         self._slow_ms = slow_ms
         self._slow_ns: dict[str, int] = {}
         self._queue: deque[RequestRecord] = deque()
@@ -90,15 +106,20 @@ class TraceExport:
 
     # ------------------------------------------------------------------ on the request path
     def response_traceparent(self, record: RequestRecord) -> str:
-        """Decide now whether ``record``'s spans are kept, pick its server span's id, and
-        return the ``traceparent`` its response carries (no OpenTelemetry object is made)."""
-        parent = parse_traceparent(record.traceparent) if record.traceparent else None
+        """Decide now whether ``record``'s spans are kept, pick its trace and server span ids,
+        and return the ``traceparent`` its response carries (nothing else is made)."""
+        caller = record.traceparent
+        parent = parse_traceparent(caller) if caller is not None else None
         keep = self._keep(record, parent)
         record.trace_keep = keep
-        trace = parent[0] if parent is not None else f"{self._bits(128):032x}"
-        span = self._bits(64) or 1
+        bits = self._bits(192)  # a new trace id (128 bits) and the server span's id (64)
+        if not bits & _MASK64 or not bits >> 64:
+            bits |= 1 | (1 << 64)  # an all-zero id is invalid (W3C); once in 2^64 requests
+        ids = f"{bits:048x}"
+        trace = parent[0] if parent is not None else ids[:32]
+        span = ids[32:]
         record.trace_id, record.span_id = trace, span
-        return f"00-{trace}-{span:016x}-{'01' if keep else '00'}"
+        return f"00-{trace}-{span}-01" if keep else f"00-{trace}-{span}-00"
 
     def _keep(self, record: RequestRecord, parent: tuple[str, bool] | None = None) -> bool:
         if record.status != "ok":
@@ -140,79 +161,19 @@ class TraceExport:
 
     # ------------------------------------------------------------------ on the export thread
     def _run(self) -> None:
-        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        batch: list[Any] = []
-
-        class _Collect(SpanProcessor):
-            def on_end(self, span: Any) -> None:
-                batch.append(span)
-
-        class _Ids(RandomIdGenerator):
-            """The ids the response named, for the next root span; random otherwise."""
-
-            trace = 0
-            span = 0
-
-            def generate_trace_id(self) -> int:
-                trace, self.trace = self.trace, 0
-                return trace or super().generate_trace_id()
-
-            def generate_span_id(self) -> int:
-                span, self.span = self.span, 0
-                return span or super().generate_span_id()
-
-        ids = _Ids()
-        provider = TracerProvider(sampler=ALWAYS_ON, id_generator=ids)
-        provider.add_span_processor(_Collect())
-        tracer = provider.get_tracer("redline")
-        propagator = TraceContextTextMapPropagator()
-        while not self._stop or self._queue:
+        queue = self._queue
+        while not self._stop or queue:
             self._wake.wait(EXPORT_INTERVAL_S)
             self._wake.clear()
-            while self._queue:
-                n = 0
-                while self._queue and n < BATCH:
-                    self._build(tracer, propagator, ids, self._queue.popleft())
-                    n += 1
+            while queue:
+                batch = [queue.popleft() for _ in range(min(BATCH, len(queue)))]
                 try:
-                    self.exporter.export(list(batch))
-                    self.exported += n
+                    self.sink.send(encode_spans(batch, self.service))
+                    self.exported += len(batch)
                 except Exception:  # noqa: BLE001 - a collector outage must not kill the thread
-                    self.failed_exports += n
-                    log.warning("trace export failed for %d requests", n, exc_info=True)
-                batch.clear()
-
-    @staticmethod
-    def _build(tracer: Any, propagator: Any, ids: Any, r: RequestRecord) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
-
-        context = (propagator.extract({"traceparent": r.traceparent})
-                   if parse_traceparent(r.traceparent) is not None else None)
-        if r.trace_id is not None:  # the response named these: the root span takes them
-            ids.trace, ids.span = int(r.trace_id, 16), r.span_id
-        base = r.wall_ns - r.start_ns
-        end = r.end_ns or r.start_ns
-        attributes = {"redline.api": r.api, "redline.transport": r.transport,
-                      "redline.model": r.model, "redline.model_version": r.version,
-                      "redline.path": r.path, "redline.status": r.status,
-                      "redline.rows": r.rows}
-        if r.request_id:
-            attributes["redline.request_id"] = r.request_id
-        root = tracer.start_span(f"redline {r.api} {r.model}", context=context,
-                                 kind=SpanKind.SERVER, start_time=r.wall_ns,
-                                 attributes=attributes)
-        ids.trace = ids.span = 0  # (a caller's trace id left the preset trace id unused)
-        if r.status != "ok":
-            root.set_status(Status(StatusCode.ERROR, r.status))
-        child_ctx = set_span_in_context(root)
-        for stage, start, stop in r.spans:
-            span = tracer.start_span(stage, context=child_ctx, start_time=base + start)
-            span.end(end_time=base + stop)
-        root.end(end_time=base + end)
+                    self.failed_exports += len(batch)
+                    log.warning("trace export failed for %d requests", len(batch),
+                                exc_info=True)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far is exported (tests, shutdown)."""
@@ -231,9 +192,9 @@ class TraceExport:
         self._stop = True
         self._wake.set()
         self._thread.join(5)
-        shutdown = getattr(self.exporter, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            close()
 
     def stats(self) -> dict[str, Any]:
         return {"sample_ratio": self.sample_ratio, "kept": self.kept, "dropped": self.dropped,
@@ -241,13 +202,124 @@ class TraceExport:
                 "queued": len(self._queue)}
 
 
-def otlp_exporter(endpoint: str) -> Any:
-    """The OTLP/HTTP span exporter (optional dependency, extra ``otel``)."""
+def encode_spans(records: list[RequestRecord], service: str = "redline") -> bytes:
+    """Kept records as one OTLP ``ExportTraceServiceRequest``: per record a server span
+    (``redline <api> <model>``, child of the caller's span when it sent a ``traceparent``, with
+    the ids its response named) and one child span per stage, in real wall-clock time."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+    server_kind, internal_kind = Span.SPAN_KIND_SERVER, Span.SPAN_KIND_INTERNAL
+    error = Status.STATUS_CODE_ERROR
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    attribute = resource_spans.resource.attributes.add()
+    attribute.key = "service.name"
+    attribute.value.string_value = service
+    scope_spans = resource_spans.scope_spans.add()
+    scope_spans.scope.name = "redline"
+    spans = scope_spans.spans
+    fromhex = bytes.fromhex
+    for r in records:
+        caller = r.traceparent
+        parent = parse_traceparent(caller) if caller is not None else None
+        trace_hex = r.trace_id or (parent[0] if parent is not None else os.urandom(16).hex())
+        trace = fromhex(trace_hex)
+        # One draw for the server span (unless the response named it) and every stage span.
+        ids = os.urandom(8 * (len(r.spans) + 1))
+        root_id = fromhex(r.span_id) if r.span_id else ids[-8:]
+        base = r.wall_ns - r.start_ns
+        root = spans.add()
+        root.trace_id = trace
+        root.span_id = root_id
+        if parent is not None and caller is not None:
+            root.parent_span_id = fromhex(caller[36:52])
+        root.name = f"redline {r.api} {r.model}"
+        root.kind = server_kind
+        root.start_time_unix_nano = r.wall_ns
+        root.end_time_unix_nano = base + (r.end_ns or r.start_ns)
+        attributes = root.attributes
+        for key, value in (("redline.api", r.api), ("redline.transport", r.transport),
+                           ("redline.model", r.model), ("redline.model_version", r.version),
+                           ("redline.path", r.path), ("redline.status", r.status)):
+            kv = attributes.add()
+            kv.key = key
+            kv.value.string_value = value
+        kv = attributes.add()
+        kv.key = "redline.rows"
+        kv.value.int_value = r.rows
+        if r.request_id:
+            kv = attributes.add()
+            kv.key = "redline.request_id"
+            kv.value.string_value = r.request_id
+        if r.status != "ok":
+            root.status.code = error
+            root.status.message = r.status
+        for i, (stage, start, stop) in enumerate(r.spans):
+            span = spans.add()
+            span.trace_id = trace
+            span.span_id = ids[8 * i: 8 * i + 8]
+            span.parent_span_id = root_id
+            span.name = stage
+            span.kind = internal_kind
+            span.start_time_unix_nano = base + start
+            span.end_time_unix_nano = base + stop
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+class OtlpHttpSink:
+    """Posts OTLP/HTTP protobuf to a collector (``monitoring.otlp_endpoint``), on one kept-alive
+    connection; a failed post is reported to the caller and the connection made again."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            from redline.errors import ConfigError
+
+            raise ConfigError(f"monitoring.otlp_endpoint must be an http(s) URL, got "
+                              f"{endpoint!r} (e.g. http://127.0.0.1:4318/v1/traces)")
+        self.endpoint = endpoint
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port
+        self._path = (url.path or "/v1/traces") + (f"?{url.query}" if url.query else "")
+        self._timeout = timeout_s
+        self._conn: Any = None
+
+    def send(self, payload: bytes) -> None:
+        import http.client
+
+        if self._conn is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = kind(self._host, self._port, timeout=self._timeout)
+        try:
+            self._conn.request("POST", self._path, payload,
+                               {"content-type": "application/x-protobuf"})
+            response = self._conn.getresponse()
+            response.read()
+        except Exception:
+            self.close()
+            raise
+        if not 200 <= response.status < 300:
+            raise RuntimeError(f"the OTLP collector answered {response.status} "
+                               f"{response.reason} at {self.endpoint}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def otlp_exporter(endpoint: str) -> OtlpHttpSink:
+    """The OTLP/HTTP span sink (optional dependency, extra ``otel``: the OTLP protobuf
+    messages)."""
     from redline.errors import ConfigError
 
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        import opentelemetry.proto.collector.trace.v1.trace_service_pb2  # noqa: F401
     except ImportError:
-        raise ConfigError("monitoring.otlp_endpoint is set but the OpenTelemetry exporter is "
+        raise ConfigError("monitoring.otlp_endpoint is set but the OTLP protobuf messages are "
                           "not installed: pip install 'redline[otel]'") from None
-    return OTLPSpanExporter(endpoint=endpoint, timeout=5)
+    return OtlpHttpSink(endpoint)

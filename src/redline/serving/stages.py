@@ -63,7 +63,7 @@ class RequestRecord:
         # request's spans are kept, and the trace and server-span ids the response names.
         self.trace_keep: bool | None = None
         self.trace_id: str | None = None     # 32 hex digits
-        self.span_id = 0
+        self.span_id: str | None = None      # 16 hex digits
 
     def add(self, stage: str, start_ns: int, end_ns: int) -> None:
         self.spans.append((stage, start_ns, end_ns))
