@@ -199,3 +199,30 @@ def test_two_live_consumers_share_a_stream_and_the_survivor_claims(redis_server)
         [load_definitions(DEFS).view("card_stats")], ["card_stats:count_1h"]).read(
         sorted(expected), dtype=float)
     assert values[:, 0].tolist() == [expected[c][0] for c in sorted(expected)]
+
+
+def test_pipelined_write_survives_a_lost_script_and_counts_once(redis_server) -> None:
+    """The consumer sends each batch's script call from its own thread and reads the reply later
+    (``SentWrite``); a Redis that lost its scripts answers NOSCRIPT, the call is made again with
+    the script loaded, and every event still counts once."""
+    from redline.features.ingest import StreamConsumer
+
+    client = redis.Redis.from_url(redis_server.url)
+    expected, _ = _produce(client, 600)
+    defs = load_definitions(DEFS)
+    store = RedisStore(redis_server.url, timeout_ms=10_000)
+    cons = StreamConsumer(defs, store, stream=STREAM, group="g", consumer="a", batch=50,
+                          block_ms=5)
+    done = cons.poll()
+    client.script_flush()  # as after a restart (the stream survives here, the scripts do not)
+    for _ in range(100):
+        done += cons.poll()
+    done += cons.flush()
+    assert done == client.xlen(STREAM)
+    reader = store.reader([defs.view("card_stats")], ["card_stats:count_1h",
+                                                      "card_stats:amount_sum_1h"])
+    cards = sorted(expected)
+    values, missing = reader.read(cards, dtype=float)
+    assert not missing.any()
+    assert [int(v) for v in values[:, 0]] == [expected[c][0] for c in cards]
+    assert values[:, 1] == pytest.approx([expected[c][1] for c in cards], rel=1e-12)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -78,7 +78,8 @@ class KafkaSource:
         conf.update(config or {})
         self.consumer = _consumer_class()(conf)
         self.consumer.subscribe([topic], on_revoke=self._on_revoke)
-        self._inflight: Future[tuple[int, dict[int, int]]] | None = None
+        # the write in flight: call it to wait for it
+        self._inflight: Callable[[], tuple[int, dict[int, int]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-kafka-write")
         self.errors = 0
         # per partition: the offset after the last message applied (and committed) by this
@@ -105,16 +106,17 @@ class KafkaSource:
             kind, ts = m.timestamp()
             arrivals.append(ts if kind and ts >= 0 else now_ms())
         batch = self.decoder.decode([m.value() for m in good], arrivals)
+        start = self._prepare(positions, batch)
         done = self.flush()
-        self._inflight = self._pool.submit(self._write, positions, batch)
+        self._inflight = start()
         return done
 
     def flush(self) -> int:
         """Wait for the write in flight, then commit its offsets (after the tiles, never before)."""
-        fut, self._inflight = self._inflight, None
-        if fut is None:
+        wait, self._inflight = self._inflight, None
+        if wait is None:
             return 0
-        n, offsets = fut.result()
+        n, offsets = wait()
         self._commit(offsets, asynchronous=True)
         self.applied.update(offsets)
         return n
@@ -122,10 +124,10 @@ class KafkaSource:
     def reset(self) -> None:
         """After a store outage: the batch in flight was applied or not (its offsets are not
         committed either way); rewind every assigned partition to its committed offset."""
-        fut, self._inflight = self._inflight, None
-        if fut is not None:
+        wait, self._inflight = self._inflight, None
+        if wait is not None:
             try:
-                fut.result()
+                wait()
             except Exception:  # noqa: BLE001 - the outage itself
                 pass
         from confluent_kafka import TopicPartition
@@ -184,9 +186,35 @@ class KafkaSource:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _prepare(self, positions: Sequence[tuple[int, int]], batch: UpdateBatch
+                 ) -> Callable[[], Callable[[], tuple[int, dict[int, int]]]]:
+        """What starts a batch's write (and returns what waits for it). On one Redis the script
+        call is built now and sent from this thread when started, its reply read when waited
+        for (``redis.SentWrite``: no GIL hand-off to a writer thread before Redis can start);
+        on a cluster the write runs on the writer thread."""
+        if self.store.cluster:
+            return lambda: self._pool.submit(self._write, positions, batch).result
+        from redline.features.online.redis import positioned_call
+
+        keys, args = positioned_call(self.topic, positions, batch)
+
+        def start() -> Callable[[], tuple[int, dict[int, int]]]:
+            sent = self.store.send(keys, args)
+
+            def wait() -> tuple[int, dict[int, int]]:
+                sent.result()
+                return self._after(positions, batch)
+            return wait
+        return start
+
     def _write(self, positions: Sequence[tuple[int, int]], batch: UpdateBatch
                ) -> tuple[int, dict[int, int]]:
         self.store.write_positioned(self.topic, positions, batch)
+        return self._after(positions, batch)
+
+    def _after(self, positions: Sequence[tuple[int, int]], batch: UpdateBatch
+               ) -> tuple[int, dict[int, int]]:
+        """Once the tiles (and positions) are applied: dead letters, counts, offsets to commit."""
         if batch.rejected:
             fields = {}
             for r in batch.rejected:
@@ -216,10 +244,10 @@ class KafkaSource:
     def _on_revoke(self, consumer: Any, partitions: Any) -> None:
         """Before partitions move to another member: finish the write in flight and commit
         synchronously, so the next owner starts where this one stopped (less to replay)."""
-        fut, self._inflight = self._inflight, None
-        if fut is not None:
+        wait, self._inflight = self._inflight, None
+        if wait is not None:
             try:
-                _, offsets = fut.result()
+                _, offsets = wait()
                 self._commit(offsets, asynchronous=False)
             except Exception:  # noqa: BLE001 - store down: the next owner replays, marks skip
                 pass

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redline.features.definitions import FeatureDefinitions
@@ -43,7 +44,8 @@ class StreamConsumer:
         self.claimed = 0
         self._last_claim = 0.0
         self._recovered = False
-        self._inflight: Future[int] | None = None
+        # the write in flight: call it to wait for it; returns its entries applied
+        self._inflight: Callable[[], int] | None = None
         # entries read ahead (delivered to us, pending, not yet decoded)
         self._ahead: list[tuple[bytes, dict[bytes, bytes]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-ingest-write")
@@ -70,9 +72,29 @@ class StreamConsumer:
     def _write(self, ids: list[bytes], batch: UpdateBatch) -> int:
         if self.store.cluster:
             return self._write_cluster(ids, batch)
-        acked, accepted, dead = self.store.write_from_stream(
-            self.stream, self.group, self.consumer, ids, batch)
-        if acked:
+        return self._count(batch, self.store.write_from_stream(
+            self.stream, self.group, self.consumer, ids, batch))
+
+    def _prepare(self, ids: list[bytes], batch: UpdateBatch
+                 ) -> Callable[[], Callable[[], int]]:
+        """What starts a batch's write (and returns what waits for it). On one Redis the script
+        call is built now, while Redis still runs the write in flight, sent from this thread when
+        started, and its reply read when waited for (``redis.SentWrite``); on a cluster (several
+        calls, then XACK) the write runs on the writer thread."""
+        if self.store.cluster:
+            return lambda: self._pool.submit(self._write_cluster, ids, batch).result
+        from redline.features.online.redis import stream_call
+
+        keys, args = stream_call(self.stream, self.group, self.consumer, ids, batch)
+
+        def start() -> Callable[[], int]:
+            sent = self.store.send(keys, args)
+            return lambda: self._count(batch, sent.counts())
+        return start
+
+    def _count(self, batch: UpdateBatch, res: tuple[int, int, int]) -> int:
+        acked, accepted, dead = res
+        if acked:  # freshness: when the reply was read, at most one decode after Redis applied it
             self.freshness.record(batch.event_ts, time.time_ns())
             self.counts.accepted += accepted
             self.counts.dead += dead
@@ -111,8 +133,8 @@ class StreamConsumer:
 
     def flush(self) -> int:
         """Wait for the batch in flight; returns its applied count."""
-        fut, self._inflight = self._inflight, None
-        return fut.result() if fut is not None else 0
+        wait, self._inflight = self._inflight, None
+        return wait() if wait is not None else 0
 
     def claim(self) -> int:
         """Take over entries idle longer than ``claim_idle_ms`` (their consumer died) and apply."""
@@ -152,10 +174,10 @@ class StreamConsumer:
     def reset(self) -> None:
         """After an outage: forget the write in flight (its outcome is in Redis: applied and
         acked, or still pending and re-read), re-create the group if Redis came back empty."""
-        fut, self._inflight = self._inflight, None
-        if fut is not None:
+        wait, self._inflight = self._inflight, None
+        if wait is not None:
             try:
-                fut.result()
+                wait()
             except Exception:  # noqa: BLE001 - the outage itself; the entries stay pending
                 pass
         self._recovered = False
@@ -191,6 +213,7 @@ class StreamConsumer:
         if not fresh:
             return done + self.flush()
         ids, batch = self._decode(fresh)  # while the write in flight runs in Redis
+        start = self._prepare(ids, batch)
         if self._inflight is not None:
             # read the next batch now: Redis answers it right after the write in flight, and
             # it is decoded while the write submitted below runs, so Redis never waits for the
@@ -198,7 +221,7 @@ class StreamConsumer:
             # idle during each decode)
             self._ahead = self._read(None)
         done += self.flush()
-        self._inflight = self._pool.submit(self._write, ids, batch)
+        self._inflight = start()
         return done
 
     def _read(self, block: int | None) -> list[tuple[bytes, dict[bytes, bytes]]]:

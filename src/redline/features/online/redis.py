@@ -335,6 +335,71 @@ def ops_by_key(ops: Sequence[Sequence[float]], kmap: Sequence[int], tags: Sequen
     return [rec.tobytes(), runs.tobytes(), events.tobytes()]
 
 
+def stream_call(stream: str, group: str, consumer: str, ids: Sequence[bytes | str],
+                batch: UpdateBatch) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the write script applying stream entries ``ids`` exactly once (mode 1)."""
+    skeys, tail = write_call(batch, ("1",))
+    keys = [stream, f"{stream}:dead", f"{stream}:stats", *skeys]
+    return keys, ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *tail]
+
+
+def positioned_call(topic: str, positions: Sequence[tuple[int, int]], batch: UpdateBatch
+                    ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the write script applying events of a partitioned log exactly once
+    (mode 2; ``positions[tag]`` is event ``tag``'s (partition, offset))."""
+    head = ["2", topic, array("d", chain.from_iterable(positions)).tobytes()]
+    keys, tail = write_call(batch, head)
+    return keys, [*head, *tail]
+
+
+class SentWrite:
+    """A write-script call sent on a connection of its own, its reply read later.
+
+    Sources send a batch's write and decode the next batch while Redis runs it. Sending from the
+    decoding thread itself matters: a writer thread had to win the GIL from the decoder before it
+    could even send (Python's 5 ms switch interval), and Redis sat idle meanwhile (measured: the
+    5-view drain took the sum of decode and Lua time instead of the larger of the two)."""
+
+    def __init__(self, store: RedisStore, keys: list[str], args: list[Any]) -> None:
+        self.store, self.keys, self.args = store, keys, args
+        self.pool = store.client.connection_pool
+        self.conn: Any = self.pool.get_connection()
+        try:
+            self.conn.send_command("EVALSHA", store.writer.sha, len(keys), *keys, *args)
+        except BaseException:
+            self._release(broken=True)
+            raise
+
+    def _release(self, broken: bool = False) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if broken:
+                conn.disconnect()
+            self.pool.release(conn)
+
+    def result(self) -> Any:
+        """The script's reply (waits for it); a lost script (Redis restarted) is loaded and the
+        call made again — nothing ran, the reply was the NOSCRIPT error."""
+        if self.conn is None:
+            raise RuntimeError("the reply of this write was read already")
+        try:
+            reply = guarded(self.store.url, self.conn.read_response)
+        except redis.exceptions.NoScriptError:
+            self._release()
+            return guarded(self.store.url,
+                           lambda: self.store.writer(keys=self.keys, args=self.args))
+        except BaseException:
+            self._release(broken=True)
+            raise
+        self._release()
+        return reply
+
+    def counts(self) -> tuple[int, int, int]:
+        """:meth:`result` of a stream write: (entries acked, events accepted, dead-lettered)."""
+        res = self.result()
+        return int(res[0]), int(res[1]), int(res[2])
+
+
 class RedisStore:
     """Online store in Redis (single server or cluster)."""
 
@@ -414,12 +479,10 @@ class RedisStore:
         committed to the log, a rebalance) skips what was applied, on one Redis or a cluster."""
         if not batch.ops:
             return
-        blob = array("d", chain.from_iterable(positions)).tobytes()
-        head = ["2", topic, blob]
         if not self.cluster:
-            keys, tail = write_call(batch, head)
-            guarded(self.url, lambda: self.writer(keys=keys, args=[*head, *tail]))
+            self.send(*positioned_call(topic, positions, batch)).result()
             return
+        head = ["2", topic, array("d", chain.from_iterable(positions)).tobytes()]
         guarded(self.url, lambda: self._cluster_write(batch, head))
 
     def write_stream_entries(self, ids: Sequence[bytes | str], batch: UpdateBatch,
@@ -446,11 +509,12 @@ class RedisStore:
         """Exactly-once apply of stream entries ``ids`` (in id order; tags index into them): returns
         (entries acked, events accepted, events dead-lettered) — zeros for entries another
         consumer already claimed."""
-        skeys, tail = write_call(batch, ("1",))
-        keys = [stream, f"{stream}:dead", f"{stream}:stats", *skeys]
-        args = ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *tail]
-        res = guarded(self.url, lambda: self.writer(keys=keys, args=args))
-        return int(res[0]), int(res[1]), int(res[2])
+        return self.send(*stream_call(stream, group, consumer, ids, batch)).counts()
+
+    def send(self, keys: list[str], args: list[Any]) -> SentWrite:
+        """Send a write-script call (KEYS, ARGV as :func:`stream_call` or :func:`write_call`
+        build them) and return without waiting for Redis (single Redis, not a cluster)."""
+        return guarded(self.url, lambda: SentWrite(self, keys, args))
 
     def ping(self) -> None:
         """Reachable, and of the kind configured: a cluster node without ``redis_cluster: true``
