@@ -242,8 +242,13 @@ class StreamConsumer:
                                      self.stream, ">")
         elif self._inflight is not None:
             self._ahead = self._read(None)
-        done += self.flush()
-        self._inflight = start()
+        try:
+            done += self.flush()
+            self._inflight = start()
+        except BaseException:
+            if ahead_read is not None:  # an outage: its entries stay pending, re-read later
+                ahead_read.close()
+            raise
         if ahead_read is not None:
             self._ahead = _entries(ahead_read.result())
         return done

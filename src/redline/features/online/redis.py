@@ -386,6 +386,10 @@ class SentCommand:
                 conn.disconnect()
             self.pool.release(conn)
 
+    def close(self) -> None:
+        """Give the connection back without reading the reply (it is dropped with the socket)."""
+        self._release(broken=True)
+
     def result(self) -> Any:
         """The raw reply (waits for it)."""
         if self.conn is None:
