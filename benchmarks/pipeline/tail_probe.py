@@ -20,6 +20,12 @@ Variants (``--variants``, interleaved A B B A ... like ``feast_compare.py``):
 * ``yield``   -- ``shared``, the load generator spins but yields the CPU on every turn
   (``LoadSpec.spin_yield``).
 
+``--timeline S`` then sends S seconds of open loop to redline alone keeping every request (its
+latency and the answer's ``timings_us``); with ``--perf`` it records them with ``perf sched
+record -k CLOCK_MONOTONIC`` (the generator's clock) and, for each of the slowest 1%, adds up how
+long the server's loop thread and its redis-server were runnable but off CPU (and what ran
+instead), how long the loop ran and how long the server's other threads ran (``attribute``).
+
 Run it under the project's CPU lock; prints one JSON document.
 """
 
@@ -138,8 +144,8 @@ def perf_delays(data: Path, tids: dict[str, set[int]]) -> dict[str, Any]:
 
 
 async def timeline(target: Any, rate: float, duration_s: float) -> list[tuple[float, float, dict]]:
-    """Open loop like ``redline.bench`` (yielding spin), keeping every request: (due s since
-    start, latency ms, the answer's ``timings_us``)."""
+    """Open loop like ``redline.bench`` (yielding spin), keeping every request: (due, on the
+    monotonic clock ``perf`` also uses; latency ms; the answer's ``timings_us``)."""
     import asyncio
 
     import orjson
@@ -159,7 +165,7 @@ async def timeline(target: Any, rate: float, duration_s: float) -> list[tuple[fl
         lat = (time.perf_counter() - due) * 1e3
         free.append(conn)
         doc = orjson.loads(body)
-        out.append((due - start, lat, doc.get("timings_us", {}) if isinstance(doc, dict) else {}))
+        out.append((due, lat, doc.get("timings_us", {}) if isinstance(doc, dict) else {}))
 
     start = time.perf_counter() + 0.1
     tasks = []
@@ -188,12 +194,77 @@ def explain(rows: list[tuple[float, float, dict]]) -> dict[str, Any]:
         stages.setdefault("client_minus_server", []).append(ms * 1e3 - t.get("total", 0))
         for k, v in t.items():
             stages.setdefault(k, []).append(v)
-    phase = np.array([r[0] % 1.0 for r in slow])
+    phase = np.array([(r[0] - rows[0][0]) % 1.0 for r in slow])
     return {"requests": len(rows), "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(cut), 3),
             "slow_median_us": {k: round(float(np.median(v))) for k, v in stages.items()},
             "slow_phase_in_second_hist": np.histogram(phase, bins=10, range=(0, 1))[0].tolist(),
-            "slow": [(round(d, 4), round(ms, 3), t) for d, ms, t in slow]}
+            "slow": [(round(d - rows[0][0], 4), round(ms, 3), t) for d, ms, t in slow]}
+
+
+def timehist(data: Path) -> list[tuple[int, int, str, float, float, float]]:
+    """perf sched timehist as (tid, cpu, task, woken s, running from s, running until s)."""
+    text = subprocess.run(["perf", "sched", "timehist", "-i", str(data)],
+                          capture_output=True, text=True).stdout
+    line_re = re.compile(r"^\s*([\d.]+)\s+\[(\d+)\]\s+(.+?)\[(\d+)(?:/(\d+))?\]\s+"
+                         r"([\d.]+)\s+([\d.]+)\s+([\d.]+)")
+    out = []
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if m:
+            end, run, sch = float(m.group(1)), float(m.group(8)) / 1e3, float(m.group(7)) / 1e3
+            out.append((int(m.group(4)), int(m.group(2)), m.group(3).strip(), end - run - sch,
+                        end - run, end))
+    return out
+
+
+def attribute(rows: list[tuple[float, float, dict]], events: list, server: set[int],
+              loop_tid: int, redis: set[int]) -> dict[str, Any]:
+    """For each of the slowest 1%: in its lifetime, how long the server's loop thread and its
+    redis-server were runnable but not running (and who ran instead), how long the loop ran,
+    and how long the server's other threads ran (they hold the GIL meanwhile)."""
+    lat = np.array([r[1] for r in rows])
+    cut = np.percentile(lat, 99)
+    slow = [r for r in rows if r[1] >= cut]
+    per: list[dict[str, float]] = []
+    holders: dict[str, float] = {}
+    by_cpu: dict[int, list] = {}
+    for e in events:
+        by_cpu.setdefault(e[1], []).append(e)
+    for due, ms, _ in slow:
+        lo, hi = due, due + ms / 1e3
+        acc = {"loop_waited": 0.0, "redis_waited": 0.0, "loop_ran": 0.0, "other_threads_ran": 0.0}
+        for tid, cpu, _task, woken, start, end in events:
+            if end < lo or woken > hi:
+                continue
+            if tid == loop_tid or tid in redis:
+                wait = max(0.0, min(start, hi) - max(woken, lo))
+                acc["loop_waited" if tid == loop_tid else "redis_waited"] += wait
+                if wait > 2e-4:  # who ran on that CPU meanwhile
+                    for t2, _c, task2, _w, s2, e2 in by_cpu.get(cpu, []):
+                        ov = min(e2, start, hi) - max(s2, woken, lo)
+                        if ov > 0 and t2 != tid:
+                            holders[task2] = holders.get(task2, 0.0) + ov
+            ran = max(0.0, min(end, hi) - max(start, lo))
+            if tid == loop_tid:
+                acc["loop_ran"] += ran
+            elif tid in server:
+                acc["other_threads_ran"] += ran
+        per.append({k: v * 1e3 for k, v in acc.items()})
+    keys = ["loop_waited", "redis_waited", "loop_ran", "other_threads_ran"]
+    # Each slow request's largest share names its cause (latency minus the four: the client,
+    # the network stack, or time nobody on these two cores was accounted to).
+    causes: dict[str, int] = {}
+    for (_, ms, _), a in zip(slow, per, strict=True):
+        rest = ms - sum(a[k] for k in keys)
+        top = max([*keys, "rest"], key=lambda k: a.get(k, rest) if k != "rest" else rest)
+        causes[top] = causes.get(top, 0) + 1
+    return {"slow_requests": len(slow), "p99_ms": round(float(cut), 3),
+            "median_ms": {k: round(float(np.median([a[k] for a in per])), 3) for k in keys},
+            "mean_ms": {k: round(float(np.mean([a[k] for a in per])), 3) for k in keys},
+            "largest_share": causes,
+            "ran_instead_ms": dict(sorted(((k, round(v * 1e3, 1)) for k, v in holders.items()),
+                                          key=lambda kv: -kv[1])[:10])}
 
 
 def main() -> None:
@@ -301,8 +372,22 @@ def main() -> None:
         if args.timeline:
             import uvloop
 
+            rec = None
+            if args.perf:
+                data = work / "perf-timeline.data"
+                rec = subprocess.Popen(["perf", "sched", "record", "-k", "CLOCK_MONOTONIC",
+                                        "-o", str(data)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.3)
             rows = uvloop.run(timeline(target, args.rate, args.timeline))
             out["timeline"] = explain(rows)
+            if rec is not None:
+                rec.send_signal(2)
+                rec.wait(120)
+                server_pid, redis_pid = pid_of["redline"]
+                out["timeline"]["attribution"] = attribute(
+                    rows, timehist(data), set(threads(server_pid)), server_pid,
+                    set(threads(redis_pid or 0)))
     finally:
         for proc in reversed(procs):
             proc.terminate()
