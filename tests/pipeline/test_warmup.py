@@ -98,8 +98,12 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
         states = [s for k, s in pipeline.store.data.items() if "{card:w1}" in k]
         assert states and all(s.out is None for s in states)  # written, never read
     before = settled(srv.url)
+    routed: list[str] = []  # a rollout's router: its draws belong to real requests
+    server.registry.router = lambda name, key: routed.append(name)
     answered = srv.call(warm_request_path(server.registry, pipeline, settings,
                                           bool(server.observers), RedlineHttpProtocol))
+    assert routed == [] and server.registry.router is not None
+    server.registry.router = None
     assert answered == 2  # cards (V2 and /v1) and cards_small (V2) answered the private app
     time.sleep(1.2)  # a tick: anything the warm-up handed the monitor would show now
     after = snapshot(srv.url)

@@ -33,6 +33,7 @@ from redline.monitoring.metrics import (
     latency_buckets,
 )
 from redline.monitoring.review import ReviewQueue
+from redline.monitoring.reviewstore import review_store
 from redline.monitoring.windows import ModelWindows
 
 log = logging.getLogger("redline.monitoring")
@@ -97,9 +98,10 @@ class ServerMonitor:
         self.metrics = RequestMetrics(self.buckets)
         self.feed = RecordFeed(self)
         self.slow = SlowLog(mon.slow_log_size)
-        self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
-        self.windows = ModelWindows(self._metadata, mon, self.review,
-                                    join=join_backend(settings))
+        join = join_backend(settings)
+        self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity,
+                                  review_store(join, mon.review_capacity))
+        self.windows = ModelWindows(self._metadata, mon, self.review, join=join)
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
         if trace_exporter is None and mon.otlp_endpoint:
@@ -375,6 +377,8 @@ class ServerMonitor:
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
+        if evaluate:
+            self.review.refresh()
         if self.alerts is not None:  # one worker of a pool sends the webhook (joinstore lease)
             self._alert_leader = self.windows.join.leads("alerts", max(3.0, 3 * self.tick_s))
         if not evaluate:
@@ -443,7 +447,7 @@ class ServerMonitor:
             "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
             "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
             "tracing": self.tracing.stats() if self.tracing is not None else None,
-            "review": self.review.stats(),
+            "review": self.review.stats(fresh=False),  # refreshed by the tick
             "alerts": self.alerts.stats() if self.alerts is not None else None,
         }
 

@@ -48,8 +48,7 @@ PRIME_ROWS = 256
 
 
 class _TwinRegistry:
-    """The registry as the warm-up's private app and pipeline see it: every version its twin,
-    no rollout routing (its random draw and sticky keys stay untouched)."""
+    """The registry as the warm-up's private app and pipeline see it: every version its twin."""
 
     def __init__(self, registry: Any) -> None:
         self._registry = registry
@@ -93,7 +92,20 @@ class _Listener(uvicorn.Server):
 async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observed: bool,
                             protocol: Any) -> int:
     """Send the private app real requests for every loaded model (see the module doc); returns
-    how many models answered. Never raises: a failure only leaves that path cold (logged)."""
+    how many models answered. Never raises: a failure only leaves that path cold (logged).
+
+    Runs before the server's listeners open, so no real request can arrive meanwhile: a
+    rollout's router is set aside for its duration (its random draws and sticky keys are the
+    real requests')."""
+    router, registry.router = registry.router, None
+    try:
+        return await _warm(registry, pipeline, settings, observed, protocol)
+    finally:
+        registry.router = router
+
+
+async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
+                protocol: Any) -> int:
     t0 = time.perf_counter()
     primed = _prime_memory_store(registry, pipeline)
     requests = []
