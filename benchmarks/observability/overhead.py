@@ -192,8 +192,13 @@ def main() -> None:
     ap.add_argument("--before", default=None, metavar="SRC",
                     help="another source tree's src folder: its metrics and tracing_default "
                          "servers join the rotation (before/after in one run)")
+    ap.add_argument("--twin-off", action="store_true",
+                    help="a second 'off' server (off_twin): how far two identical processes' "
+                         "p50 and p99 differ, the yardstick for every other difference")
     args = ap.parse_args()
     configs = dict(CONFIGS)
+    if args.twin_off:
+        configs["off_twin"] = dict(CONFIGS["off"])
     if args.before:
         configs["metrics_before"] = {**CONFIGS["metrics"], "src": args.before}
         configs["tracing_default_before"] = {**CONFIGS["tracing_default"], "src": args.before}

@@ -8,21 +8,25 @@ recovery.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
 from redline.config import Settings
-from redline.errors import ConfigError, StoreUnavailable
+from redline.errors import ConfigError, NotFound, StoreUnavailable
 from redline.monitoring.joinstore import MemoryBackend, join_backend, join_backend_kind, join_labels
 from redline.monitoring.joinstore_redis import RedisBackend
 from redline.monitoring.joinstore_sqlite import SqliteBackend
 from redline.monitoring.quality import QualityMonitor
+from redline.monitoring.review import ReviewQueue
+from redline.monitoring.reviewstore import review_store
 from tests.conftest import RedisServer
 
 Factory = Callable[[], Any]
@@ -161,3 +165,28 @@ def test_one_worker_holds_the_alert_lease_until_it_stops_renewing(backends: Fact
     time.sleep(0.7)  # a stopped renewing (a worker that died)
     assert b.leads("alerts", 0.5) and not a.leads("alerts", 0.5)
     assert MemoryBackend().leads("alerts", 0.5)  # one process: always
+
+
+def test_the_review_queue_is_one_queue_for_every_worker(backends: Factory) -> None:
+    """Two workers' review queues over one store: items queued by either are listed by both,
+    a reviewer's label takes an item once, the export holds every worker's rows, and the
+    capacity bounds the shared queue."""
+    qa = ReviewQueue(6000, 5, review_store(backends(), 5))
+    qb = ReviewQueue(6000, 5, review_store(backends(), 5))
+    for i in range(4):
+        assert (qa if i % 2 else qb).offer("m", "1", f"r{i}", ["uncertain"], {"a": i}, 0.5, 0.5)
+    assert [i["request_id"] for i in qa.pending()] == ["r0", "r1", "r2", "r3"]
+    assert qa.pending() == qb.pending()
+    first, second = qa.pending()[:2]
+    assert qb.label(first["id"], 1, reviewer="ana")["request_id"] == "r0"
+    with pytest.raises(NotFound):
+        qa.label(first["id"], 0)  # taken once, whichever worker the reviewer reached
+    qa.label(second["id"], 0, reviewer="bo")
+    rows = pq.read_table(io.BytesIO(qb.export_parquet())).to_pylist()
+    assert [(r["request_id"], r["label"], r["reviewer"]) for r in rows] == [
+        ("r0", 1.0, "ana"), ("r1", 0.0, "bo")]
+    for i in range(4, 12):
+        qa.offer("m", "1", f"r{i}", ["uncertain"], {"a": i}, 0.5, 0.5)
+    stats = qb.stats()
+    assert stats["waiting"] == 5 and stats["dropped"] == 5 and stats["labelled"] == 2
+    assert [i["request_id"] for i in qb.pending()] == [f"r{i}" for i in range(7, 12)]

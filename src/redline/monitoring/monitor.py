@@ -5,7 +5,7 @@
 
 On the request path the monitor costs, with tracing on, the keep-or-not decision that names
 the response's ``traceparent``; once the response is written its one observer
-(:class:`RecordFeed`) keeps the finished record and folds every 64 records into the metrics, the
+(:class:`RecordFeed`) keeps the finished record and folds every 16 records into the metrics, the
 slow log, the drift / quality / review windows and the trace queue. The tick folds what is left
 (in slices, so a request waits behind at most one), then turns what they gathered into the time
 series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
@@ -33,12 +33,13 @@ from redline.monitoring.metrics import (
     latency_buckets,
 )
 from redline.monitoring.review import ReviewQueue
+from redline.monitoring.reviewstore import review_store
 from redline.monitoring.windows import ModelWindows
 
 log = logging.getLogger("redline.monitoring")
 
 FOLD_SLICE = 250  # records folded between two chances for waiting requests (~0.25 ms of work)
-FOLD_EVERY = 64  # records folded together right after a response is written (~50 µs)
+FOLD_EVERY = 16  # records folded together right after a response is written (~15 µs)
 HISTORY_TICKS = 300  # five minutes at one tick a second
 DRIFT_EVERY_TICKS = 5
 OBJECTIVE_SHARE = 0.99  # the latency objective: 99% of requests within slo_ms
@@ -49,10 +50,11 @@ class RecordFeed:
 
     The serving code calls ``request_finished`` once the response is written, so what it does
     is never in that request's latency. It appends the record and, every ``FOLD_EVERY``
-    records, folds them at once (~50 µs): folding in small batches right after a write keeps
-    the work off every response and keeps each stall of the loop short. Folding a whole
-    second's records on the tick instead held the loop for ~1 ms per slice of 1,000 records,
-    which the 1% of requests that arrived meanwhile paid in their p99
+    records, folds them at once (~15 µs): folding in small batches right after a write keeps
+    the work off every response and keeps each stall of the loop short (a batch of 64 took
+    ~50 µs, and at concurrency 1 the next request, arriving meanwhile, paid it at p99).
+    Folding a whole second's records on the tick instead held the loop for ~1 ms per slice of
+    1,000 records, which the 1% of requests that arrived meanwhile paid in their p99
     (``docs/performance.md#observability``). The tick folds what is left, and every read that
     needs the latest folds first."""
 
@@ -96,9 +98,10 @@ class ServerMonitor:
         self.metrics = RequestMetrics(self.buckets)
         self.feed = RecordFeed(self)
         self.slow = SlowLog(mon.slow_log_size)
-        self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity)
-        self.windows = ModelWindows(self._metadata, mon, self.review,
-                                    join=join_backend(settings))
+        join = join_backend(settings)
+        self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity,
+                                  review_store(join, mon.review_capacity))
+        self.windows = ModelWindows(self._metadata, mon, self.review, join=join)
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
         if trace_exporter is None and mon.otlp_endpoint:
@@ -374,6 +377,8 @@ class ServerMonitor:
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
+        if evaluate:
+            self.review.refresh()
         if self.alerts is not None:  # one worker of a pool sends the webhook (joinstore lease)
             self._alert_leader = self.windows.join.leads("alerts", max(3.0, 3 * self.tick_s))
         if not evaluate:
@@ -442,7 +447,7 @@ class ServerMonitor:
             "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
             "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
             "tracing": self.tracing.stats() if self.tracing is not None else None,
-            "review": self.review.stats(),
+            "review": self.review.stats(fresh=False),  # refreshed by the tick
             "alerts": self.alerts.stats() if self.alerts is not None else None,
         }
 

@@ -3,21 +3,21 @@
 A request is a candidate when its predicted probability is near the decision threshold, when an
 input lies outside the training range, or when a drift alarm covers one of its features. A token
 bucket bounds how many are queued per minute and the queue has a fixed capacity (the oldest
-unlabelled item goes first), so a flood of odd traffic cannot grow memory. A reviewer's label
-goes to the quality monitor (it counts as a label like any other) and into a table that exports
-as Parquet for retraining.
+unlabelled item goes first), so a flood of odd traffic cannot grow memory. With several
+workers or replicas the queue lives beside the shared label join (``reviewstore.py``). A
+reviewer's label goes to the quality monitor (it counts as a label like any other) and into a
+table that exports as Parquet for retraining.
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
-from redline.errors import InvalidInput, NotFound
+from redline.errors import InvalidInput, NotFound, StoreUnavailable
+from redline.monitoring.reviewstore import MemoryReviewStore, ReviewStore
 
 
 class TokenBucket:
@@ -45,17 +45,19 @@ class TokenBucket:
 
 
 class ReviewQueue:
-    """Items awaiting a reviewer's label, and the labelled ones (both bounded)."""
+    """Items awaiting a reviewer's label, and the labelled ones (both bounded), kept in a
+    ``ReviewStore``: this process's memory, or beside a shared label join (``reviewstore.py``)
+    so every worker and replica queues into one list. The rate is per process."""
 
-    def __init__(self, per_minute: float = 30.0, capacity: int = 1000) -> None:
+    def __init__(self, per_minute: float = 30.0, capacity: int = 1000,
+                 store: ReviewStore | None = None) -> None:
         self.bucket = TokenBucket(per_minute)
         self.capacity = capacity
-        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._labelled: list[dict[str, Any]] = []
-        self._ids = itertools.count(1)
+        self.store: ReviewStore = store if store is not None else MemoryReviewStore(capacity)
         self.offered = 0
         self.rate_limited = 0
-        self.dropped = 0
+        self.unavailable = 0  # candidates not queued because a shared store was down
+        self._counts: dict[str, int] = {"waiting": 0, "labelled": 0, "dropped": 0}
         self._lock = threading.Lock()
 
     def offer(self, model: str, version: str, request_id: str, reasons: list[str],
@@ -66,27 +68,24 @@ class ReviewQueue:
             if not self.bucket.take():
                 self.rate_limited += 1
                 return False
-            item_id = f"r{next(self._ids)}"
-            self._items[item_id] = {
-                "id": item_id, "model": model, "version": version, "request_id": request_id,
+        try:
+            self.store.add({
+                "model": model, "version": version, "request_id": request_id,
                 "reasons": reasons, "features": features, "prediction": prediction,
-                "score": score, "queued_at": round(time.time(), 3),
-            }
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-                self.dropped += 1
-            return True
+                "score": score, "queued_at": round(time.time(), 3)})
+        except StoreUnavailable:
+            self.unavailable += 1
+            return False
+        return True
 
     def pending(self, model: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        with self._lock:
-            items = [i for i in self._items.values() if model is None or i["model"] == model]
+        items = [i for i in self.store.items() if model is None or i["model"] == model]
         return items[:limit]
 
     def waiting(self, item_id: str, label: Any) -> dict[str, Any]:
         """The waiting item ``item_id`` (still queued), once ``label`` is known to be valid."""
         _check_label(label)
-        with self._lock:
-            item = self._items.get(item_id)
+        item = self.store.get(item_id)
         if item is None:
             raise _not_waiting(item_id)
         return item
@@ -94,25 +93,34 @@ class ReviewQueue:
     def label(self, item_id: str, label: Any, reviewer: str | None = None) -> dict[str, Any]:
         """Record a reviewer's label; the item leaves the queue and joins the labelled table."""
         _check_label(label)
-        with self._lock:
-            item = self._items.pop(item_id, None)
-            if item is None:
-                raise _not_waiting(item_id)
-            done = {**item, "label": float(label), "reviewer": reviewer or "",
-                    "labelled_at": round(time.time(), 3)}
-            self._labelled.append(done)
-            if len(self._labelled) > self.capacity * 10:
-                del self._labelled[: len(self._labelled) - self.capacity * 10]
+        item = self.store.pop(item_id)  # atomic: one process takes it
+        if item is None:
+            raise _not_waiting(item_id)
+        done = {**item, "label": float(label), "reviewer": reviewer or "",
+                "labelled_at": round(time.time(), 3)}
+        self.store.add_labelled(done)
         return done
 
     def labelled(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._labelled)
+        return self.store.labelled()
 
-    def stats(self) -> dict[str, int]:
-        return {"waiting": len(self._items), "labelled": len(self._labelled),
-                "offered": self.offered, "rate_limited": self.rate_limited,
-                "dropped": self.dropped, "capacity": self.capacity}
+    @property
+    def dropped(self) -> int:
+        return self.stats()["dropped"]
+
+    def refresh(self) -> dict[str, int]:
+        """The store's counts now (a shared store: I/O, so off the event loop)."""
+        try:
+            self._counts = self.store.counts()
+        except StoreUnavailable:
+            pass  # the last counts stand
+        return self._counts
+
+    def stats(self, fresh: bool = True) -> dict[str, int]:
+        """Counts; ``fresh=False`` gives the last refreshed ones (no I/O: the summary route)."""
+        counts = self.refresh() if fresh else self._counts
+        return {**counts, "offered": self.offered, "rate_limited": self.rate_limited,
+                "unavailable": self.unavailable, "capacity": self.capacity}
 
     def export_parquet(self) -> bytes:
         """The labelled table as Parquet: one column per feature, then prediction and label."""

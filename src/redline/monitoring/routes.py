@@ -117,22 +117,25 @@ def install_routes(app: Any, monitor: Any) -> None:
         monitor.drain()
         await asyncio.to_thread(monitor.windows.absorb)
         model = request.params.get("name")
-        return HttpResponse.json({"items": monitor.review.pending(model, 100),
-                                  **monitor.review.stats()})
+        items, stats = await asyncio.to_thread(
+            lambda: (monitor.review.pending(model, 100), monitor.review.stats()))
+        return HttpResponse.json({"items": items, **stats})
 
     async def review_label(request: HttpRequest) -> HttpResponse:
         doc = request.json()
         if not isinstance(doc, dict) or "label" not in doc:
             raise InvalidInput('POST /v1/review/{id}/label takes {"label": 1, '
                                '"reviewer": "..."}')
-        item = monitor.review.waiting(request.params["id"], doc["label"])
+        item = await asyncio.to_thread(monitor.review.waiting, request.params["id"],
+                                       doc["label"])
         q = monitor.windows.quality.get((item["model"], item["version"]))
         if q is not None:
             # First into quality (a shared join that is down answers 503 and the item stays
             # queued): the prediction may still wait under its request id; else the pair counts
             # directly.
             await asyncio.to_thread(_review_into_quality, q, item, float(doc["label"]))
-        done = monitor.review.label(request.params["id"], doc["label"], doc.get("reviewer"))
+        done = await asyncio.to_thread(monitor.review.label, request.params["id"],
+                                       doc["label"], doc.get("reviewer"))
         return HttpResponse.json(done)
 
     async def review_export(request: HttpRequest) -> HttpResponse:

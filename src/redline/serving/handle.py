@@ -16,6 +16,7 @@ the handle it started on, so a hot swap never changes the version under it.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -103,7 +104,15 @@ class ModelHandle:
             )
 
     def warm(self) -> None:
-        """Run every warm-up batch size, then seed the cost model from timed runs."""
+        """Run every warm-up batch size, then seed the cost model from timed runs.
+
+        The runs happen on this version's own worker thread, where batches run: ONNX Runtime's
+        first run on a thread costs 0.2-3 ms more than later ones (its per-thread state), which
+        the first batch would otherwise pay. (The first inline run on the event loop's thread
+        is paid by the request-path warm-up, ``serving/warmup.py``.)"""
+        self._executor.submit(self._warm_runs).result()
+
+    def _warm_runs(self) -> None:
         sizes = sorted(set(self._runtime.warmup_batch_sizes + [1, self.batcher.max_batch]))
         self.session.warmup(sizes if self.batcher.batchable else [1])
         t1 = self._time_run(1)
@@ -119,6 +128,20 @@ class ModelHandle:
             self.session.run(example)
             best = min(best, now() - t0)
         return best
+
+    def twin(self) -> ModelHandle:
+        """A stand-in for the request-path warm-up (``serving/warmup.py``): the same session,
+        decoders and worker thread, so their first-time costs are paid through it, but its own
+        batcher, counters, cost model and monitoring sample clock, so nothing a request through
+        it does is seen in this version's stats or metrics."""
+        twin = copy.copy(self)  # a new __dict__: plain attributes set on the twin stay its own
+        twin.stats = AdmissionStats()
+        twin.cost = copy.copy(self.cost)
+        old = self.batcher
+        twin.batcher = Batcher(self.session.run, old.settings, executor=self._executor,
+                               batchable=old.batchable, slo_s=old.slo_s, cost=twin.cost,
+                               stats=twin.stats, name=old.name)
+        return twin
 
     # ------------------------------------------------------------------ requests
     def prepare(

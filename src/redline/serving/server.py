@@ -31,7 +31,7 @@ from redline.serving.stages import Observers
 from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
-from redline.serving.warmup import prepare_request_path
+from redline.serving.warmup import warm_request_path
 
 log = logging.getLogger("redline.serving")
 
@@ -99,14 +99,19 @@ class RedlineServer:
         store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
         await store_health.check()
         self.app.health_details = store_health.body  # type: ignore[attr-defined]
+        # A value beyond a float's range becomes inf and is refused by the finite-value check
+        # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
+        np.seterr(over="ignore", invalid="ignore")
+        # The first request after ready costs what the hundredth does: the whole path is run
+        # now, before the ports open (so no readiness probe sees the server ready while it
+        # runs), on stand-ins that leave no trace (serving/warmup.py).
+        await warm_request_path(self.registry, self.pipeline, self.settings,
+                                bool(self.observers), RedlineHttpProtocol)
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
         gc.collect()
         gc.freeze()
-        # A value beyond a float's range becomes inf and is refused by the finite-value check
-        # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
-        np.seterr(over="ignore", invalid="ignore")
         loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,8 +151,6 @@ class RedlineServer:
         watcher = None
         if server.watch_repository:
             watcher = loop.create_task(self.registry.watch(server.watch_interval_s))
-        # First-request work done before ready (serving/warmup.py): /v1 routes, decoders.
-        prepare_request_path(self.registry, self.pipeline)
         store_watch = loop.create_task(store_health.watch()) if store_health.remote else None
         grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
         log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),

@@ -1,43 +1,191 @@
-"""Warm the whole request path, not just the model: the first request after ready should cost
-what the hundredth does.
+"""Warm the whole request path before readiness, leaving no trace: the first request after ready
+should cost what the hundredth does.
 
-Model warm-up (``runtime.warmup_batch_sizes``) runs each session, but the first real request
-still paid for first-time work on the way: building the ``/v1`` route (plan, feature reader),
-the first run of the request decoders and of the reader. Before readiness turns true the server
-does that work itself, by calling the pieces directly with a synthetic body per model (V2 zeros
-shaped from its metadata; ``/v1`` entity ``__warmup__``, request fields 0) rather than sending
-itself requests, which observers, metrics, caches and counters would all see. Measured in
-``benchmarks/first_request`` (docs/performance.md#first-request).
+What was cold, measured on the demo's fraud model (``benchmarks/first_request``, profiled request
+by request): ONNX Runtime's first run on the event loop's thread (~150 µs: its per-thread state;
+the model warm-up ran on another thread), numpy's first ``percentile`` in the latency window
+(~200 µs), the first passes of the REST app, the ``/v1`` decoder, reader, transforms and encoder
+through Python's specializing interpreter (~50-100 µs), uvicorn's protocol and the uvloop
+transport on first use, and the memory store's first read of each entity (it merges the
+entity's tiles once, ~250 µs, then reads a copy).
+
+How, without side effects: the server's real code runs, but on stand-ins for everything that
+keeps state. A private REST app (the same :class:`RestApp` and ``/v1`` routes) over a
+:class:`_TwinRegistry`, whose handles are :meth:`ModelHandle.twin` copies (same session and
+worker thread, own batcher and counters), and a private :class:`PredictPipeline` (own caches,
+breaker, latency windows, counters, sessions in memory, its own Redis loop connection) reading
+the real store, is served by a private uvicorn listener on ``127.0.0.1:0`` with the server's own
+protocol class, and this module sends it real HTTP requests over a socket: V2 JSON (fast path and
+general decoder), V2 binary, ``/v1`` at each warm-up batch size. Nothing of the server's own
+registry counters, caches, observers (metrics, traces, drift and quality windows, slow log),
+sessions or rollout routing sees them; the listener is closed before readiness turns true. With
+the memory store, every entity it already holds (``features.preload``) is read once through the
+real reader, so its merged windows exist before the first request (a pure function of the
+tiles: what that entity's first read would compute). ``tests/serving/test_warmup.py`` checks
+that every stats and metrics endpoint is unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import orjson
+import uvicorn
 
 log = logging.getLogger("redline.serving")
 
-ROUNDS = 3
+ROUNDS = 10  # Python 3.11 specializes a function's bytecode after ~8 calls
 WARMUP_ENTITY = "__warmup__"
+PRIME_BUDGET_S = 2.0  # most time spent reading the memory store's entities at start
+PRIME_ROWS = 256
 
 
-def v2_body(handle: Any) -> bytes:
+class _TwinRegistry:
+    """The registry as the warm-up's private app and pipeline see it: every version its twin."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+        self._twins: dict[int, Any] = {}
+
+    def _twin(self, handle: Any) -> Any:
+        twin = self._twins.get(id(handle))
+        if twin is None:
+            twin = self._twins[id(handle)] = handle.twin()
+        return twin
+
+    def get(self, name: str, version: str | None = None, key: Any = None) -> Any:
+        return self._twin(self._registry.get(name, version))
+
+    def loaded(self, name: str) -> list[Any]:
+        return [self._twin(h) for h in self._registry.loaded(name)]
+
+    def models(self) -> list[str]:
+        return list(self._registry.models())
+
+    def ready(self, name: str, version: str | None = None) -> bool:
+        return bool(self._registry.ready(name, version))
+
+
+class _Quiet:
+    """An observer that keeps nothing: the private app takes the observed code path (records,
+    stages) when the real one does."""
+
+    def request_finished(self, record: Any) -> None:
+        return None
+
+
+class _Listener(uvicorn.Server):
+    """uvicorn without signal handling (the real server owns the process's signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observed: bool,
+                            protocol: Any) -> int:
+    """Send the private app real requests for every loaded model (see the module doc); returns
+    how many models answered. Never raises: a failure only leaves that path cold (logged).
+
+    Runs before the server's listeners open, so no real request can arrive meanwhile: a
+    rollout's router is set aside for its duration (its random draws and sticky keys are the
+    real requests')."""
+    router, registry.router = registry.router, None
+    try:
+        return await _warm(registry, pipeline, settings, observed, protocol)
+    finally:
+        registry.router = router
+
+
+async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
+                protocol: Any) -> int:
+    t0 = time.perf_counter()
+    primed = _prime_memory_store(registry, pipeline)
+    requests = []
+    for name in registry.models():
+        try:
+            requests.extend(_requests(name, registry.get(name), pipeline, settings))
+        except Exception as exc:  # noqa: BLE001 - not loaded, or a model nothing fits
+            log.debug("warm-up of %s skipped: %s", name, exc)
+    if not requests:
+        return 0
+    await _connect_store(pipeline)
+    try:
+        answered = await _send_privately(registry, pipeline, settings, observed, protocol,
+                                         requests)
+    except Exception as exc:  # noqa: BLE001 - never a reason not to serve
+        log.warning("request-path warm-up failed, first requests may be slower: %s", exc)
+        return 0
+    log.info("request path warm: %d requests to %d models, %d entities read, %.0f ms",
+             len(requests), len(answered), primed, (time.perf_counter() - t0) * 1e3)
+    return len(answered)
+
+
+# ---------------------------------------------------------------------- the requests
+def _requests(name: str, handle: Any, pipeline: Any, settings: Any) -> list[tuple[str, bytes]]:
+    """(model, raw HTTP request) pairs: each body ``ROUNDS`` times."""
+    bodies: list[tuple[str, bytes, dict[str, str]]] = []
+    v2 = f"/v2/models/{name}/infer"
+    bodies.append((v2, v2_body(handle), {}))
+    bodies.append((v2, v2_body(handle, outputs=True), {}))  # the general decoder and encoder
+    binary = v2_binary(handle)
+    if binary is not None:
+        bodies.append((v2, binary[1], {"inference-header-content-length": str(binary[0])}))
+    sizes = sorted({1, *settings.runtime.warmup_batch_sizes})
+    for rows in sizes:
+        for k in range(ROUNDS):
+            body = v1_body(pipeline, handle, rows, k)
+            if body is None:
+                break
+            bodies.append((f"/v1/models/{name}/predict", body, {}))
+    out = []
+    for path, body, headers in bodies:
+        extra = "".join(f"{h}: {v}\r\n" for h, v in headers.items())
+        head = (f"POST {path} HTTP/1.1\r\nhost: warmup\r\ncontent-type: application/json\r\n"
+                f"{extra}content-length: {len(body)}\r\n\r\n").encode()
+        rounds = 1 if path.startswith("/v1/") else ROUNDS
+        out.extend([(name, head + body)] * rounds)
+    return out
+
+
+def v2_body(handle: Any, outputs: bool = False) -> bytes:
+    """A V2 JSON request of zeros shaped from the model's inputs (one row)."""
     inputs = []
     for spec in handle.session.inputs:
         shape = [1 if d is None or d < 0 else d for d in (spec.shape or [1])]
-        count = 1
-        for d in shape:
-            count *= d
         value: Any = "" if spec.datatype == "BYTES" else (False if spec.datatype == "BOOL" else 0)
         inputs.append({"name": spec.name, "datatype": spec.datatype, "shape": shape,
-                       "data": [value] * count})
-    return orjson.dumps({"inputs": inputs})
+                       "data": [value] * int(np.prod(shape))})
+    doc: dict[str, Any] = {"inputs": inputs}
+    if outputs:
+        doc["outputs"] = [{"name": n} for n in handle.output_names]
+    return orjson.dumps(doc)
 
 
-def v1_body(pipeline: Any, handle: Any) -> bytes | None:
-    """A /v1 body for ``handle``, or None when the model reads no features (no /v1 route)."""
+def v2_binary(handle: Any) -> tuple[int, bytes] | None:
+    """A V2 request with Triton's binary tensor extension (zeros, one row), or None for a
+    model with a BYTES input."""
+    example = handle.session.example_inputs(1)
+    specs = handle.session.inputs
+    if any(s.datatype == "BYTES" for s in specs):
+        return None
+    head = orjson.dumps({"inputs": [
+        {"name": s.name, "datatype": s.datatype, "shape": list(example[s.name].shape),
+         "parameters": {"binary_data_size": example[s.name].nbytes}} for s in specs]})
+    return len(head), head + b"".join(example[s.name].tobytes() for s in specs)
+
+
+def v1_body(pipeline: Any, handle: Any, rows: int = 1, k: int = 0) -> bytes | None:
+    """A ``/v1`` body of ``rows`` rows for ``handle``, or None when the model reads no features
+    (it has no ``/v1`` route). Round ``k`` changes the request fields (so a prediction cache
+    misses) and, every other round, the entity ids (so a feature near cache misses)."""
     if pipeline is None or getattr(pipeline, "defs", None) is None:
         return None
     try:
@@ -46,62 +194,159 @@ def v1_body(pipeline: Any, handle: Any) -> bytes | None:
         return None
     if not route.views:
         return None
-    entities = {v.entity.join_key: WARMUP_ENTITY for v in route.views}
-    return orjson.dumps({"entities": entities,
-                         "request": {f: 0 for f in route.request_fields}})
+    present = _present_ids(pipeline.store, route, 1) if k % 2 == 0 else None
+    instances = []
+    for r in range(rows):
+        entities = {v.entity.join_key: (present[v.entity.name][0] if present
+                                         and v.entity.name in present
+                                         else f"{WARMUP_ENTITY}{k}.{r}")
+                    for v in route.views}
+        instances.append({"entities": entities,
+                          "request": {f: float(k + r) for f in route.request_fields}})
+    if rows == 1:
+        return orjson.dumps(instances[0])
+    return orjson.dumps({"instances": instances})
 
 
-def prepare_request_path(registry: Any, pipeline: Any) -> int:
-    """Do the first-request work now, without sending a request (so no observer, metric, cache
-    or counter sees it): build each model's ``/v1`` route (plan, feature reader) and run the
-    ``/v1`` request decoder once. Returns how many models were prepared. Never raises."""
-    from redline.serving.predict.request import parse_request
+# ---------------------------------------------------------------------- the private listener
+async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed: bool,
+                          protocol: Any, requests: list[tuple[str, bytes]]) -> set[str]:
+    from redline.serving.app import RestApp
+    from redline.serving.predict import MemorySessionStore, PredictPipeline
+    from redline.serving.stages import Observers
+    from redline.serving.v1_rest import V1Rest
 
-    done = 0
+    twins = _TwinRegistry(registry)
+    observers = Observers([_Quiet()]) if observed else Observers()
+    app = RestApp(twins, settings, observers)  # type: ignore[arg-type]
+    shadow = None
+    if pipeline is not None:
+        cfg = settings.pipeline
+        shadow = PredictPipeline(twins, settings, pipeline.defs,  # type: ignore[arg-type]
+                                 pipeline.store,
+                                 MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events))
+        V1Rest(shadow, app).install(app)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", access_log=False,
+                            log_level="warning", proxy_headers=False, server_header=False)
+    listener = _Listener(config)
+    task = asyncio.get_running_loop().create_task(listener.serve(sockets=[sock]))
+    answered: set[str] = set()
+    try:
+        while not listener.started and not task.done():
+            await asyncio.sleep(0.001)
+        if task.done():
+            task.result()
+        reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        try:
+            for model, raw in requests:
+                writer.write(raw)
+                status = await _read_response(reader)
+                if status == 200:
+                    answered.add(model)
+                else:
+                    log.debug("warm-up request to %s answered %s", model, status)
+        finally:
+            writer.close()
+    finally:
+        listener.should_exit = True
+        await asyncio.gather(task, return_exceptions=True)
+        sock.close()
+        if shadow is not None:
+            shadow.features.close()  # its own thread and Redis connection; the store stays open
+    return answered
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    length = 0
+    for line in lines[1:]:
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+    return status
+
+
+# ---------------------------------------------------------------------- the shared store
+async def _connect_store(pipeline: Any) -> None:
+    """The real pipeline's connections made now, with nothing read or written: the event
+    loop's Redis connection (a PING) and the session script loaded into Redis (its cache of
+    scripts is not data; the first session update would load it)."""
+    if pipeline is None or getattr(pipeline, "store", None) is None:
+        return
+    try:
+        await pipeline.features.connect()
+        sessions = pipeline.sessions
+        if sessions.kind == "redis":
+            from redline.serving.predict.sessions import UPDATE_SCRIPT
+
+            await asyncio.to_thread(sessions.client.script_load, UPDATE_SCRIPT)
+    except Exception as exc:  # noqa: BLE001 - the first request meets it and reports it
+        log.debug("warm-up could not reach the store: %s", exc)
+
+
+# ---------------------------------------------------------------------- the memory store
+def _prime_memory_store(registry: Any, pipeline: Any) -> int:
+    """Read every entity the memory store holds once through each ``/v1`` route's reader (up to
+    ``PRIME_BUDGET_S``), so its merged windows are cached before the first request; returns how
+    many entity rows were read."""
+    store = getattr(pipeline, "store", None)
+    if store is None or store.kind != "memory" or getattr(pipeline, "defs", None) is None:
+        return 0
+    deadline = time.perf_counter() + PRIME_BUDGET_S
+    read = 0
     for name in registry.models():
         try:
-            handle = registry.get(name)
-            body = v1_body(pipeline, handle)
-            if body is not None:
-                parse_request(orjson.loads(body), pipeline.max_instances)
-                route = pipeline.route(handle)
-                if route.reader is not None and pipeline.store.kind == "memory":
-                    # the reader's first reads (the memory store only, so no shared store sees
-                    # a read nobody asked for): an absent entity, then a present one when the
-                    # store holds one (preloaded): merging tiles and deriving values have their
-                    # own first-time costs (measured ~0.4 ms on the first real read)
-                    read = getattr(route.reader, "read_timed", route.reader.read)  # as /v1
-                    read({e: [WARMUP_ENTITY] for e in route.entity_names})
-                    present = _present_entities(pipeline.store, route)
-                    if present is not None:
-                        for _ in range(ROUNDS):
-                            read(present)
-            orjson.loads(v2_body(handle))
-            done += 1
-        except Exception as exc:  # noqa: BLE001 - not loaded, or not a /v1 model: nothing to do
-            log.debug("warm-up of %s skipped: %s", name, exc)
-    return done
+            route = pipeline.route(registry.get(name))
+        except Exception:  # noqa: BLE001 - not a /v1 model
+            continue
+        if route.reader is None:
+            continue
+        ids = _present_ids(store, route, None)
+        if not ids:
+            continue
+        longest = max(len(v) for v in ids.values())
+        columns = {e: ids.get(e) or [WARMUP_ENTITY] for e in route.entity_names}
+        for lo in range(0, longest, PRIME_ROWS):
+            if time.perf_counter() > deadline:
+                log.info("memory store priming stopped after %.1f s", PRIME_BUDGET_S)
+                return read
+            n = min(PRIME_ROWS, longest - lo)
+            batch = {e: [col[(lo + r) % len(col)] for r in range(n)]
+                     for e, col in columns.items()}
+            route.reader.read(batch)
+            read += n
+    return read
 
 
-def _present_entities(store: Any, route: Any) -> dict[str, list[str]] | None:
-    """One id per entity of ``route`` that the memory store holds data for, or None.
+def _present_ids(store: Any, route: Any, limit: int | None) -> dict[str, list[str]] | None:
+    """Ids per entity of ``route`` that the memory store holds data for (at most ``limit``
+    each), or None when it holds none.
 
-    Keys are ``rl:{<entity>:<id>}:<view>:<version>`` (features/online/base.py); the first key
-    of each of the route's views gives its entity an id."""
+    Keys are ``rl:{<entity>:<id>}:<view>:<version>`` (features/online/base.py)."""
     from redline.features.events import KEY_PREFIX
 
+    if store is None or store.kind != "memory":
+        return None
     wanted = {f":{v.name}:{v.version}": v.entity.name for v in route.views}
-    found: dict[str, list[str]] = {}
-    for key in list(getattr(store, "data", {}))[:10_000]:
+    found: dict[str, dict[str, None]] = {}
+    for key in list(store.data):
         if not key.startswith(KEY_PREFIX + ":{"):
             continue
         close = key.find("}:")
         entity = wanted.get(key[close + 1:]) if close > 0 else None
-        if entity is None or entity in found:
+        if entity is None:
             continue
         head = key[len(KEY_PREFIX) + 2:close]
         if head.startswith(entity + ":"):
-            found[entity] = [head[len(entity) + 1:]]
-        if len(found) == len(route.entity_names):
-            return found
-    return None
+            seen = found.setdefault(entity, {})
+            if limit is None or len(seen) < limit:
+                seen[head[len(entity) + 1:]] = None
+        if limit is not None and len(found) == len(route.entity_names) and all(
+                len(v) >= limit for v in found.values()):
+            break
+    return {e: list(v) for e, v in found.items()} or None

@@ -19,6 +19,20 @@ from redline.features.events import EventDecoder, UpdateBatch
 from redline.features.ingest.core import Freshness, IngestCounts
 
 
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """A raw XREADGROUP reply of one stream (RESP2: ``[[stream, [[id, [k, v, ...]], ...]]]``,
+    nil when empty) as ``[(id, {k: v})]``, without entries deleted meanwhile."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):  # RESP3: a map stream -> entries
+        reply = list(reply.items())
+    out = []
+    for entry_id, fields in reply[0][1]:
+        if fields:
+            out.append((entry_id, dict(zip(fields[::2], fields[1::2], strict=True))))
+    return out
+
+
 def _stream_ms(entry_id: bytes | str) -> int:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.split("-", 1)[0])
@@ -214,14 +228,29 @@ class StreamConsumer:
             return done + self.flush()
         ids, batch = self._decode(fresh)  # while the write in flight runs in Redis
         start = self._prepare(ids, batch)
-        if self._inflight is not None:
-            # read the next batch now: Redis answers it right after the write in flight, and
-            # it is decoded while the write submitted below runs, so Redis never waits for the
-            # decoder (without the read-ahead the read queued behind the write and Redis sat
-            # idle during each decode)
+        ahead_read = None
+        if self._inflight is not None and not self.store.cluster:
+            # ask for the next batch now: Redis answers it right after the write in flight and
+            # before the write started below, whose run then covers parsing and decoding it, so
+            # Redis never waits for the decoder (without the read-ahead the read queued behind
+            # the write and Redis sat idle during each decode; parsed before the next write was
+            # sent, Redis sat idle during the parse)
+            from redline.features.online.redis import SentCommand
+
+            ahead_read = SentCommand(self.store, "XREADGROUP", "GROUP", self.group,
+                                     self.consumer, "COUNT", self.batch, "STREAMS",
+                                     self.stream, ">")
+        elif self._inflight is not None:
             self._ahead = self._read(None)
-        done += self.flush()
-        self._inflight = start()
+        try:
+            done += self.flush()
+            self._inflight = start()
+        except BaseException:
+            if ahead_read is not None:  # an outage: its entries stay pending, re-read later
+                ahead_read.close()
+            raise
+        if ahead_read is not None:
+            self._ahead = _entries(ahead_read.result())
         return done
 
     def _read(self, block: int | None) -> list[tuple[bytes, dict[bytes, bytes]]]:

@@ -66,6 +66,26 @@ class FeatureRead:
                 read, self._executor, route.entity_names, self.store_call_ended, start=start)
         return fetcher
 
+    def made(self, route: Route) -> FeatureFetcher | None:
+        """The route's fetcher if a read has made it (for stats: reading them makes nothing)."""
+        return self._fetchers.get(id(route))
+
+    async def connect(self, timeout_s: float = 1.0) -> None:
+        """Open the event loop's own Redis connection now, with a PING (the request-path
+        warm-up, ``serving/warmup.py``), so the first read does not pay for the connect. A
+        failure is left for the first read to meet and report."""
+        client = self._loop_redis
+        if client is None:
+            return
+        answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(reply: Any, exc: BaseException | None) -> None:
+            if not answered.done():
+                answered.set_result(exc)
+
+        client.call(["PING"], done)
+        await asyncio.wait_for(answered, timeout_s)
+
     def forget(self, route: Route) -> None:
         self._fetchers.pop(id(route), None)
 

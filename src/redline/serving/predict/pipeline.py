@@ -345,7 +345,7 @@ class PredictPipeline:
             "probes": sum(w.probes for w in self._latency.values()),
             "store_reads": {f"{k[0]}:{k[1]}": {"calls": f.calls, "requests": f.requests}
                             for k, r in self._routes.items()
-                            if (f := self.features.fetcher(r)) is not None},
+                            if (f := self.features.made(r)) is not None},
         }
 
     def close(self) -> None:
