@@ -70,3 +70,13 @@ def test_regression_metrics() -> None:
 def test_cbpe_of_certain_predictions() -> None:
     est = cbpe(np.array([0.0, 0.0, 1.0, 1.0]))
     assert est["accuracy"] == 1.0 and est["roc_auc"] == 1.0
+
+
+def test_a_label_after_its_prediction_left_counts_as_late_not_unmatched() -> None:
+    from redline.monitoring.joinstore import join_labels
+
+    q = QualityMonitor("m", "1", "classification", {}, join_capacity=100)
+    q.predicted([f"r{i}" for i in range(300)], np.full(300, 0.5))  # r0..r199 leave
+    # the last 100 ids that left are remembered (r100..r199): late; r0 is forgotten: unmatched
+    assert join_labels([q.state], ["r150", "r0", "r299", "x"], [1.0] * 4) == (1, ["r0", "x"], 1)
+    assert q.report()["late_labels"] == 1 and q.report()["evicted"] == 200
