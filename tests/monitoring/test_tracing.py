@@ -143,3 +143,31 @@ def test_encode_spans_is_valid_otlp_for_records_never_named() -> None:
     assert len(roots) == 2 and len({s.trace_id for s in roots}) == 2
     assert all(len(s.trace_id) == 32 and len(s.span_id) == 16 for s in spans)
     assert [s.error for s in roots] == [False, True]
+
+
+def test_a_new_trace_is_named_for_every_answer_and_exported_only_when_kept() -> None:
+    """Without a caller's traceparent (the common case): a fresh trace and span id on every
+    answer, 00 when head sampling leaves it out, 01 with exactly those ids exported when the
+    tail rule keeps it (slow), also once the model's slow threshold is known."""
+    sink = MemorySink()
+    tracing = TraceExport(sink, sample_ratio=0.0, slow_ms=1.0)  # 1 ms is slow
+    tracing.fed_by_monitor = True
+    named: dict[str, tuple[str, str]] = {}
+    traces = set()
+    for rid, stages in (("first", None), ("fast", None), ("slow", {"inference": 5000}),
+                        ("slow-again", {"inference": 2000}), ("fast-again", None)):
+        r = record(stages=stages, request_id=rid)
+        version, trace, span, flags = tracing.response_traceparent(r).split("-")
+        assert version == "00" and len(trace) == 32 and len(span) == 16
+        assert int(trace, 16) and int(span, 16) and trace not in traces
+        traces.add(trace)
+        assert flags == ("01" if rid.startswith("slow") else "00"), rid
+        named[rid] = (trace, span)
+        tracing.fold([r])
+    assert tracing.flush()
+    tracing.close()
+    roots = {s.attributes["redline.request_id"]: s for s in sink.spans
+             if s.name.startswith("redline ")}
+    assert set(roots) == {"slow", "slow-again"}
+    for rid, root in roots.items():
+        assert (root.trace_id, root.span_id) == named[rid] and root.parent == ""
