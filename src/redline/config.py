@@ -158,6 +158,10 @@ class FeatureSettings:
     # /v1 reads a single Redis on the event loop's own connection (no thread hop: -17% p50 at
     # 500 req/s, docs/performance.md); false: on a worker thread through redis-py
     redis_loop_reads: bool = True
+    # ... and a request alone in waiting for its read keeps the loop polling this long before
+    # it sleeps: the reply (~50-100 µs on loopback) is caught without a second wake-up of the
+    # process (docs/performance.md, "the /v1 tail"); 0 = sleep at once
+    redis_spin_us: float = 200.0
     # feature-view versions on disk (default: <project>/features)
     registry: str = field(default=".redline/features", metadata={"path": True})
     # events replayed into the online store when `redline serve` starts (the embedded memory

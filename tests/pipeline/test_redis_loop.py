@@ -143,3 +143,54 @@ async def test_reads_survive_a_script_flush(serve, repo_path, defs_path, redis_s
     for doc in (first, second, third):
         assert not doc["degraded"] and not doc["entity_missing"], doc
     assert first["prediction"] == second["prediction"] == third["prediction"]
+
+
+def _ping_fetcher(client: LoopRedis):  # type: ignore[no-untyped-def]
+    """A FeatureFetcher whose read is one PING on the loop's own connection."""
+    import numpy as np
+
+    from redline.serving.predict.fetcher import FeatureFetcher
+
+    def start(ids, done):  # type: ignore[no-untyped-def]
+        n = len(ids["k"])
+        client.call(["PING"], lambda reply, exc: done(
+            None if exc else (np.full((n, 1), float(reply == b"PONG"), np.float32),
+                              np.zeros(n, bool)), exc))
+
+    return FeatureFetcher(lambda ids: (), None, ["k"], start=start)  # type: ignore[arg-type]
+
+
+async def test_lone_waiter_polls_within_its_budget(redis_server: RedisServer) -> None:
+    """features.redis_spin_us: a lone request polls for its reply, never past its budget's
+    wait; `waiting` counts requests whose read has not ended, timed-out ones included."""
+    from redline.serving.deadline import Budget, now
+    from redline.serving.predict.features import StoreSlow, _fetch
+
+    client = LoopRedis(redis_server.url, timeout_s=5.0)
+    fetcher = _ping_fetcher(client)
+    budget = Budget(now(), 5000, "test")
+    feats, _ = await _fetch(fetcher, {"k": ["a"]}, 1, budget, 0.0, spin_s=0.0002)
+    assert feats[0, 0] == 1.0 and fetcher.waiting == 0
+    # Three at once: they are counted (so none of them polls) and all answered.
+    reads = [asyncio.ensure_future(_fetch(fetcher, {"k": [str(i)]}, 1, budget, 0.0, 0.0002))
+             for i in range(3)]
+    await asyncio.sleep(0)
+    assert fetcher.waiting == 3
+    assert [r[0][0, 0] for r in await asyncio.gather(*reads)] == [1.0, 1.0, 1.0]
+    assert fetcher.waiting == 0
+    # A hung Redis: a poll of up to 5 s still ends with the budget's 50 ms wait.
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.perf_counter()
+        try:
+            await _fetch(fetcher, {"k": ["h"]}, 1, Budget(now(), 50, "test"), 0.0, spin_s=5.0)
+            raise AssertionError("a hung Redis must cut the wait at the budget")
+        except StoreSlow:
+            pass
+        waited = time.perf_counter() - t0
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    assert 0.03 <= waited < 0.5, waited
+    await asyncio.sleep(0)
+    assert fetcher.waiting == 0
+    client.close()

@@ -57,6 +57,7 @@ class FeatureFetcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.calls = 0  # store calls made
         self.requests = 0  # requests served by them
+        self.waiting = 0  # requests whose read has not ended (in flight or queued)
 
     def read(self, ids: dict[str, list[str]], rows: int) -> asyncio.Future[Result]:
         """A future of (features, missing) for these rows; fails with the store's exception."""
@@ -64,10 +65,15 @@ class FeatureFetcher:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
+        self.waiting += 1
+        future.add_done_callback(self._ended)
         self._pending.append((ids, rows, future))
         if not self._busy:
             self._launch()
         return future
+
+    def _ended(self, _: asyncio.Future[Result]) -> None:
+        self.waiting -= 1
 
     def _launch(self) -> None:
         batch, self._pending = self._pending, []

@@ -76,7 +76,8 @@ class PredictPipeline:
                                 cache.feature_cache_fallback_staleness_ms)
         self.features = FeatureRead(self.breaker, near, remote=store is not None
                                     and store.kind != "memory",
-                                    loop_redis=_loop_redis(store, settings))
+                                    loop_redis=_loop_redis(store, settings),
+                                    spin_s=max(0.0, settings.features.redis_spin_us) / 1e6)
         self.sessions = sessions
         self.sessions_shared = sessions.kind == "redis"
         self.max_instances = cfg.max_instances
