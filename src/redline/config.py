@@ -117,7 +117,7 @@ class CacheSettings:
 class ScalingSettings:
     """Worker processes, the local autoscaler and rollouts (see ``scaling/``)."""
 
-    workers: int = 0  # 0 = one per core (1 when the store is in-process memory or admin is on)
+    workers: int = 0  # 0 = one per core (1 when the store is in-process memory or --preload)
     min_workers: int = 0  # autoscale between min and max when max > min (0 = off)
     max_workers: int = 0
     restart_backoff_s: float = 0.5  # first wait before restarting a crash-looping worker

@@ -106,8 +106,8 @@ class RepositoryError(RedlineError):
 
 
 class PerWorkerState(RedlineError):
-    """A request for state that each worker process keeps alone (the label join, quality
-    figures) reached a server of several workers behind one port."""
+    """A request for state that each worker process keeps alone (a label join kept in memory,
+    an admin load/unload) reached a server of several workers behind one port."""
 
     code = "per_worker_state"
     http_status = 409

@@ -117,6 +117,27 @@ def test_memory_store_with_several_workers_is_refused(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_the_admin_api_no_longer_holds_a_pool_to_one_worker() -> None:
+    """Admin on: a pool when asked for (load/unload answer 409 there,
+    tests/scaling/test_admin_pool.py), one worker by default (so load/unload work), and
+    autoscaling allowed."""
+    settings = Settings()
+    settings.server.admin_enabled = True
+    settings.server.admin_token = "t"
+    assert resolve_workers(settings, 2) == 2
+    assert resolve_workers(settings, 0) == 1
+    settings.server.admin_enabled = False
+    assert resolve_workers(settings, 0) == (os.cpu_count() or 1)
+    settings.server.admin_enabled = True
+    settings.scaling.max_workers = 4
+    assert resolve_workers(settings, 1) == 1  # the supervisor runs: scaling.max_workers > 1
+    settings.features.definitions = "defs.py"  # what still holds a pool to one: local state
+    with pytest.raises(ConfigError, match="features.store: redis"):
+        resolve_workers(settings, 1)
+    settings.scaling.max_workers = 0
+    assert resolve_workers(settings, 0) == 1
+
+
 def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
     """A user error met inside every worker is reported once and stops it all, not looped."""
     serve = Serve(tmp_path, "--workers", "2", "--redis-url", "redis://127.0.0.1:1/0",

@@ -57,13 +57,18 @@ def main() -> None:
         board = LoadBoard(spec["board_fd"])
         meter = LoadMeter(board, spec["slot"])  # both transports count towards the autoscaler
         app: Any = server.app
+        join_per_worker = False
         if settings.monitoring.enabled:
             from redline.monitoring.joinstore import join_backend_kind
 
-            if join_backend_kind(settings) == "memory":
-                from redline.scaling.pooled import PooledWorkerGuard
+            join_per_worker = join_backend_kind(settings) == "memory"
+        admin_token = settings.server.admin_token if settings.server.admin_enabled else None
+        if join_per_worker or admin_token:
+            from redline.scaling.pooled import PooledWorkerGuard
 
-                app = PooledWorkerGuard(app)  # a label join kept per process: refused in a pool
+            # refused in a pool: a label join kept per process, an admin load/unload
+            app = PooledWorkerGuard(app, label_join_per_worker=join_per_worker,
+                                    admin_token=admin_token)
         server.asgi = AsgiMeter(app, meter)
         server.grpc_interceptors.append(GrpcMeter(meter))
         if settings.features.preload:

@@ -49,24 +49,25 @@ def resolve_workers(settings: Settings, requested: int | None) -> int:
     if asked < 0:
         raise ConfigError(f"--workers must be 0 (one per core) or more, got {asked}")
     local_state = settings.features.store == "memory" and bool(settings.features.definitions)
-    if settings.scaling.max_workers > 1 and (local_state or settings.server.admin_enabled):
+    # The admin API does not forbid a pool: its read-only routes (slow log, review queue,
+    # index) answer from any worker, and the routes that would change one process only (model
+    # load/unload) answer 409 per_worker_state in a pool (scaling/pooled.py). Left to the
+    # default (workers: 0) it keeps one worker, so the load/unload it documents keep working;
+    # a pool with admin on is asked for explicitly (--workers N, scaling.max_workers).
+    if settings.scaling.max_workers > 1 and local_state:
         raise ConfigError(
             "autoscaling (scaling.max_workers > 1) needs state every worker shares: set "
-            "`features.store: redis` and leave the admin API off")
+            "`features.store: redis`")
     preload = bool(getattr(settings.features, "preload", None))
     if asked == 0:
-        if local_state or settings.server.admin_enabled or preload:
-            return 1  # state that must agree would diverge across processes: stay at one
+        if local_state or preload or settings.server.admin_enabled:
+            return 1  # state that must agree would diverge, or admin load/unload: stay at one
         return max(1, os.cpu_count() or 1)
     if asked > 1 and local_state:
         raise ConfigError(
             f"--workers {asked} with the in-memory feature store would give each worker its own "
             "features and sessions; set `features.store: redis` (or --redis-url) so workers share "
             "them, or run one worker")
-    if asked > 1 and settings.server.admin_enabled:
-        raise ConfigError(
-            f"--workers {asked} with the admin API: a load/unload would reach one worker only; "
-            "change versions through the repository (every worker watches it) or run one worker")
     if asked > 1 and preload:
         raise ConfigError(
             f"--workers {asked} with --preload would replay the event file once per worker (and "
