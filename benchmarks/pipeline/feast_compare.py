@@ -288,6 +288,15 @@ def start_feast(args: argparse.Namespace, procs: list) -> Target:
     return Target("feast", http, "-", orjson.dumps({"card": 7}), "/predict")
 
 
+def stop_all(procs: list, work: Path) -> None:
+    """Stop the processes a run started (last started first) and remove its scratch folder."""
+    for proc in reversed(procs):
+        proc.terminate()
+    for proc in procs:
+        proc.wait(30)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     import httpx
 
@@ -334,11 +343,7 @@ def main() -> None:
         # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
         out["redline_pipeline_stats"] = httpx.get(target.url + "/v1/pipeline/stats").json()
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(procs, work)
     print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
 
 

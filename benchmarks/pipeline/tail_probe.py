@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -389,11 +388,7 @@ def main() -> None:
                     rows, timehist(data), set(threads(server_pid)), server_pid,
                     set(threads(redis_pid or 0)))
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
+        fc.stop_all(procs, work)
     import orjson
 
     print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())

@@ -2,35 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-import pytest
 
 from redline.monitoring.alerts import AlertWebhook
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[str, list[dict]]]:
-    got: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", got
-    server.shutdown()
 
 
 def wait_for(got: list, n: int) -> None:
@@ -39,8 +13,8 @@ def wait_for(got: list, n: int) -> None:
         time.sleep(0.01)
 
 
-def test_backoff_doubles_then_resolves(receiver: tuple[str, list[dict]]) -> None:
-    url, got = receiver
+def test_backoff_doubles_then_resolves(webhook_receiver: tuple[str, list[dict]]) -> None:
+    url, got = webhook_receiver
     clock = [0.0]
     hook = AlertWebhook(url, min_interval_s=10, max_interval_s=40, clock=lambda: clock[0])
     firing = {"drift:m:1": {"kind": "drift", "features": ["age"]}}

@@ -137,13 +137,8 @@ def test_present_ids_reads_the_memory_store_keys(serve: Any, repo_path: Any,
     assert _present_ids(pipeline.store, route, 1) == {"card": ["a1"]}
 
 
-SERVE = ("import sys\n"
-         "if sys.argv[1] == 'off':\n"
-         "    import redline.serving.server as s\n"
-         "    async def off(*a): return 0\n"
-         "    s.warm_request_path = off\n"
-         "from redline.cli import main\n"
-         "main(sys.argv[2:])")
+# A `redline serve` process with the warm-up "on" or "off" (argv[1]), as the benchmark starts it.
+from benchmarks.first_request.first_request import SERVE  # noqa: E402
 
 
 def first_over_later(config: Any, gap_s: float, requests: int, warmup: str = "on") -> float:
@@ -188,7 +183,7 @@ def first_over_later(config: Any, gap_s: float, requests: int, warmup: str = "on
 def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
                                                             repo_path: Any, defs_path: Any,
                                                             request: Any) -> None:
-    """Fresh servers with the warm-up and without it, interleaved (seven of each, one process
+    """Fresh servers with the warm-up and without it, interleaved (eleven of each, one process
     each, preloaded store, monitoring on): the median first-request ratio is lower with it.
     Interleaved so the machine's moods fall on both sides alike; an absolute bound (first <= 2x
     later) held in some runs and not in others on this shared 2-core machine (a first request
@@ -212,7 +207,7 @@ def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
                       "server:\n  watch_repository: false\n")
     on: list[float] = []
     off: list[float] = []
-    for _ in range(7):
+    for _ in range(11):
         on.append(first_over_later(config, 0.01, 30))
         off.append(first_over_later(config, 0.01, 30, "off"))
     assert statistics.median(on) < statistics.median(off), (on, off)

@@ -9,12 +9,9 @@ and after the restart the predictions made meanwhile still take their labels.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -127,26 +124,6 @@ def labels_for(scores: dict[str, float], seed: int) -> dict[str, float]:
     return {rid: float(rng.random() < p) for rid, p in scores.items()}
 
 
-@pytest.fixture
-def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A real local HTTP receiver of the alert webhook; what it got, in order."""
-    got: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", got
-    server.shutdown()
-
-
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_a_pool_joins_labels_and_every_worker_reports_the_same_quality(
         tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
@@ -249,10 +226,10 @@ def test_a_pools_join_is_bounded_and_counts_late_and_unmatched_labels(tmp_path: 
 
 
 def test_a_pool_sends_each_quality_alert_once(
-        tmp_path: Path, webhook: tuple[str, list[dict[str, Any]]]) -> None:
+        tmp_path: Path, webhook_receiver: tuple[str, list[dict[str, Any]]]) -> None:
     """Every worker computes the same (shared) quality alarm; only the worker holding the
     alert lease calls the webhook, so it is called once, not once per worker."""
-    url, got = webhook
+    url, got = webhook_receiver
     make_repository(tmp_path / "repo")
     config = CONFIG + f"  alert_webhook_url: {url}\n"
     serve = Serve(tmp_path, "--workers", "2", "--no-grpc", config=config).wait_ready()
