@@ -131,6 +131,7 @@ class Connection:
         self.buf = b""
 
     def call(self, request: bytes) -> float:
+        tries = 0
         t0 = time.perf_counter_ns()
         self.sock.sendall(request)
         while True:
@@ -149,8 +150,9 @@ class Connection:
                     return (time.perf_counter_ns() - t0) / 1000.0
             chunk = self.sock.recv(65536)
             if not chunk:  # the server closed an idle keep-alive connection: once more
-                Connection.reconnects += 1
-                if Connection.reconnects > 100:
+                Connection.reconnects += 1  # (a stopped server's connection idles past
+                tries += 1                  # uvicorn's keep-alive timeout between its turns)
+                if tries > 3:
                     raise RuntimeError("the server keeps closing the connection")
                 self.sock.close()
                 self._connect()

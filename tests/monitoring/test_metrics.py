@@ -126,41 +126,6 @@ def test_several_worker_processes_add_up(tmp_path: Path) -> None:
     assert got[("redline_requests_total", ok)] == 12
 
 
-def test_batched_fold_matches_one_by_one_across_settles() -> None:
-    """The fold appends to per-stage arrays through cached bound appends; settling empties
-    them in place, so folds after a settle still count, and a batch mixing series, stages and
-    statuses gives the same histograms as feeding the records one at a time."""
-    buckets = latency_buckets([7.0])
-    batch = [record(model="a" if i % 3 else "b", stages={"decode": 10 + i, "inference": 40 * i},
-                    status="ok" if i % 5 else "internal", rows=1 + i % 4) for i in range(50)]
-    together, alone = RequestMetrics(buckets), RequestMetrics(buckets)
-    totals = together.fold(batch[:20])
-    assert totals == [(r.end_ns - r.start_ns) for r in batch[:20]]
-    together.settle()
-    together.fold(batch[20:])
-    together.settle()
-    for r in batch:
-        alone.request_finished(r)
-    alone.settle()
-    assert together.series.keys() == alone.series.keys()
-    for key, series in together.series.items():
-        other = alone.series[key]
-        assert series.requests == other.requests and series.rows == other.rows
-        for stage, t in series.timings.items():
-            assert t.counts == other.timings[stage].counts
-            assert t.sum_ns == other.timings[stage].sum_ns and not t.pending
-
-
-def test_slow_log_with_the_folds_totals() -> None:
-    """The monitor hands the slow log the totals the metrics' fold computed: same result."""
-    recs = [record(stages={"inference": us}, request_id=f"r{us}")
-            for us in (5, 500, 50, 5000, 1, 700, 2)]
-    metrics, log = RequestMetrics(latency_buckets([])), SlowLog(size=3)
-    log.fold(recs[:4], metrics.fold(recs[:4]))
-    log.fold(recs[4:], metrics.fold(recs[4:]))
-    assert [s["request_id"] for s in log.slowest()] == ["r5000", "r700", "r500"]
-
-
 def test_observers_call_a_single_observer_directly() -> None:
     """One observer (the monitor's feed): ``finished`` and ``traceparent`` are its own bound
     methods; with several, every one is called and the first traceparent wins."""

@@ -4,11 +4,9 @@ The fast path is written once, deliberately: ``prometheus_client``'s ``Histogram
 about 2.4 µs (3.4 µs in multiprocess mode) on this class of machine, and a request has up to
 eight timings, which would add ~20 µs to a request that costs ~60 µs. So the request path only
 appends the finished record to a list (``ServerMonitor``'s feed: one C-level ``list.append``);
-the records are folded in batches: each timing is appended to a preallocated-style ``array('q')``
-of nanoseconds per series and stage (:meth:`RequestMetrics.fold`: one bound ``append`` per
-timing, no object per value), and the arrays are read by numpy without conversion
-(``np.frombuffer``) and bucketed with one ``searchsorted`` per stage when the metrics are read
-(:meth:`RequestMetrics.settle`). Once a second
+the tick folds the records in batches: each timing is appended to a plain list per series and
+stage (:meth:`RequestMetrics.fold`), and the lists are bucketed with one numpy ``searchsorted``
+per stage when the metrics are read (:meth:`RequestMetrics.settle`). Once a second
 :class:`PrometheusExport` adds the *differences* to ordinary ``prometheus_client`` metrics. Those
 then behave as usual: one registry in a single process, or the standard multiprocess files
 (``PROMETHEUS_MULTIPROC_DIR``) that any worker's ``GET /metrics`` merges.
@@ -23,7 +21,6 @@ import heapq
 import math
 import os
 import time
-from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -55,19 +52,9 @@ def _bucket_counts(bounds: np.ndarray, values: Any, n: int) -> list[int]:
     return np.bincount(idx, minlength=n).tolist()  # type: ignore[no-any-return]
 
 
-def _take(pending: array[int]) -> np.ndarray:
-    """The values of an ``array('q')`` as int64 numpy (one copy, no per-value conversion);
-    the array is emptied in place (its bound ``append`` stays the fold's)."""
-    values = np.frombuffer(pending, dtype=np.int64).copy()  # the view is gone before the del
-    del pending[:]
-    return values
-
-
 class _Timing:
     """One histogram: counts per bucket (last = +Inf), the sum, this tick's raw values, and
-    the values folded since the last :meth:`RequestMetrics.settle` (nanoseconds, in an
-    ``array('q')`` that numpy reads in place; emptied in place, so a bound ``append`` stays
-    valid)."""
+    the values folded since the last :meth:`RequestMetrics.settle`."""
 
     __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "flushed", "flushed_sum")
 
@@ -76,7 +63,7 @@ class _Timing:
         self.sum_ns = 0
         self.recent: list[np.ndarray] = []
         self.recent_n = 0
-        self.pending = array("q")
+        self.pending: list[int] = []
         self.flushed = [0] * (n_bounds + 1)
         self.flushed_sum = 0
 
@@ -84,27 +71,15 @@ class _Timing:
 class _Series:
     """Everything recorded for one (api, model, version)."""
 
-    __slots__ = ("timings", "requests", "rows", "rows_flushed", "rows_pending", "feature_age",
-                 "appends", "n_bounds")
+    __slots__ = ("timings", "requests", "rows", "rows_flushed", "rows_pending", "feature_age")
 
-    def __init__(self, n_bounds: int = len(LATENCY_BUCKETS_S)) -> None:
+    def __init__(self) -> None:
         self.timings: dict[str, _Timing] = {}
         self.requests: dict[tuple[str, str, str], int] = {}  # (transport, path, status) -> n
         self.rows = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_flushed = [0] * (len(ROW_BUCKETS) + 1)
-        self.rows_pending = array("q")
+        self.rows_pending: list[int] = []
         self.feature_age: list[float] = []  # seconds, this tick
-        self.n_bounds = n_bounds
-        # stage -> its pending array's bound append: the fold's one call per timing
-        self.appends: dict[str, Callable[[int], None]] = {}
-
-    def stage(self, stage: str) -> Callable[[int], None]:
-        """The append of ``stage``'s pending timings (made on first use)."""
-        t = self.timings.get(stage)
-        if t is None:
-            t = self.timings[stage] = _Timing(self.n_bounds)
-        append = self.appends[stage] = t.pending.append
-        return append
 
 
 class RequestMetrics:
@@ -123,49 +98,36 @@ class RequestMetrics:
         """One record (tests, embedding); the server folds its records in batches."""
         self.fold((record,))
 
-    def fold(self, records: Iterable[RequestRecord]) -> list[int]:
-        """Append each record's timings to its series' pending arrays (one bound ``append``
-        per timing; consecutive records of one series share its lookups); returns each
-        record's total duration (ns), for the slow log."""
+    def fold(self, records: Iterable[RequestRecord]) -> None:
+        """Append each record's timings to its series' pending lists (plain appends only)."""
         series_map = self.series
+        n_bounds = len(self._bounds_ns)
         cap = self._recent_cap
-        totals: list[int] = []
-        add_total = totals.append
-        last_key: tuple[str, str, str] | None = None
-        series: Any = None
-        appends: dict[str, Callable[[int], None]] = {}
-        requests: dict[tuple[str, str, str], int] = {}
-        total_append: Callable[[int], None] = add_total
-        rows_append: Callable[[int], None] = add_total
         for record in records:
             key = (record.api, record.model, record.version)
-            if key != last_key:
-                series = series_map.get(key)
-                if series is None:
-                    series = series_map[key] = _Series(len(self._bounds_ns))
-                appends, requests = series.appends, series.requests
-                total_append = appends.get(TOTAL) or series.stage(TOTAL)
-                rows_append = series.rows_pending.append
-                last_key = key
+            series = series_map.get(key)
+            if series is None:
+                series = series_map[key] = _Series()
+            timings = series.timings
             for stage, start, end in record.spans:
-                append = appends.get(stage)
-                if append is None:
-                    append = series.stage(stage)
-                append(end - start)
-            start_ns = record.start_ns
-            total = (record.end_ns or start_ns) - start_ns
-            total_append(total)
-            add_total(total)
+                t = timings.get(stage)
+                if t is None:
+                    t = timings[stage] = _Timing(n_bounds)
+                t.pending.append(end - start)
+            t = timings.get(TOTAL)
+            if t is None:
+                t = timings[TOTAL] = _Timing(n_bounds)
+            t.pending.append((record.end_ns or record.start_ns) - record.start_ns)
             rkey = (record.transport, record.path, record.status)
+            requests = series.requests
             requests[rkey] = requests.get(rkey, 0) + 1
             if record.rows:
-                rows_append(record.rows)
+                series.rows_pending.append(record.rows)
             attrs = record.attributes
             if attrs:
                 age = attrs.get("feature_age_s")
                 if age is not None and len(series.feature_age) < cap:
                     series.feature_age.append(age)
-        return totals
 
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
@@ -175,7 +137,8 @@ class RequestMetrics:
             for t in series.timings.values():
                 if not t.pending:
                     continue
-                values = _take(t.pending)
+                values = np.asarray(t.pending, dtype=np.int64)
+                t.pending = []
                 for i, c in enumerate(_bucket_counts(bounds, values, n)):
                     if c:
                         t.counts[i] += c
@@ -184,8 +147,9 @@ class RequestMetrics:
                     t.recent.append(values[: cap - t.recent_n])
                     t.recent_n += min(values.size, cap - t.recent_n)
             if series.rows_pending:
-                counts = _bucket_counts(self._rows_bounds, _take(series.rows_pending),
+                counts = _bucket_counts(self._rows_bounds, series.rows_pending,
                                         len(ROW_BUCKETS) + 1)
+                series.rows_pending = []
                 for i, c in enumerate(counts):
                     if c:
                         series.rows[i] += c
@@ -228,21 +192,15 @@ class SlowLog:
     def request_finished(self, record: RequestRecord) -> None:
         self.fold((record,))
 
-    def fold(self, records: Iterable[RequestRecord], totals: list[int] | None = None) -> None:
-        """Keep the slowest of ``records``; ``totals``, when given, are their durations (ns)
-        as :meth:`RequestMetrics.fold` returned them (not computed twice)."""
-        if totals is None:
-            records = list(records)
-            totals = [(r.end_ns or r.start_ns) - r.start_ns for r in records]
+    def fold(self, records: Iterable[RequestRecord]) -> None:
         slot = int(time.monotonic() / self.slot_s)
         if not self._slots or self._slots[-1][0] != slot:
             self._slots.append((slot, []))
             self._floor = 0
-        floor, seq = self._floor, self._seq
-        if max(totals, default=0) <= floor:
-            return  # the common batch: nothing slower than the slot's fastest kept
         kept = self._slots[-1][1]
-        for record, d in zip(records, totals, strict=True):
+        floor, seq = self._floor, self._seq
+        for record in records:
+            d = (record.end_ns or record.start_ns) - record.start_ns
             if d > floor:
                 seq += 1
                 kept.append((d, -seq, record))

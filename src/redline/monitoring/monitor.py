@@ -134,20 +134,12 @@ class ServerMonitor:
         return [self.feed]
 
     def fold(self, records: list[Any]) -> None:
-        """Finished records into the metrics, the slow log, the windows and the trace queue.
-
-        One Python pass over the records (the metrics' fold, which also returns each total
-        for the slow log); the windows and the trace queue get only the records that concern
-        them, picked by list comprehensions (most records carry no arrays and no kept trace)."""
-        totals = self.metrics.fold(records)
-        self.slow.fold(records, totals)
-        io = [r for r in records if r.inputs is not None or r.outputs is not None]
-        if io:
-            self.windows.fold(io)
+        """Finished records into the metrics, the slow log, the windows and the trace queue."""
+        self.metrics.fold(records)
+        self.slow.fold(records)
+        self.windows.fold(records)
         if self.tracing is not None:
-            kept = [r for r in records if r.trace_keep is not False]
-            if kept:
-                self.tracing.fold(kept)
+            self.tracing.fold(records)
 
     def drain(self) -> int:
         """Fold every record the feed holds, now (a read that needs the latest)."""
