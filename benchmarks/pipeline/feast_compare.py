@@ -168,14 +168,17 @@ def measured_slice(t: Target, others: list[Target], spec: object) -> tuple[objec
     gen0 = _self_cpu_s()
     old = os.sched_getscheduler(0), os.sched_getparam(0)
     old_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if RT:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT["loadgen"]))
+    # A spinning generator stays in the default class: spinning at SCHED_FIFO would starve
+    # everything else on CPU 1 (sched_yield only yields to its own priority).
+    rt = RT if RT and getattr(spec, "precise_timer", False) else None
+    if rt:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(rt["loadgen"]))
     elif SCHED == "nice":
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
     try:
         res = run_load(spec)  # type: ignore[arg-type]
     finally:
-        if RT:
+        if rt:
             os.sched_setscheduler(0, old[0], old[1])
         elif SCHED == "nice":
             os.setpriority(os.PRIO_PROCESS, 0, old_nice)
