@@ -386,6 +386,16 @@ class SentCommand:
                 conn.disconnect()
             self.pool.release(conn)
 
+    def ready(self) -> bool:
+        """Whether the reply has arrived (reading it would not wait); a broken connection
+        counts as ready, so that :meth:`result` raises."""
+        if self.conn is None:
+            return True
+        try:
+            return bool(self.conn.can_read(0))
+        except _ERRORS:
+            return True
+
     def close(self) -> None:
         """Give the connection back without reading the reply (it is dropped with the socket)."""
         self._release(broken=True)
