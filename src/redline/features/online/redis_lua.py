@@ -454,12 +454,12 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
     """Lua that merges, for each entity, every view's covering tiles and returns packed doubles.
 
     KEYS per entity: one hash per (entity, source) of the views (:func:`source_groups`), then —
-    with ``cache`` — each hash's result cache. ARGV: one signature per view (its windows'
-    current tiles), then each window's covering tile range (lo, hi) — all computed in Python by
-    ``tiles.py``. Each entity's reply is ``pack(any_data, outputs..., newest...)``: after every
-    view's outputs, one newest event time per view (epoch ms, NaN when none): the greatest
-    ``last`` event time of the numeric tiles the read merged, for the feature age at read
-    (distinct-only views have none).
+    with ``cache`` — each hash's result cache. ARGV: with ``cache``, one signature per view (its
+    windows' current tiles); then every window's covering tile range (lo, hi) as packed doubles
+    in one argument — all computed in Python by ``tiles.py``. The reply is one string: per entity
+    ``pack(any_data, outputs..., newest...)``: after every view's outputs, one newest event time
+    per view (epoch ms, NaN when none): the greatest ``last`` event time of the numeric tiles the
+    read merged, for the feature age at read (distinct-only views have none).
 
     One HVALS per hash returns every view's tiles; each record names its view version and tile
     group in its first double (``events.view_tag`` + group), so a table lookup sends it to its
@@ -489,15 +489,15 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
                 tg.append(f"[{view_tag(v) + g.gid}] = {codes[(j, g.gid)]}")
     # window (view j, wid) -> ARGV position of its lo
     argpos: dict[tuple[int, int], int] = {}
-    argi = nv + 1
+    argi = 1
     for j, v in enumerate(views):
         for w in v.layout().windows:
             argpos[(j, w.wid)] = argi
             argi += 2
     row = 1 + width + nv  # any data, outputs, newest event time per view
     lines = [PARTIALS, "local unpack_, pack = struct.unpack, struct.pack",
-             "local A = {}",
-             "for i = 1, #ARGV do A[i] = tonumber(ARGV[i]) end",
+             # every window's (lo, hi) as packed doubles: one argument, one C call to read
+             f"local A = {{unpack_('<{'d' * (argi - 1)}', ARGV[{nv + 1 if cache else 1}])}}",
              "local TG = {" + ", ".join(tg) + "}",
              "local replies = {}",
              f"for base = 0, #KEYS - 1, {per_row} do",
@@ -659,7 +659,7 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
     lines.append("  O[1] = any")
     lines.append(f"  replies[#replies + 1] = pack('<{'d' * row}', unpack(O, 1, {row}))")
     lines.append("end")
-    lines.append("return replies")
+    lines.append("return table.concat(replies)")
     hll = r"""
 local function hll(h)
   local z, zeros = 0.0, 0
