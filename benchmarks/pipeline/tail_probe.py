@@ -143,8 +143,9 @@ def perf_delays(data: Path, tids: dict[str, set[int]]) -> dict[str, Any]:
 
 
 async def timeline(target: Any, rate: float, duration_s: float) -> list[tuple[float, float, dict]]:
-    """Open loop like ``redline.bench`` (yielding spin), keeping every request: (due, on the
-    monotonic clock ``perf`` also uses; latency ms; the answer's ``timings_us``)."""
+    """Open loop like ``redline.bench`` (timerfd send times, under ``fc.RT`` when set), keeping
+    every request: (due, on the monotonic clock ``perf`` also uses; latency ms; the answer's
+    ``timings_us``)."""
     import asyncio
 
     import orjson
@@ -166,18 +167,24 @@ async def timeline(target: Any, rate: float, duration_s: float) -> list[tuple[fl
         doc = orjson.loads(body)
         out.append((due, lat, doc.get("timings_us", {}) if isinstance(doc, dict) else {}))
 
+    from redline.bench.timer import PreciseTimer
+
+    timer = PreciseTimer()
     start = time.perf_counter() + 0.1
     tasks = []
-    for i in range(int(rate * duration_s)):
-        due = start + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0.002:
-            await asyncio.sleep(delay - 0.0015)
-        while time.perf_counter() < due:
-            await asyncio.sleep(0)
-            os.sched_yield()
-        tasks.append(asyncio.ensure_future(one(free.pop(), due)))
-    await asyncio.gather(*tasks)
+    old = os.sched_getscheduler(0), os.sched_getparam(0)
+    if fc.RT:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fc.RT["loadgen"]))
+    try:
+        for i in range(int(rate * duration_s)):
+            due = start + i / rate
+            await timer.until(due)
+            tasks.append(asyncio.ensure_future(one(free.pop(), due)))
+        await asyncio.gather(*tasks)
+    finally:
+        if fc.RT:
+            os.sched_setscheduler(0, old[0], old[1])
+        timer.close()
     for c in free:
         c.close()
     return sorted(out)
@@ -284,8 +291,20 @@ def main() -> None:
     parser.add_argument("--timeline", type=float, default=0.0,
                         help="then this many seconds of open loop at --rate against redline "
                         "alone, every request kept: where the slowest 1%% spent their time")
+    parser.add_argument("--sched", choices=("fifo", "none"), default="none",
+                        help="as feast_compare.py --sched (fifo: servers, redis and the "
+                        "generator SCHED_FIFO)")
+    parser.add_argument("--idle-poll", action="store_true",
+                        help="as feast_compare.py --idle-poll")
     args = parser.parse_args()
     args.no_monitoring = False
+    fc.RT = dict(fc.RT_PRIORITIES) if args.sched == "fifo" else None
+    qos = None
+    if args.idle_poll:
+        import struct
+
+        qos = open("/dev/cpu_dma_latency", "wb", buffering=0)  # noqa: SIM115
+        qos.write(struct.pack("i", 0))
     os.sched_setaffinity(0, {1})
     work = Path(tempfile.mkdtemp(prefix="redline-tail-probe-"))
     procs: list[subprocess.Popen] = []

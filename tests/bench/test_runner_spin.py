@@ -65,3 +65,39 @@ def test_open_loop_sends_on_schedule(canned_server, spin_yield, spin_s):
     # Spinning sends on time; sleeping alone (spin_s=0) may be up to a timer tick late.
     assert result.elapsed_s < 0.5 + (0.05 if spin_s else 0.25)
     assert result.percentile_ms(50) < (5.0 if spin_s else 20.0)
+
+
+def test_open_loop_on_a_timerfd_sends_on_schedule(canned_server):
+    from redline.bench import timer
+
+    if not timer.available():
+        pytest.skip("timerfd is Linux only")
+    spec = LoadSpec(url=canned_server, model="-", rate=400.0, connections=8, duration_s=0.5,
+                    warmup_s=0.0, v1_body=b"{}", path="/", precise_timer=True)
+    result = run_load(spec)
+    assert result.sent == 200 and result.ok == 200 and not result.errors
+    assert result.elapsed_s < 0.5 + 0.05
+
+
+def test_precise_timer_never_wakes_early():
+    import time
+
+    from redline.bench import timer
+
+    if not timer.available():
+        pytest.skip("timerfd is Linux only")
+
+    async def run() -> list[float]:
+        t = timer.PreciseTimer()
+        start = time.perf_counter() + 0.005
+        early = []
+        for i in range(50):
+            due = start + i * 0.001
+            await t.until(due)
+            early.append(due - time.perf_counter())
+        await t.until(time.perf_counter() - 1.0)  # a past time returns at once
+        t.close()
+        return early
+
+    early = asyncio.run(run())
+    assert max(early) <= 0.0

@@ -58,6 +58,9 @@ class LoadSpec:
     # any other runnable task on every turn when ``spin_yield`` (see ``_measure``).
     spin_s: float = 0.0015
     spin_yield: bool = False
+    # Open loop: wait for each send time on a timerfd (``bench/timer.py``) instead of the
+    # sleep-then-spin above: exact send times without holding a core (Linux).
+    precise_timer: bool = False
 
 
 @dataclass
@@ -234,7 +237,19 @@ async def _measure(spec: LoadSpec, call: Callable[[], Awaitable[Any]], duration_
             times = send_times(spec.rate, duration_s, spec.schedule, spec.seed) + start
             tasks: set[asyncio.Task[None]] = set()
             spin, spin_yield = spec.spin_s, spec.spin_yield
+            timer = None
+            if spec.precise_timer:
+                from redline.bench.timer import PreciseTimer
+
+                timer = PreciseTimer()
             for due in times:
+                if timer is not None:
+                    await timer.until(float(due))
+                    task = asyncio.ensure_future(one(float(due)))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    result.sent += 1
+                    continue
                 # uvloop's timers have 1 ms resolution: sleeping the whole gap would send late
                 # and charge the lateness to the server. Sleep most of it, then spin (the loop
                 # still runs I/O between spins).
@@ -249,6 +264,8 @@ async def _measure(spec: LoadSpec, call: Callable[[], Awaitable[Any]], duration_
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 result.sent += 1
+            if timer is not None:
+                timer.close()
             if tasks:
                 await asyncio.wait(tasks, timeout=max(5.0, duration_s))
         else:
