@@ -27,6 +27,7 @@ from benchmarks.features.ingest_bench import produce as produce_stream
 from benchmarks.features.kafka_bench import GROUP_CONF, create_topic, start_tansu
 from benchmarks.features.kafka_bench import produce as produce_burst
 from redline.features.ingest import StreamConsumer
+from redline.features.ingest.core import settle_heap
 from redline.features.online.redis import RedisStore
 
 
@@ -52,12 +53,15 @@ def produce_kafka(bootstrap: str, topic: str, rate: float, seconds: float) -> No
     prod.flush(60)
 
 
+KAFKA_CONF: dict[str, Any] = {}  # --kafka-config: librdkafka settings over the source's own
+
+
 def _kafka_source(url: str, bootstrap: str, topic: str, group: str, block_ms: int) -> Any:
     from redline.features.ingest.kafka import KafkaSource
 
     src = KafkaSource(one_view(), RedisStore(url, timeout_ms=10_000), topic=topic,
                       bootstrap=bootstrap, group=group, batch=1000, block_ms=block_ms,
-                      config=GROUP_CONF)
+                      config={**GROUP_CONF, **KAFKA_CONF})
     while not src.consumer.assignment():
         src.poll()
     return src
@@ -66,6 +70,7 @@ def _kafka_source(url: str, bootstrap: str, topic: str, group: str, block_ms: in
 def _ingest_until_quiet(src: Any, quiet_s: float, proc: Any = None) -> tuple[int, float]:
     """Poll until the producer is done and nothing arrived for ``quiet_s``; (events, seconds
     from the first event to the last applied)."""
+    settle_heap()  # as the ingest loop (``run_source``) does
     first = last = 0.0
     n = 0
     idle = time.perf_counter()
@@ -97,7 +102,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--sources", default="redis-stream,kafka")
+    ap.add_argument("--kafka-config", default="{}",
+                    help='JSON of librdkafka settings, e.g. \'{"fetch.wait.max.ms": 2}\'')
     args = ap.parse_args()
+    KAFKA_CONF.update(json.loads(args.kafka_config))
     rproc, url = start_redis()
     results: dict[str, Any] = {}
     try:

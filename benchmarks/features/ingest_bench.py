@@ -31,6 +31,7 @@ from redline.features import (
     stddev,
 )
 from redline.features.ingest import StreamConsumer
+from redline.features.ingest.core import settle_heap
 from redline.features.online.redis import RedisStore
 
 
@@ -79,6 +80,7 @@ def produce(url: str, stream: str, rate: int, seconds: float) -> None:
 def drain(defs: FeatureDefinitions, url: str, stream: str, n: int, batch: int) -> float:
     cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream, group="g",
                           consumer="bench", batch=batch)
+    settle_heap()  # as the ingest loop (``run_source``) does
     t0 = time.perf_counter()
     done = 0
     while done < n:

@@ -89,6 +89,7 @@ def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: s
     a rebalance pause, which would otherwise end a member early)."""
     from confluent_kafka import Consumer
 
+    from redline.features.ingest.core import settle_heap
     from redline.features.ingest.kafka import KafkaSource
     from redline.features.online.redis import RedisStore
 
@@ -115,6 +116,7 @@ def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: s
     while not assigned():
         poll()
     ready.set()
+    settle_heap()  # as the ingest loop (``run_source``) does
     first = last = 0.0
     n = 0
     idle_since = time.perf_counter()

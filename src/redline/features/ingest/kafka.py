@@ -55,7 +55,7 @@ class KafkaSource:
     def __init__(self, defs: FeatureDefinitions, store: Any, *, topic: str, bootstrap: str,
                  group: str, batch: int = 1000, block_ms: int = 100,
                  config: Mapping[str, Any] | None = None, source: str | None = None,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, commit_every_ms: int = 100) -> None:
         if getattr(store, "kind", "") != "redis":
             raise ConfigError("Kafka ingest writes to a shared store: set features.store: redis")
         self.store = store
@@ -80,18 +80,41 @@ class KafkaSource:
         self.consumer.subscribe([topic], on_revoke=self._on_revoke)
         # the write in flight: call it to wait for it
         self._inflight: Callable[[], tuple[int, dict[int, int]]] | None = None
+        self._ready: Callable[[], bool] | None = None  # whether its reply is there
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="redline-kafka-write")
         self.errors = 0
         # per partition: the offset after the last message applied (and committed) by this
         # process; the consumer lag is measured from it
         self.applied: dict[int, int] = {}
         self._lag_reported: set[int] = set()
+        # offsets applied but not yet committed to Kafka: committed at most every
+        # ``commit_every_ms`` (a commit per small batch loaded the broker), synchronously on a
+        # revoke and on close; a crash replays at most that much, and the marks skip it
+        self._to_commit: dict[int, int] = {}
+        self._commit_every_s = commit_every_ms / 1000.0
+        self._next_commit = 0.0
 
     # -- the Source interface -----------------------------------------------------------------
 
     def poll(self) -> int:
         """Read a batch, decode it, start its write (the previous one finishes first)."""
-        msgs = self.consumer.consume(self.batch, self.block_s)
+        # what the client holds already, up to a batch, without waiting: batches are as large as
+        # the backlog (small when caught up, so nothing waits for a batch to fill)
+        msgs = self.consumer.consume(self.batch, 0)
+        if not msgs:
+            # caught up: finish the write in flight first (its events become visible and its
+            # offsets are committed now, not after the next message), then wait for one message
+            # and take what came with it
+            done = self.flush()
+            msgs = self.consumer.consume(1, self.block_s)
+            if not msgs:
+                return done
+            msgs += self.consumer.consume(self.batch - 1, 0)
+            return done + self._start(msgs)
+        return self._start(msgs)
+
+    def _start(self, msgs: list[Any]) -> int:
+        """Decode ``msgs``, start their write once the write in flight is done."""
         good = []
         for m in msgs:
             if m.error() is None:
@@ -100,6 +123,11 @@ class KafkaSource:
                 self.errors += 1
         if not good:
             return self.flush()
+        done = 0
+        if self._ready is not None and self._ready():
+            # the write in flight is applied already: count it (and its freshness) now, not
+            # after this batch's decode
+            done = self.flush()
         positions = [(m.partition(), m.offset()) for m in good]
         arrivals = []
         for m in good:
@@ -107,24 +135,34 @@ class KafkaSource:
             arrivals.append(ts if kind and ts >= 0 else now_ms())
         batch = self.decoder.decode([m.value() for m in good], arrivals)
         start = self._prepare(positions, batch)
-        done = self.flush()
+        done += self.flush()
         self._inflight = start()
         return done
 
     def flush(self) -> int:
         """Wait for the write in flight, then commit its offsets (after the tiles, never before)."""
         wait, self._inflight = self._inflight, None
+        self._ready = None
         if wait is None:
             return 0
         n, offsets = wait()
-        self._commit(offsets, asynchronous=True)
         self.applied.update(offsets)
+        self._to_commit.update(offsets)
+        now = time.monotonic()
+        if now >= self._next_commit:
+            self._next_commit = now + self._commit_every_s
+            self._commit_pending(asynchronous=True)
         return n
+
+    def _commit_pending(self, asynchronous: bool) -> None:
+        offsets, self._to_commit = self._to_commit, {}
+        self._commit(offsets, asynchronous=asynchronous)
 
     def reset(self) -> None:
         """After a store outage: the batch in flight was applied or not (its offsets are not
         committed either way); rewind every assigned partition to its committed offset."""
         wait, self._inflight = self._inflight, None
+        self._ready = None
         if wait is not None:
             try:
                 wait()
@@ -180,6 +218,7 @@ class KafkaSource:
     def close(self) -> None:
         try:
             self.flush()
+            self._commit_pending(asynchronous=False)
         finally:
             self._pool.shutdown(wait=True)
             self.consumer.close()
@@ -193,13 +232,18 @@ class KafkaSource:
         for (``redis.SentWrite``: no GIL hand-off to a writer thread before Redis can start);
         on a cluster the write runs on the writer thread."""
         if self.store.cluster:
-            return lambda: self._pool.submit(self._write, positions, batch).result
+            def start_cluster() -> Callable[[], tuple[int, dict[int, int]]]:
+                fut = self._pool.submit(self._write, positions, batch)
+                self._ready = fut.done
+                return fut.result
+            return start_cluster
         from redline.features.online.redis import positioned_call
 
         keys, args = positioned_call(self.topic, positions, batch)
 
         def start() -> Callable[[], tuple[int, dict[int, int]]]:
             sent = self.store.send(keys, args)
+            self._ready = sent.ready
 
             def wait() -> tuple[int, dict[int, int]]:
                 sent.result()
@@ -245,11 +289,14 @@ class KafkaSource:
         """Before partitions move to another member: finish the write in flight and commit
         synchronously, so the next owner starts where this one stopped (less to replay)."""
         wait, self._inflight = self._inflight, None
+        self._ready = None
         if wait is not None:
             try:
                 _, offsets = wait()
-                self._commit(offsets, asynchronous=False)
+                self.applied.update(offsets)
+                self._to_commit.update(offsets)
             except Exception:  # noqa: BLE001 - store down: the next owner replays, marks skip
                 pass
+        self._commit_pending(asynchronous=False)
         for tp in partitions:  # if one comes back, its lag is measured from the group's offset
             self.applied.pop(tp.partition, None)
