@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from redline.monitoring.handoff import yield_to_loop
+
 # Effect-size floors: below these a shift is not worth an alarm however sure we are of it.
 PSI_FLOOR = 0.1
 JS_FLOOR = 0.1
@@ -207,8 +209,11 @@ class FeatureReference:
 
 
 def _yield() -> None:
-    """Offer the GIL to other threads (the event loop) between two chunks of numpy work."""
-    time.sleep(0)
+    """Offer the GIL to other threads (the event loop) between two chunks of numpy work: on
+    the tick's thread (a prediction baseline's first thresholds, in a report) a hand-over
+    that waits for the loop; elsewhere (the background calibration) ``sleep(0)``."""
+    if not yield_to_loop():
+        time.sleep(0)
 
 
 def size_classes(capacity: int) -> list[int]:
@@ -376,9 +381,13 @@ class DriftMonitor:
             rows = self.window.rows().copy()
             preds = self.predictions.rows()[:, 0].copy()
             started, seen = self.window.started, self.window.seen
-        features = [self._feature(i, ref, rows[:, i]) for i, ref in sorted(self.references.items())]
+        features = []
+        for i, ref in sorted(self.references.items()):
+            yield_to_loop()  # on the tick's thread: the loop first (~0.5 ms a feature)
+            features.append(self._feature(i, ref, rows[:, i]))
         prediction = None
         if self.prediction_ref is not None:
+            yield_to_loop()
             prediction = self._one(self.prediction_ref, preds, reference="first live window")
         drifted = [f["feature"] for f in features if f["drift"]]
         report = {

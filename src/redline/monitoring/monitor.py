@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any
 
 from redline.errors import StoreUnavailable
+from redline.monitoring.handoff import to_thread_yielding, yield_to_loop
 from redline.monitoring.joinstore import join_backend
 from redline.monitoring.metrics import (
     BREAKER_LEVEL,
@@ -256,8 +257,10 @@ class ServerMonitor:
             self.export.count_to(self.export.trace_dropped, ("trace_dropped",),
                                  self.tracing.dropped)
         # numpy work for many requests at once, on a worker thread: the loop keeps serving.
+        # The thread hands the GIL to the loop between units of a few hundred microseconds
+        # (``handoff.py``): left to the interpreter, the loop waited up to 5 ms for it.
         evaluate = self._ticks % DRIFT_EVERY_TICKS == 0
-        await asyncio.to_thread(self._windows_work, evaluate)
+        await to_thread_yielding(self._windows_work, evaluate)
         point["drift"] = {f"{m}:{v}": r["drifted"] for (m, v), r in self.drift_reports.items()}
         self.history.append(point)
         if self.alerts is not None and self._alert_leader:
@@ -377,12 +380,14 @@ class ServerMonitor:
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
+        yield_to_loop()
         if evaluate:
             self.review.refresh()
         if self.alerts is not None:  # one worker of a pool sends the webhook (joinstore lease)
             self._alert_leader = self.windows.join.leads("alerts", max(3.0, 3 * self.tick_s))
         if not evaluate:
             return
+        yield_to_loop()
         self.evaluate()
 
     def evaluate(self) -> None:
@@ -393,7 +398,7 @@ class ServerMonitor:
                 continue
             if not drift.calibrated:
                 continue  # still calibrating in the background: the next evaluation reports
-            report = drift.report()
+            report = drift.report()  # hands the GIL over between features (on the tick)
             self.drift_reports[key] = report
             items = list(report["features"]) + ([report["prediction"]]
                                                if report["prediction"] else [])
@@ -401,6 +406,7 @@ class ServerMonitor:
                 for stat, value in f.get("statistics", {}).items():
                     export.drift_score.labels(*key, f["feature"], stat).set(value)
                 export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
+            yield_to_loop()
         for key, quality in list(self.windows.quality.items()):
             try:
                 report = quality.report()
@@ -414,6 +420,7 @@ class ServerMonitor:
             for metric, value in report["reference"].items():
                 export.quality.labels(*key, metric, "reference").set(value)
             export.quality_alarm.labels(*key).set(1 if report["alarm"] else 0)
+            yield_to_loop()
 
     def _conditions(self) -> dict[str, dict[str, Any]]:
         """What is wrong right now, for the webhook."""
