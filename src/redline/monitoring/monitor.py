@@ -402,7 +402,9 @@ class ServerMonitor:
             self.drift_reports[key] = report
             items = list(report["features"]) + ([report["prediction"]]
                                                if report["prediction"] else [])
-            for f in items:
+            for n, f in enumerate(items):
+                if n % 8 == 0:
+                    yield_to_loop()  # ~40 label lookups a batch
                 for stat, value in f.get("statistics", {}).items():
                     export.drift_score.labels(*key, f["feature"], stat).set(value)
                 export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
