@@ -113,7 +113,7 @@ def main() -> None:
         keys = client.dbsize()
         results["redis_used_memory_mb"] = round(info["used_memory"] / 2**20, 1)
         results["redis_keys"] = keys
-        mem_bytes = sum(client.memory_usage(k) or 0 for k in client.scan_iter("rl:*", count=1000))
+        mem_bytes = sum(client.memory_usage(k) or 0 for k in client.scan_iter("rl2:*", count=1000))
         results["redline_bytes_per_entity_5_views"] = round(mem_bytes / args.entities)
         print(json.dumps(results, indent=1))
     finally:

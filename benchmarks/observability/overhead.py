@@ -25,6 +25,22 @@ other processes used at most ``--quiet-share`` of the servers' core (CPU 0's bus
 /proc/stat minus the measured server's own), since on a shared machine a neighbour's burst
 moves a turn's p99 by milliseconds, far more than monitoring does.
 
+**Idle cores.** This is a virtual machine whose idle CPU halts (``cpuidle`` ``haltpoll`` with no
+guest polling): at concurrency 1 the server's core halts between two requests, and waking a
+halted virtual CPU costs tens of microseconds, more than monitoring does, and by a varying
+amount (the hypervisor's own polling adapts to how long the core stays idle). A server that does
+more after each response keeps its core awake longer and wakes faster: that is why, in every
+earlier run, tracing at 100% had a *lower* p50 than "off". ``--awake qos`` (the default) holds
+``/dev/cpu_dma_latency`` at 0 during the measured turns, the Linux PM QoS request latency tools
+such as cyclictest make, so an idle CPU polls instead of halting and the p50 is the server's
+work rather than the wake-up; ``--awake none`` measures as before (the halts included), and
+``--awake both`` alternates the two in every round and reports both (needs root for the QoS
+file; without it the run says so and measures with halts).
+
+**Process luck.** Two processes of the same code differ by several percent at p50 (one run of
+four identical tracing servers spread 87-103 µs): ``--replicas N`` serves each configuration
+from N processes, all in the rotation, pooled.
+
 ``--before SRC`` adds "metrics" and "tracing_default" served from another source tree (say
 an older commit's ``src``, from ``git worktree add``), in the same rotation: a before/after
 comparison in one run.
@@ -40,6 +56,7 @@ import os
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -114,6 +131,7 @@ class Connection:
         self.buf = b""
 
     def call(self, request: bytes) -> float:
+        tries = 0
         t0 = time.perf_counter_ns()
         self.sock.sendall(request)
         while True:
@@ -132,8 +150,9 @@ class Connection:
                     return (time.perf_counter_ns() - t0) / 1000.0
             chunk = self.sock.recv(65536)
             if not chunk:  # the server closed an idle keep-alive connection: once more
-                Connection.reconnects += 1
-                if Connection.reconnects > 100:
+                Connection.reconnects += 1  # (a stopped server's connection idles past
+                tries += 1                  # uvicorn's keep-alive timeout between its turns)
+                if tries > 3:
                     raise RuntimeError("the server keeps closing the connection")
                 self.sock.close()
                 self._connect()
@@ -155,6 +174,29 @@ def cpu0_busy_seconds() -> float:
             f = [int(v) for v in line.split()[1:]]
             return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / os.sysconf("SC_CLK_TCK")
     return 0.0
+
+
+class Awake:
+    """Keep idle CPUs from halting while held: a PM QoS request of 0 µs wake-up latency on
+    ``/dev/cpu_dma_latency`` (the kernel keeps it while the file is open; root only)."""
+
+    def __init__(self) -> None:
+        self._file: object = None
+
+    @staticmethod
+    def available() -> bool:
+        return os.access("/dev/cpu_dma_latency", os.W_OK)
+
+    def hold(self) -> None:
+        if self._file is None:
+            f = open("/dev/cpu_dma_latency", "wb", buffering=0)  # noqa: SIM115 - held open
+            f.write(struct.pack("i", 0))
+            self._file = f
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # type: ignore[attr-defined]
+            self._file = None
 
 
 def wait_ready(port: int, timeout: float = 60.0) -> None:
@@ -195,7 +237,20 @@ def main() -> None:
     ap.add_argument("--twin-off", action="store_true",
                     help="a second 'off' server (off_twin): how far two identical processes' "
                          "p50 and p99 differ, the yardstick for every other difference")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="server processes per configuration, all in the rotation (pooled): "
+                         "averages out how much one process differs from another")
+    ap.add_argument("--awake", choices=("qos", "none", "both"), default="qos",
+                    help="qos: idle CPUs poll instead of halting during the measured turns "
+                         "(/dev/cpu_dma_latency = 0), so the p50 is the server's work, not a "
+                         "virtual CPU's wake-up; none: as before; both: alternate, two tables")
     args = ap.parse_args()
+    awake = Awake()
+    modes = ["qos", "none"] if args.awake == "both" else [args.awake]
+    if "qos" in modes and not awake.available():
+        print("cannot write /dev/cpu_dma_latency (root only): measuring with halts",
+              file=sys.stderr)
+        modes = ["none"]
     configs = dict(CONFIGS)
     if args.twin_off:
         configs["off_twin"] = dict(CONFIGS["off"])
@@ -215,7 +270,12 @@ def main() -> None:
     ports: dict[str, int] = {}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
-        for name, cfg in configs.items():
+        # Each configuration runs in --replicas processes (config.0, config.1, ...): two
+        # processes of the same code differ by several percent at p50 (memory layout, hash seeds),
+        # so one process per configuration compares processes as much as configurations.
+        servers = {f"{name}.{r}": name for r in range(args.replicas) for name in configs}
+        for name, base in servers.items():
+            cfg = configs[base]
             ports[name] = free_port()
             spec = {**cfg, "port": ports[name], "repo": str(scratch / "repo"),
                     "otlp": otlp if cfg.get("otlp") else None}
@@ -224,7 +284,7 @@ def main() -> None:
             procs[name] = subprocess.Popen([*pin, sys.executable, "-c", RUNNER, json.dumps(spec)],
                                            env=run_env,
                                            stderr=open(scratch / f"{name}.log", "wb"))
-        for name in configs:
+        for name in servers:
             wait_ready(ports[name])
         rng = np.random.default_rng(0)
         x = rng.normal(size=(64, 3)).astype(np.float32)
@@ -243,19 +303,23 @@ def main() -> None:
                     conn.call(v2[i % 64])
                     conn.call(v1[i % 64])
             time.sleep(6)
-        lat: dict[tuple[str, str], list[float]] = {(n, a): [] for n in configs for a in ("v2",
-                                                                                           "v1")}
-        p50s: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
-        p99s: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
-        quiet: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
-        quiet99: dict[tuple[str, str], list[float]] = {k: [] for k in lat}
-        cpu: dict[str, float] = dict.fromkeys(configs, 0.0)
-        calls: dict[str, int] = dict.fromkeys(configs, 0)
-        names = list(configs)
+        Key = tuple[str, str, str]  # (awake mode, config, api)
+        lat: dict[Key, list[float]] = {(m, n, a): [] for m in modes for n in configs
+                                       for a in ("v2", "v1")}
+        p50s: dict[Key, list[float]] = {k: [] for k in lat}
+        p99s: dict[Key, list[float]] = {k: [] for k in lat}
+        quiet: dict[Key, list[float]] = {k: [] for k in lat}
+        quiet99: dict[Key, list[float]] = {k: [] for k in lat}
+        cpu: dict[tuple[str, str], float] = {(m, n): 0.0 for m in modes for n in configs}
+        calls: dict[tuple[str, str], int] = {(m, n): 0 for m in modes for n in configs}
+        names = list(servers)
         for name in names:
             procs[name].send_signal(signal.SIGSTOP)
-        for r in range(args.rounds):
+        turns = [(m, r) for r in range(args.rounds) for m in (modes if r % 2 else modes[::-1])]
+        for mode, r in turns:
             order = names[r % len(names):] + names[: r % len(names)]
+            if mode == "qos":
+                awake.hold()
             for name in order:
                 conn, pid = conns[name], procs[name].pid
                 procs[name].send_signal(signal.SIGCONT)
@@ -274,77 +338,54 @@ def main() -> None:
                     # What else ran on the server's core meanwhile (other people's work).
                     others = (cpu0_busy_seconds() - busy0) - (cpu_seconds(pid) - own0)
                     share = max(0.0, others) / (time.perf_counter() - t0)
-                    calls[name] += i
-                    lat[(name, api)].extend(sample)
-                    p50s[(name, api)].append(float(np.percentile(sample, 50)))
-                    p99s[(name, api)].append(float(np.percentile(sample, 99)))
+                    calls[(mode, servers[name])] += i
+                    key = (mode, servers[name], api)
+                    lat[key].extend(sample)
+                    p50s[key].append(float(np.percentile(sample, 50)))
+                    p99s[key].append(float(np.percentile(sample, 99)))
                     if share <= args.quiet_share:
-                        quiet[(name, api)].extend(sample)
-                        quiet99[(name, api)].append(p99s[(name, api)][-1])
-                cpu[name] += cpu_seconds(pid) - c0
+                        quiet[key].extend(sample)
+                        quiet99[key].append(p99s[key][-1])
+                cpu[(mode, servers[name])] += cpu_seconds(pid) - c0
                 procs[name].send_signal(signal.SIGSTOP)
-            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+            awake.release()
+            print(f"round {r + 1}/{args.rounds} ({mode})", file=sys.stderr)
         for name in names:
             procs[name].send_signal(signal.SIGCONT)
         results: dict[str, dict[str, float]] = {}
-        for (name, api), values in lat.items():
+        for (mode, name, api), values in lat.items():
             arr = np.asarray(values)
-            rounds99 = p99s[(name, api)]
-            results[f"{name}/{api}"] = {
+            k = (mode, name, api)
+            rounds99 = p99s[k]
+            results[f"{mode}/{name}/{api}"] = {
                 "n": int(arr.size),
                 "p50_us": round(float(np.percentile(arr, 50)), 1),
                 "p99_us": round(float(np.percentile(arr, 99)), 1),
                 "p999_us": round(float(np.percentile(arr, 99.9)), 1),
-                "median_round_p50_us": round(statistics.median(p50s[(name, api)]), 1),
+                "median_round_p50_us": round(statistics.median(p50s[k]), 1),
                 "median_round_p99_us": round(statistics.median(rounds99), 1),
                 "min_round_p99_us": round(min(rounds99), 1),
                 "max_round_p99_us": round(max(rounds99), 1),
-                "quiet_turns": len(quiet99[(name, api)]),
+                "quiet_turns": len(quiet99[k]),
                 "turns": len(rounds99),
-                "quiet_p99_us": round(float(np.percentile(quiet[(name, api)], 99)), 1)
-                if quiet[(name, api)] else float("nan"),
-                "quiet_median_turn_p99_us": round(statistics.median(quiet99[(name, api)]), 1)
-                if quiet99[(name, api)] else float("nan"),
+                "quiet_p99_us": round(float(np.percentile(quiet[k], 99)), 1)
+                if quiet[k] else float("nan"),
+                "quiet_median_turn_p99_us": round(statistics.median(quiet99[k]), 1)
+                if quiet99[k] else float("nan"),
             }
-        for name in configs:
-            results[f"{name}/cpu"] = {"server_cpu_us_per_request": round(
-                cpu[name] / max(1, calls[name]) * 1e6, 1), "errors": conns[name].errors}
-        print("| config | API | n | p50 µs (median of rounds) | p50 vs off | p99 µs (pooled) | "
-              "p99 − off µs | p99 per round: median [min–max] µs | median p99 − off µs | "
-              "p99.9 µs |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for api in ("v2", "v1"):
-            off = results[f"off/{api}"]
+        for mode in modes:
             for name in configs:
-                r = results[f"{name}/{api}"]
-                print(f"| {name} | {api} | {r['n']:,} | {r['median_round_p50_us']} | "
-                      f"{r['median_round_p50_us'] / off['median_round_p50_us']:.3f}x | "
-                      f"{r['p99_us']} | {r['p99_us'] - off['p99_us']:+.1f} | "
-                      f"{r['median_round_p99_us']} [{r['min_round_p99_us']}–"
-                      f"{r['max_round_p99_us']}] | "
-                      f"{r['median_round_p99_us'] - off['median_round_p99_us']:+.1f} | "
-                      f"{r['p999_us']} |")
-        print(f"\nQuiet turns only (other processes used <= {args.quiet_share:.0%} of the servers' "
-              "core during the turn):\n")
-        print("| config | API | quiet turns | p99 µs (pooled) | p99 − off µs | median turn p99 µs "
-              "| median turn p99 − off µs |")
-        print("|---|---|---|---|---|---|---|")
-        for api in ("v2", "v1"):
-            off = results[f"off/{api}"]
-            for name in configs:
-                r = results[f"{name}/{api}"]
-                print(f"| {name} | {api} | {r['quiet_turns']}/{r['turns']} | {r['quiet_p99_us']} "
-                      f"| {r['quiet_p99_us'] - off['quiet_p99_us']:+.1f} | "
-                      f"{r['quiet_median_turn_p99_us']} | "
-                      f"{r['quiet_median_turn_p99_us'] - off['quiet_median_turn_p99_us']:+.1f} |")
-        print("\nserver CPU per request (µs, both APIs; errors): " + ", ".join(
-            f"{n} {results[f'{n}/cpu']['server_cpu_us_per_request']} "
-            f"({results[f'{n}/cpu']['errors']})" for n in configs))
+                results[f"{mode}/{name}/cpu"] = {"server_cpu_us_per_request": round(
+                    cpu[(mode, name)] / max(1, calls[(mode, name)]) * 1e6, 1),
+                    "errors": sum(conns[n].errors for n, b in servers.items() if b == name)}
+        for mode in modes:
+            report(results, mode, configs, args.quiet_share)
         print(f"collector received {Collector.received:,} bytes of spans; "
               f"{Connection.reconnects} reconnects; server logs in {scratch}")
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
     finally:
+        awake.release()
         for proc in procs.values():
             proc.send_signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
             proc.terminate()
@@ -354,6 +395,46 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         collector.shutdown()
+
+
+def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[str, dict],
+           quiet_share: float) -> None:
+    """The tables of one awake mode."""
+    results = {k.split("/", 1)[1]: v for k, v in all_results.items() if k.startswith(mode + "/")}
+    print(f"\n## awake={mode} ("
+          + ("idle CPUs poll: no wake-up from a halt in the latencies" if mode == "qos"
+             else "idle CPUs halt: latencies include a virtual CPU's wake-up") + ")\n")
+    print("| config | API | n | p50 µs (median of rounds) | p50 vs off | p99 µs (pooled) | "
+          "p99 − off µs | p99 per round: median [min–max] µs | median p99 − off µs | "
+          "p99.9 µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for api in ("v2", "v1"):
+        off = results[f"off/{api}"]
+        for name in configs:
+            r = results[f"{name}/{api}"]
+            print(f"| {name} | {api} | {r['n']:,} | {r['median_round_p50_us']} | "
+                  f"{r['median_round_p50_us'] / off['median_round_p50_us']:.3f}x | "
+                  f"{r['p99_us']} | {r['p99_us'] - off['p99_us']:+.1f} | "
+                  f"{r['median_round_p99_us']} [{r['min_round_p99_us']}–"
+                  f"{r['max_round_p99_us']}] | "
+                  f"{r['median_round_p99_us'] - off['median_round_p99_us']:+.1f} | "
+                  f"{r['p999_us']} |")
+    print(f"\nQuiet turns only (other processes used <= {quiet_share:.0%} of the servers' "
+          "core during the turn):\n")
+    print("| config | API | quiet turns | p99 µs (pooled) | p99 − off µs | median turn p99 µs "
+          "| median turn p99 − off µs |")
+    print("|---|---|---|---|---|---|---|")
+    for api in ("v2", "v1"):
+        off = results[f"off/{api}"]
+        for name in configs:
+            r = results[f"{name}/{api}"]
+            print(f"| {name} | {api} | {r['quiet_turns']}/{r['turns']} | {r['quiet_p99_us']} "
+                  f"| {r['quiet_p99_us'] - off['quiet_p99_us']:+.1f} | "
+                  f"{r['quiet_median_turn_p99_us']} | "
+                  f"{r['quiet_median_turn_p99_us'] - off['quiet_median_turn_p99_us']:+.1f} |")
+    print("\nserver CPU per request (µs, both APIs; errors): " + ", ".join(
+        f"{n} {results[f'{n}/cpu']['server_cpu_us_per_request']} "
+        f"({results[f'{n}/cpu']['errors']})" for n in configs))
 
 
 if __name__ == "__main__":

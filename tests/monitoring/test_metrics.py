@@ -10,6 +10,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.monitoring.metrics import PrometheusExport, RequestMetrics, SlowLog, latency_buckets
+from redline.serving.stages import Observers
 from tests.monitoring.helpers import record
 
 
@@ -123,3 +124,31 @@ def test_several_worker_processes_add_up(tmp_path: Path) -> None:
     got = scrape(*pids)
     assert not any(k[0] == "redline_queue_depth" for k in got)
     assert got[("redline_requests_total", ok)] == 12
+
+
+def test_observers_call_a_single_observer_directly() -> None:
+    """One observer (the monitor's feed): ``finished`` and ``traceparent`` are its own bound
+    methods; with several, every one is called and the first traceparent wins."""
+    seen: list[tuple[str, object]] = []
+
+    class Plain:
+        def request_finished(self, record: object) -> None:
+            seen.append(("plain", record))
+
+    class Traced(Plain):
+        def request_finished(self, record: object) -> None:
+            seen.append(("traced", record))
+
+        def response_traceparent(self, record: object) -> str:
+            return "00-tp"
+
+    empty = Observers()
+    assert not empty and empty.traceparent(object()) is None  # type: ignore[arg-type]
+    one = Observers([Traced()])
+    assert one.traceparent(object()) == "00-tp"  # type: ignore[arg-type]
+    one.finished("r")  # type: ignore[arg-type]
+    assert seen == [("traced", "r")]
+    two = Observers([Plain(), Traced()])
+    two.finished("s")  # type: ignore[arg-type]
+    assert seen[1:] == [("plain", "s"), ("traced", "s")]
+    assert two.traceparent(object()) == "00-tp"  # type: ignore[arg-type]

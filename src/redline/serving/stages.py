@@ -97,13 +97,18 @@ class RequestObserver(Protocol):
 
 
 class Observers:
-    """The observers a server was started with; empty means nothing to do."""
+    """The observers a server was started with; empty means nothing to do.
 
-    __slots__ = ("_items", "_tracers")
+    ``finished(record)`` and ``traceparent(record)`` are the one observer's own methods when
+    there is one (the monitor's feed: no loop and no extra call per request)."""
+
+    __slots__ = ("_items", "_tracers", "finished", "traceparent")
 
     def __init__(self, items: list[RequestObserver] | None = None) -> None:
         self._items: tuple[RequestObserver, ...] = ()
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
+        self.finished: Callable[[RequestRecord], None] = self._finished_all
+        self.traceparent: Callable[[RequestRecord], str | None] = _no_traceparent
         for observer in items or ():
             self.add(observer)
 
@@ -112,18 +117,25 @@ class Observers:
 
     def add(self, observer: RequestObserver) -> None:
         self._items = (*self._items, observer)
+        self.finished = (observer.request_finished if len(self._items) == 1
+                         else self._finished_all)
         tracer = getattr(observer, "response_traceparent", None)
         if tracer is not None:
             self._tracers = (*self._tracers, tracer)
+            self.traceparent = tracer if len(self._tracers) == 1 else self._traceparent_all
 
-    def finished(self, record: RequestRecord) -> None:
+    def _finished_all(self, record: RequestRecord) -> None:
         for observer in self._items:
             observer.request_finished(record)
 
-    def traceparent(self, record: RequestRecord) -> str | None:
+    def _traceparent_all(self, record: RequestRecord) -> str | None:
         """The ``traceparent`` for the response to a finished ``record`` (None: tracing off)."""
         for tracer in self._tracers:
             value = tracer(record)
             if value is not None:
                 return value
         return None
+
+
+def _no_traceparent(record: RequestRecord) -> str | None:
+    return None

@@ -138,15 +138,17 @@ class RedisReader:
         return self._args_of(now, views)
 
     def _args_of(self, now: int, picked: Sequence[int]) -> list[Any]:
-        # "#t": the cached result's layout (outputs, then the newest event time)
+        # with the cache: per view its signature ("#t": the cached result's layout — outputs,
+        # then the newest event time); then every window's (lo, hi) as packed doubles, one
+        # argument (measured: 13 us less a call than 20 numbers and 10 replies, an empty script)
         args: list[Any] = [
             "|".join(str(w.covering(now)[1]) for w in self.view_windows[j]) + "#t"
-            for j in picked]
+            for j in picked] if self.cache else []
+        bounds = array("d")
         for j in picked:
             for w in self.view_windows[j]:
-                lo, hi = w.covering(now)
-                args.append(lo)
-                args.append(hi)
+                bounds.extend(w.covering(now))
+        args.append(bounds.tobytes())
         return args
 
     def read(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
@@ -164,8 +166,8 @@ class RedisReader:
             flat = guarded(self.store.url, lambda: self.cluster.read(n, cols, now))
             return self._split(flat, dtype)
         n, keys, args = self.command(ids, now)
-        replies = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
-        return self.decode_timed(replies, n, dtype)
+        reply = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
+        return self.decode_timed(reply, n, dtype)
 
     def command(self, ids: EntityIds, now: int | None = None
                 ) -> tuple[int, list[str], list[Any]]:
@@ -176,17 +178,17 @@ class RedisReader:
         n, cols = self.plan.ids_per_view(ids)
         return n, _row_keys(self.parts, cols, range(n), self.cache), self._args(now)
 
-    def decode(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
+    def decode(self, reply: bytes, n: int, dtype: type = np.float32
                ) -> tuple[np.ndarray, np.ndarray]:
         """The script's reply for ``n`` rows as (features, missing), as :meth:`read` returns."""
-        feats, missing, _ = self.decode_timed(replies, n, dtype)
+        feats, missing, _ = self.decode_timed(reply, n, dtype)
         return feats, missing
 
-    def decode_timed(self, replies: Sequence[bytes], n: int, dtype: type = np.float32
+    def decode_timed(self, reply: bytes, n: int, dtype: type = np.float32
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The script's reply as :meth:`read_timed` returns it."""
-        return self._split(np.frombuffer(b"".join(replies), dtype="<f8").reshape(
-            n, self.row_width), dtype)
+        """The script's reply (one string: every row's doubles) as :meth:`read_timed` returns
+        it."""
+        return self._split(np.frombuffer(reply, dtype="<f8").reshape(n, self.row_width), dtype)
 
     def _split(self, flat: np.ndarray, dtype: type
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -237,7 +239,7 @@ class _ClusterRead:
             node = client.nodes_manager.get_node_from_slot(slot)
             by_node.setdefault(node.name, []).append((gi, slot, rows))
 
-        def run(node_name: str) -> list[tuple[int, list[int], list[bytes]]]:
+        def run(node_name: str) -> list[tuple[int, list[int], bytes]]:
             todo = by_node[node_name]
             node = client.get_node(node_name=node_name)
             pipe = node.redis_connection.pipeline(transaction=False)
@@ -262,9 +264,9 @@ class _ClusterRead:
                         for gi, _slot, rows in todo] for todo in by_node.values()]
         width = int(self.offsets[-1])
         for node_results in results:
-            for gi, rows, replies in node_results:
-                for r, rep in zip(rows, replies, strict=True):
-                    vals = np.frombuffer(rep, dtype="<f8")
+            for gi, rows, reply in node_results:
+                per_row = np.frombuffer(reply, dtype="<f8").reshape(len(rows), -1)
+                for r, vals in zip(rows, per_row, strict=True):
                     out[r, 0] = max(out[r, 0], vals[0])
                     pos = 1
                     for j in self.groups[gi]:
