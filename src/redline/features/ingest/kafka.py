@@ -109,7 +109,8 @@ class KafkaSource:
             msgs = self.consumer.consume(1, self.block_s)
             if not msgs:
                 return done
-            msgs += self.consumer.consume(self.batch - 1, 0)
+            if self.batch > 1:
+                msgs += self.consumer.consume(self.batch - 1, 0)
             return done + self._start(msgs)
         return self._start(msgs)
 
