@@ -45,7 +45,16 @@ from N processes, all in the rotation, pooled.
 an older commit's ``src``, from ``git worktree add``), in the same rotation: a before/after
 comparison in one run.
 
+**Bisecting.** ``--configs a,b,...`` runs named configurations instead of the four standard
+ones ("off" always runs): the standard names and the diagnostic ones of ``DIAGNOSTICS``, each
+monitoring with one part taken out by patching it in the server process (no records made, records
+made and dropped, no fold, no drift/quality/review windows, no slow log, no tick, no trace export
+thread, sampling 0, the collector disabled). ``--apis v2`` measures V2 only (half the turn).
+
     PYTHONPATH=src .venv/bin/python benchmarks/observability/overhead.py --rounds 12
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/overhead.py --replicas 3 \
+        --rounds 8 --requests 500 --min-seconds 0.6 --apis v2 \
+        --configs metrics,metrics_no_observers,metrics_drop_records,metrics_no_fold
 """
 
 from __future__ import annotations
@@ -84,6 +93,41 @@ s.server.watch_repository = False
 s.monitoring.enabled = cfg["monitoring"]
 s.monitoring.otlp_endpoint = cfg.get("otlp")
 s.monitoring.trace_sample_ratio = cfg.get("ratio", 0.01)
+for what in cfg.get("diag", ()):  # diagnostic configurations (DIAGNOSTICS): one part removed
+    if what == "no_fold":  # records are made and fed, never folded into anything
+        from redline.monitoring.monitor import ServerMonitor
+        ServerMonitor.fold = lambda self, records: None
+    elif what == "no_windows":  # folded into the metrics, slow log and traces, not the windows
+        from redline.monitoring.windows import ModelWindows
+        ModelWindows.fold = lambda self, records: None
+    elif what == "no_slowlog":
+        from redline.monitoring.metrics import SlowLog
+        SlowLog.fold = lambda self, records: None
+    elif what == "no_tick":  # the tick task never ticks (the feed still folds every 16)
+        import asyncio
+        from redline.monitoring.monitor import ServerMonitor
+        async def _never(self):
+            await asyncio.Event().wait()
+        ServerMonitor.run = _never
+    elif what == "no_observers":  # the monitor runs (tick, routes), no request makes a record
+        from redline.monitoring.monitor import ServerMonitor
+        ServerMonitor.observers = lambda self: []
+    elif what == "drop_records":  # records are made, their one observer drops them at once
+        from redline.monitoring.monitor import ServerMonitor
+        class _Drop:
+            def request_finished(self, record):
+                pass
+        ServerMonitor.observers = lambda self: [_Drop()]
+    elif what == "no_export_thread":  # the trace export thread exits at once
+        from redline.monitoring.tracing import TraceExport
+        TraceExport._run = lambda self: None
+    elif what == "gc_off":  # the collector disabled once startup has frozen what it made
+        import gc
+        _freeze = gc.freeze
+        def _freeze_and_disable():
+            _freeze()
+            gc.disable()
+        gc.freeze = _freeze_and_disable
 run(s, ModelRepository(cfg["repo"]))
 """
 
@@ -92,6 +136,24 @@ CONFIGS = {
     "metrics": {"monitoring": True},
     "tracing_default": {"monitoring": True, "ratio": 0.01, "otlp": True},
     "tracing_100": {"monitoring": True, "ratio": 1.0, "otlp": True},
+}
+
+# Diagnostic configurations (``--configs``): monitoring with one part taken out by patching it in
+# the server process (RUNNER), to bisect what a configuration's cost is made of.
+DIAGNOSTICS = {
+    "off_gc_off": {"monitoring": False, "diag": ["gc_off"]},
+    "metrics_no_fold": {"monitoring": True, "diag": ["no_fold"]},
+    "metrics_no_windows": {"monitoring": True, "diag": ["no_windows"]},
+    "metrics_no_slowlog": {"monitoring": True, "diag": ["no_slowlog"]},
+    "metrics_no_tick": {"monitoring": True, "diag": ["no_tick"]},
+    "metrics_gc_off": {"monitoring": True, "diag": ["gc_off"]},
+    "metrics_no_observers": {"monitoring": True, "diag": ["no_observers"]},
+    "metrics_drop_records": {"monitoring": True, "diag": ["drop_records"]},
+    "records_only": {"monitoring": True, "diag": ["drop_records", "no_tick"]},
+    "tracing_ratio0": {"monitoring": True, "ratio": 0.0, "otlp": True},
+    "tracing_no_export_thread": {"monitoring": True, "ratio": 0.01, "otlp": True,
+                                 "diag": ["no_export_thread"]},
+    "tracing_gc_off": {"monitoring": True, "ratio": 0.01, "otlp": True, "diag": ["gc_off"]},
 }
 
 
@@ -213,12 +275,6 @@ def wait_ready(port: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"server on port {port} did not become ready")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
@@ -244,7 +300,13 @@ def main() -> None:
                     help="qos: idle CPUs poll instead of halting during the measured turns "
                          "(/dev/cpu_dma_latency = 0), so the p50 is the server's work, not a "
                          "virtual CPU's wake-up; none: as before; both: alternate, two tables")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated configurations to run instead of the four standard "
+                         "ones ('off' is always run); names from CONFIGS and the diagnostic "
+                         "ones: " + ", ".join(DIAGNOSTICS))
+    ap.add_argument("--apis", default="v2,v1", help="which APIs each turn measures (v2,v1)")
     args = ap.parse_args()
+    apis = [a for a in ("v2", "v1") if a in args.apis.split(",")]
     awake = Awake()
     modes = ["qos", "none"] if args.awake == "both" else [args.awake]
     if "qos" in modes and not awake.available():
@@ -252,6 +314,10 @@ def main() -> None:
               file=sys.stderr)
         modes = ["none"]
     configs = dict(CONFIGS)
+    if args.configs:
+        known = {**CONFIGS, **DIAGNOSTICS}
+        names = ["off"] + [n for n in args.configs.split(",") if n and n != "off"]
+        configs = {n: known[n] for n in names}
     if args.twin_off:
         configs["off_twin"] = dict(CONFIGS["off"])
     if args.before:
@@ -274,9 +340,17 @@ def main() -> None:
         # processes of the same code differ by several percent at p50 (memory layout, hash seeds),
         # so one process per configuration compares processes as much as configurations.
         servers = {f"{name}.{r}": name for r in range(args.replicas) for name in configs}
+        # All ports chosen while each is still held, so no two servers are given the same one.
+        held = []
+        for name in servers:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            held.append(sock)
+            ports[name] = int(sock.getsockname()[1])
+        for sock in held:
+            sock.close()
         for name, base in servers.items():
             cfg = configs[base]
-            ports[name] = free_port()
             spec = {**cfg, "port": ports[name], "repo": str(scratch / "repo"),
                     "otlp": otlp if cfg.get("otlp") else None}
             src = cfg.get("src")
@@ -305,7 +379,7 @@ def main() -> None:
             time.sleep(6)
         Key = tuple[str, str, str]  # (awake mode, config, api)
         lat: dict[Key, list[float]] = {(m, n, a): [] for m in modes for n in configs
-                                       for a in ("v2", "v1")}
+                                       for a in apis}
         p50s: dict[Key, list[float]] = {k: [] for k in lat}
         p99s: dict[Key, list[float]] = {k: [] for k in lat}
         quiet: dict[Key, list[float]] = {k: [] for k in lat}
@@ -326,6 +400,8 @@ def main() -> None:
                 time.sleep(0.05)  # let it catch up on what came due while it was stopped
                 c0 = cpu_seconds(pid)
                 for api, reqs in (("v2", v2), ("v1", v1)):
+                    if api not in apis:
+                        continue
                     sample: list[float] = []
                     i = 0
                     t0, busy0, own0 = time.perf_counter(), cpu0_busy_seconds(), cpu_seconds(pid)
@@ -408,7 +484,7 @@ def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[st
           "p99 − off µs | p99 per round: median [min–max] µs | median p99 − off µs | "
           "p99.9 µs |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for api in ("v2", "v1"):
+    for api in [a for a in ("v2", "v1") if f"off/{a}" in results]:
         off = results[f"off/{api}"]
         for name in configs:
             r = results[f"{name}/{api}"]
@@ -424,7 +500,7 @@ def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[st
     print("| config | API | quiet turns | p99 µs (pooled) | p99 − off µs | median turn p99 µs "
           "| median turn p99 − off µs |")
     print("|---|---|---|---|---|---|---|")
-    for api in ("v2", "v1"):
+    for api in [a for a in ("v2", "v1") if f"off/{a}" in results]:
         off = results[f"off/{api}"]
         for name in configs:
             r = results[f"{name}/{api}"]
