@@ -31,6 +31,8 @@ from redline.serving.stages import RequestRecord
 
 
 class _Handle:
+    """The one loaded version a monitor needs (its metadata); nothing is served."""
+
     version_str = "1"
     batcher = None
     stats = None
@@ -39,7 +41,10 @@ class _Handle:
         self.metadata = meta
 
 
-class _Registry:
+class OneModelRegistry:
+    """A registry of one model 'm', version 1, with ``meta`` as its metadata (shared with
+    tests/monitoring/test_handoff.py)."""
+
     def __init__(self, meta: Any) -> None:
         self.handle = _Handle(meta)
 
@@ -64,7 +69,7 @@ def _record(i: int, x: np.ndarray) -> RequestRecord:
 
 def run_mode(yielding: bool, args: argparse.Namespace, meta: Any) -> dict[str, Any]:
     rng = np.random.default_rng(1)
-    monitor = monitor_module.ServerMonitor(Settings(), _Registry(meta))
+    monitor = monitor_module.ServerMonitor(Settings(), OneModelRegistry(meta))
     monitor.prepare_loaded(wait=True)
     units: list[tuple[float, str]] = []
     last = [0.0]

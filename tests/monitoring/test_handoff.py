@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.observability.tick_stall import OneModelRegistry
 from redline.config import Settings
 from redline.models.metadata import profile_inputs
 from redline.monitoring import drift as drift_module
@@ -69,29 +70,6 @@ def test_the_loop_runs_between_every_two_units() -> None:
     assert all(seen[i + 1][0] > seen[i][1] for i in range(len(seen) - 1))
 
 
-class _Handle:
-    version_str = "1"
-    batcher = None
-    stats = None
-
-    def __init__(self, meta: Any) -> None:
-        self.metadata = meta
-
-
-class _Registry:
-    def __init__(self, meta: Any) -> None:
-        self.handle = _Handle(meta)
-
-    def models(self) -> list[str]:
-        return ["m"]
-
-    def loaded(self, name: str) -> list[Any]:
-        return [self.handle]
-
-    def get(self, model: str, version: str | None = None) -> Any:
-        return self.handle
-
-
 def test_a_tick_hands_the_loop_a_turn_between_features_and_record_slices(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(0)
     names = [f"f{i}" for i in range(FEATURES)]
@@ -102,7 +80,7 @@ def test_a_tick_hands_the_loop_a_turn_between_features_and_record_slices(monkeyp
     settings.monitoring.drift_window_rows = 2000
     settings.monitoring.drift_min_rows = 100
     settings.monitoring.window_rows_per_s = 0  # every record reaches the windows
-    monitor = monitor_module.ServerMonitor(settings, _Registry(meta))
+    monitor = monitor_module.ServerMonitor(settings, OneModelRegistry(meta))
     monitor.prepare_loaded(wait=True)
     for i in range(1000):
         monitor.feed.request_finished(record(
