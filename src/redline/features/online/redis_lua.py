@@ -404,6 +404,20 @@ def _num(x: float) -> str:
     return {"inf": "INF", "-inf": "-INF"}.get(d, d)
 
 
+def _neumaier_add(total: str, comp: str, x: str) -> str:
+    """Lua adding ``x`` to the compensated sum ``total`` + ``comp`` (Neumaier), in place: the
+    same steps as ``neu`` in :data:`PARTIALS`; an infinite partial sum keeps no compensation."""
+    return f"""    local q = {total} + {x}
+    if q ~= INF and q ~= -INF then
+      local as, ax = {total}, {x}
+      if as < 0 then as = -as end
+      if ax < 0 then ax = -ax end
+      if as >= ax then {comp} = {comp} + (({total} - q) + {x})
+      else {comp} = {comp} + (({x} - q) + {total}) end
+    end
+    {total} = q"""
+
+
 def _merge_into(w: str, pad: str) -> list[str]:
     """Lua that merges the record in locals ``n, s, c, mu, m2, mn, mx, lt, la, li, lv`` into the
     accumulators of window ``w``: :data:`PARTIALS`' ``merge`` written out in place — the same
@@ -424,22 +438,8 @@ if n > 0 then
     local delta = ma - mb
     {M2} = {M2} + m2 + delta * delta * {N} * n / nn
     {MU} = {MU} * ({N} / nn) + mu * (n / nn)
-    local q = {S} + s
-    if q ~= INF and q ~= -INF then
-      local as, ax = {S}, s
-      if as < 0 then as = -as end
-      if ax < 0 then ax = -ax end
-      if as >= ax then {C} = {C} + (({S} - q) + s) else {C} = {C} + ((s - q) + {S}) end
-    end
-    {S} = q
-    q = {S} + c
-    if q ~= INF and q ~= -INF then
-      local as, ax = {S}, c
-      if as < 0 then as = -as end
-      if ax < 0 then ax = -ax end
-      if as >= ax then {C} = {C} + (({S} - q) + c) else {C} = {C} + ((c - q) + {S}) end
-    end
-    {S} = q
+{_neumaier_add(S, C, "s")}
+{_neumaier_add(S, C, "c")}
     if mn < {MN} then {MN} = mn end
     if mx > {MX} then {MX} = mx end
     if lt > {LT} or (lt == {LT} and (la > {LA} or (la == {LA} and li > {LI}))) then
