@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from redline.errors import StoreUnavailable
+from redline.features.ingest.core import settle_heap
 
 
 class Source(Protocol):
@@ -47,8 +48,6 @@ def run_source(source: Source, *, stop: Callable[[], bool] = lambda: False,
                log: Callable[[str], None] = _stderr) -> dict[str, Any]:
     """Poll ``source`` until ``stop()`` or ``max_events``; a store outage is waited out with
     backoff (nothing is lost: positions only advance with the tiles). Returns the final stats."""
-    from redline.features.ingest.core import settle_heap
-
     settle_heap()  # the loop is the process's life: keep full collections off the startup heap
     seen = 0
     backoff = 0.1
