@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -473,6 +474,15 @@ def main() -> None:
         collector.shutdown()
 
 
+def _rows(results: dict[str, dict[str, float]], configs: dict[str, dict]
+          ) -> Iterator[tuple[str, str, dict[str, float], dict[str, float]]]:
+    """Every (config, API, its results, "off"'s results) of one awake mode, V2 first."""
+    for api in [a for a in ("v2", "v1") if f"off/{a}" in results]:
+        off = results[f"off/{api}"]
+        for name in configs:
+            yield name, api, results[f"{name}/{api}"], off
+
+
 def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[str, dict],
            quiet_share: float) -> None:
     """The tables of one awake mode."""
@@ -484,30 +494,24 @@ def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[st
           "p99 − off µs | p99 per round: median [min–max] µs | median p99 − off µs | "
           "p99.9 µs |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for api in [a for a in ("v2", "v1") if f"off/{a}" in results]:
-        off = results[f"off/{api}"]
-        for name in configs:
-            r = results[f"{name}/{api}"]
-            print(f"| {name} | {api} | {r['n']:,} | {r['median_round_p50_us']} | "
-                  f"{r['median_round_p50_us'] / off['median_round_p50_us']:.3f}x | "
-                  f"{r['p99_us']} | {r['p99_us'] - off['p99_us']:+.1f} | "
-                  f"{r['median_round_p99_us']} [{r['min_round_p99_us']}–"
-                  f"{r['max_round_p99_us']}] | "
-                  f"{r['median_round_p99_us'] - off['median_round_p99_us']:+.1f} | "
-                  f"{r['p999_us']} |")
+    for name, api, r, off in _rows(results, configs):
+        print(f"| {name} | {api} | {r['n']:,} | {r['median_round_p50_us']} | "
+              f"{r['median_round_p50_us'] / off['median_round_p50_us']:.3f}x | "
+              f"{r['p99_us']} | {r['p99_us'] - off['p99_us']:+.1f} | "
+              f"{r['median_round_p99_us']} [{r['min_round_p99_us']}–"
+              f"{r['max_round_p99_us']}] | "
+              f"{r['median_round_p99_us'] - off['median_round_p99_us']:+.1f} | "
+              f"{r['p999_us']} |")
     print(f"\nQuiet turns only (other processes used <= {quiet_share:.0%} of the servers' "
           "core during the turn):\n")
     print("| config | API | quiet turns | p99 µs (pooled) | p99 − off µs | median turn p99 µs "
           "| median turn p99 − off µs |")
     print("|---|---|---|---|---|---|---|")
-    for api in [a for a in ("v2", "v1") if f"off/{a}" in results]:
-        off = results[f"off/{api}"]
-        for name in configs:
-            r = results[f"{name}/{api}"]
-            print(f"| {name} | {api} | {r['quiet_turns']}/{r['turns']} | {r['quiet_p99_us']} "
-                  f"| {r['quiet_p99_us'] - off['quiet_p99_us']:+.1f} | "
-                  f"{r['quiet_median_turn_p99_us']} | "
-                  f"{r['quiet_median_turn_p99_us'] - off['quiet_median_turn_p99_us']:+.1f} |")
+    for name, api, r, off in _rows(results, configs):
+        print(f"| {name} | {api} | {r['quiet_turns']}/{r['turns']} | {r['quiet_p99_us']} "
+              f"| {r['quiet_p99_us'] - off['quiet_p99_us']:+.1f} | "
+              f"{r['quiet_median_turn_p99_us']} | "
+              f"{r['quiet_median_turn_p99_us'] - off['quiet_median_turn_p99_us']:+.1f} |")
     print("\nserver CPU per request (µs, both APIs; errors): " + ", ".join(
         f"{n} {results[f'{n}/cpu']['server_cpu_us_per_request']} "
         f"({results[f'{n}/cpu']['errors']})" for n in configs))
