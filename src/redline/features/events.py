@@ -24,7 +24,6 @@ import orjson
 
 from redline.features.aggregates import hll_hash, value_identity
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
-from redline.features.tiles import admit, place
 
 KEY_PREFIX = "rl"
 # Redis key schema 2: one hash per (entity, source) holds every view's tiles (docs/features.md)
@@ -219,6 +218,9 @@ class _SourcePlan:
         self.fields = [(f, t) for f, t in sorted(types.items())
                        if f not in (self.join_key, source.timestamp, source.event_id)]
         self.types = dict(self.fields)
+        # the fast path of ``EventDecoder._add``: per field its name, type, and whether it is
+        # a float (the common case, decided by one comparison)
+        self.checks = [(f, t, t == "float") for f, t in self.fields]
         self.lateness_ms = source.lateness_ms
         self.skew_ms = source.skew_ms
         self.name_bytes = source.name.encode()
@@ -237,6 +239,27 @@ class _SourcePlan:
         ]
         self.store_head = f"{STORE_PREFIX}:{{{self.entity}:"
         self.store_tail = f"}}:{source.name}"
+        # the decoder's loop over them: per view its TTL and tag, and per tile group (gid,
+        # field ("" for a count), kind: 0 count, 1 a float field's value as is, 2 a value to
+        # convert, 3 distinct)
+        self.view_ops = [
+            (ttl, tag, [(gid, fld or "", 0 if fld is None else 3 if hll
+                         else 1 if self.types[fld] == "float" else 2, gi)
+                        for gid, fld, hll, gi in groups])
+            for _head, _tail, ttl, tag, groups in self.views
+        ]
+        # entity id -> (its keys per view, its schema-2 hash), bounded like ``hll_cache``
+        self.key_cache: dict[str, tuple[list[str], str]] = {}
+
+    def keys_of(self, eid: str) -> tuple[list[str], str]:
+        """The keys of entity ``eid``: one per view (the memory store's), and its Redis hash."""
+        got = self.key_cache.get(eid)
+        if got is None:
+            if len(self.key_cache) > 100_000:
+                self.key_cache.clear()
+            got = self.key_cache[eid] = ([head + eid + tail for head, tail, *_ in self.views],
+                                         self.store_head + eid + self.store_tail)
+        return got
 
     def hll(self, name: str, value: Any) -> tuple[int, int]:
         cache = self.hll_cache[name]
@@ -286,9 +309,20 @@ class EventDecoder:
         for i in range(n):
             tag = tags[i] if tags is not None else i
             raw = raws[i]
-            event, is_flat, reason = self._parse(raw)
+            event: Any = None
+            if type(raw) is bytes:  # a JSON event, the common case: parsed here, not in _parse
+                try:
+                    event = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    event = None
+                if type(event) is not dict:
+                    event = None
             if event is not None:
-                reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag)
+                reason = self._add(batch, event, bool(flat), arrivals[i], tag)
+            else:
+                event, is_flat, reason = self._parse(raw)
+                if event is not None:
+                    reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag)
             if reason:
                 batch.rejected.append(Rejected(reason, _raw_bytes(raw), tag))
         return batch
@@ -318,6 +352,10 @@ class EventDecoder:
 
     def _add(self, batch: UpdateBatch, ev: Mapping[str, Any], flat: bool, arrival: int,
              tag: int) -> str:
+        # Per event this is most of ingest's Python time, so the common case — a JSON event whose
+        # values already have their schema types — is decided inline, by exact type, without the
+        # general functions (``to_ms``, ``entity_id_of``, ``_coerce``, ``value_identity``,
+        # ``admit``, ``place``); anything else goes through them, so the result is the same.
         src_name = ev.get("source", self.default_source)
         if isinstance(src_name, bytes):
             src_name = src_name.decode(errors="replace")
@@ -328,33 +366,49 @@ class EventDecoder:
             known = ", ".join(sorted(self.plans))
             return f"unknown source {src_name!r} (known: {known}); set 'source' in the event"
         src = plan.source
-        ts = to_ms(ev.get(src.timestamp))
-        if ts is None:
-            if src.timestamp not in ev:
-                return f"missing field '{src.timestamp}' (event time, epoch ms or ISO-8601)"
-            got = ev[src.timestamp]
-            return (f"field '{src.timestamp}' must be epoch milliseconds or ISO-8601 (years "
-                    f"1-9999), got {got!r}")
-        eid = entity_id_of(ev.get(plan.join_key))
-        if eid is None:
-            if plan.join_key not in ev:
-                return f"missing field '{plan.join_key}' (entity '{plan.entity}' id)"
-            got = ev[plan.join_key]
-            return f"field '{plan.join_key}' must be a string or integer id, got {got!r}"
+        ts = ev.get(src.timestamp)
+        if type(ts) is not int or not MIN_TS_MS <= ts <= MAX_TS_MS:
+            ts = to_ms(ts)
+            if ts is None:
+                if src.timestamp not in ev:
+                    return f"missing field '{src.timestamp}' (event time, epoch ms or ISO-8601)"
+                got = ev[src.timestamp]
+                return (f"field '{src.timestamp}' must be epoch milliseconds or ISO-8601 (years "
+                        f"1-9999), got {got!r}")
+        eid = ev.get(plan.join_key)
+        if type(eid) is not str or not eid:
+            eid = entity_id_of(eid)
+            if eid is None:
+                if plan.join_key not in ev:
+                    return f"missing field '{plan.join_key}' (entity '{plan.entity}' id)"
+                got = ev[plan.join_key]
+                return f"field '{plan.join_key}' must be a string or integer id, got {got!r}"
+        # the field values and (without an event id) their identities for the stable id,
+        # exactly as ``_coerce`` and ``value_identity`` make them
+        need_ident = not plan.event_id
         values: dict[str, Any] = {}
-        for name, typ in plan.fields:
+        parts = [plan.name_bytes, str(ts).encode(), eid.encode()] if need_ident else []
+        for name, typ, is_float in plan.checks:
             if name not in ev:
                 return f"missing field '{name}'"
-            v = _coerce(ev[name], typ, flat)
-            if v is None:
-                return f"field '{name}' must be {typ}, got {ev[name]!r}"
+            raw = ev[name]
+            if is_float and type(raw) is float and raw - raw == 0.0:  # finite
+                v: Any = raw
+                if need_ident:
+                    parts.append(repr(raw).encode())
+            else:
+                v = _coerce(raw, typ, flat)
+                if v is None:
+                    return f"field '{name}' must be {typ}, got {raw!r}"
+                if need_ident:
+                    parts.append(value_identity(v, typ))
             values[name] = v
-        why = admit(ts, arrival, plan.lateness_ms, plan.skew_ms)
-        if why == "late":
-            return (f"late: arrived {arrival - ts} ms after its event time, allowed lateness is "
+        lag = arrival - ts
+        if lag > plan.lateness_ms:
+            return (f"late: arrived {lag} ms after its event time, allowed lateness is "
                     f"{plan.lateness_ms} ms")
-        if why == "future":
-            return (f"future: event time is {ts - arrival} ms ahead of arrival, max clock skew is "
+        if -lag > plan.skew_ms:
+            return (f"future: event time is {-lag} ms ahead of arrival, max clock skew is "
                     f"{plan.skew_ms} ms")
         if plan.event_id:
             ident = event_id_of(ev.get(plan.event_id))
@@ -365,22 +419,31 @@ class EventDecoder:
                 return f"field '{plan.event_id}' must be a string or integer id, got {got!r}"
             sid = stable_id([plan.name_bytes, b"id", ident.encode()])
         else:
-            sid = plan.stable_id(ts, eid, values)
+            sid = stable_id(parts)
         ops = batch.ops
-        spots = [place(ts, arrival, tile_ms, tiles, ring) for tile_ms, tiles, ring in plan.grids]
-        skey = plan.store_head + eid + plan.store_tail
-        for head, tail, ttl, vtag, groups in plan.views:
+        # ``tiles.place`` per tile grid, written out: (tile, slot), or None when no read at or
+        # after the arrival can see the tile
+        spots = [None if ts // tile_ms < arrival // tile_ms - tiles + 1
+                 else (ts // tile_ms, ts // tile_ms % ring)
+                 for tile_ms, tiles, ring in plan.grids]
+        names, skey = plan.keys_of(eid)
+        key_index = batch.key_index
+        for name, (ttl, vtag, groups) in zip(names, plan.view_ops, strict=True):
             k = -1
-            for gid, fld, hll, gi in groups:
+            for gid, fld, kind, gi in groups:
                 where = spots[gi]
                 if where is None:
                     continue  # no read at or after its arrival can see this tile
                 idx, slot = where
                 if k < 0:
-                    k = batch.key(head + eid + tail, ttl, plan.dedup_ms, skey, vtag)
-                if fld is None:
+                    k = key_index.get(name, -1)
+                    if k < 0:
+                        k = batch.key(name, ttl, plan.dedup_ms, skey, vtag)
+                if kind == 1:  # a float field: its value is a float already
+                    ops.append((k, gid, idx, slot, ts, arrival, sid, values[fld], -1, 0, tag))
+                elif kind == 0:
                     ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, -1, 0, tag))
-                elif hll:
+                elif kind == 3:
                     reg, rank = plan.hll(fld, values[fld])
                     ops.append((k, gid, idx, slot, ts, arrival, sid, 0.0, reg, rank, tag))
                 else:

@@ -23,7 +23,7 @@ import os
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -149,14 +149,19 @@ class RequestMetrics:
 
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
+        for _ in self.settle_steps():
+            pass
+
+    def settle_steps(self) -> Iterator[None]:
+        """``settle``, one stage at a time: the tick lets the loop serve between steps."""
         bounds, n = self._bounds, len(self._bounds_ns) + 1
         cap = self._recent_cap
-        for series in self.series.values():
-            for t in series.timings.values():
+        for series in list(self.series.values()):
+            for t in list(series.timings.values()):
                 if not t.pending:
                     continue
                 values = np.asarray(t.pending, dtype=np.int64)
-                t.pending.clear()  # in place: the fold holds its bound append
+                t.pending.clear()  # in place (same step): the fold holds its bound append
                 for i, c in enumerate(_bucket_counts(bounds, values, n)):
                     if c:
                         t.counts[i] += c
@@ -164,31 +169,38 @@ class RequestMetrics:
                 if t.recent_n < cap:
                     t.recent.append(values[: cap - t.recent_n])
                     t.recent_n += min(values.size, cap - t.recent_n)
+                yield
             if series.rows_pending:
-                counts = _bucket_counts(self._rows_bounds, series.rows_pending,
-                                        len(ROW_BUCKETS) + 1)
-                series.rows_pending = []
+                rows, series.rows_pending = series.rows_pending, []
+                counts = _bucket_counts(self._rows_bounds, rows, len(ROW_BUCKETS) + 1)
                 for i, c in enumerate(counts):
                     if c:
                         series.rows[i] += c
 
     def take_tick(self) -> dict[tuple[str, str, str], dict[str, Any]]:
         """This tick's count and exact p50/p95/p99 (µs) per stage, per series; clears the tick."""
-        self.settle()
         out: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for key, series in self.series.items():
+        for _ in self.take_tick_steps(out):
+            pass
+        return out
+
+    def take_tick_steps(self, out: dict[tuple[str, str, str], dict[str, Any]]
+                        ) -> Iterator[None]:
+        """``take_tick`` into ``out``, a stage at a time (the settle first, in its steps)."""
+        yield from self.settle_steps()
+        for key, series in list(self.series.items()):
             stages: dict[str, dict[str, float]] = {}
-            for stage, t in series.timings.items():
+            for stage, t in list(series.timings.items()):
                 if not t.recent:
                     continue
-                values = np.concatenate(t.recent).astype(np.float64) / 1000.0
-                t.recent, t.recent_n = [], 0
+                recent, t.recent, t.recent_n = t.recent, [], 0
+                values = np.concatenate(recent).astype(np.float64) / 1000.0
                 p = np.percentile(values, PERCENTILES)
                 stages[stage] = {"n": int(values.size), "p50": round(float(p[0]), 1),
                                  "p95": round(float(p[1]), 1), "p99": round(float(p[2]), 1)}
+                yield
             if stages:
                 out[key] = stages
-        return out
 
 
 class SlowLog:
@@ -363,9 +375,14 @@ class PrometheusExport:
     # ------------------------------------------------------------------ from the records
     def flush(self, metrics: RequestMetrics) -> None:
         """Add what :class:`RequestMetrics` counted since the last flush."""
-        metrics.settle()
-        for (api, model, version), series in metrics.series.items():
-            for stage, t in series.timings.items():
+        for _ in self.flush_steps(metrics):
+            pass
+
+    def flush_steps(self, metrics: RequestMetrics) -> Iterator[None]:
+        """``flush``, a stage at a time (the tick lets the loop serve between steps)."""
+        yield from metrics.settle_steps()
+        for (api, model, version), series in list(metrics.series.items()):
+            for stage, t in list(series.timings.items()):
                 child = (self.duration.labels(api, model, version) if stage == TOTAL
                          else self.stage.labels(api, model, version, stage))
                 _add_histogram(child, t.counts, t.flushed, t.sum_ns - t.flushed_sum, 1e-9)
@@ -373,6 +390,7 @@ class PrometheusExport:
                     self._flush_over(api, model, version, t.counts)
                 t.flushed = list(t.counts)
                 t.flushed_sum = t.sum_ns
+                yield
             for (transport, path, status), n in list(series.requests.items()):
                 key = (api, model, version, transport, path, status)
                 done = metrics.requests_flushed.get(key, 0)
@@ -385,10 +403,9 @@ class PrometheusExport:
                                0, 1.0)
                 series.rows_flushed = list(rows)
             if series.feature_age:
-                child = self.feature_age.labels(model)
-                for age in series.feature_age:
-                    child.observe(age)
-                series.feature_age = []
+                ages, series.feature_age = series.feature_age, []
+                _observe_all(self.feature_age.labels(model), ages)
+                yield
 
     def _flush_over(self, api: str, model: str, version: str, counts: list[int]) -> None:
         # The objective is a bucket boundary (latency_buckets), so this count is exact.
@@ -435,6 +452,19 @@ def _add_histogram(child: Any, counts: list[int], flushed: list[int], dsum: floa
             child._buckets[i].inc(now_n - was)
     if dsum:
         child._sum.inc(dsum * unit)
+
+
+def _observe_all(child: Any, values: list[float]) -> None:
+    """``child.observe(v)`` for every value, bucketed at once: ``observe`` counts a value in the
+    first bucket whose upper bound is >= it, as ``searchsorted(side="left")`` does (one
+    ``observe`` per value was ~1.5 µs, ~0.75 ms a tick for 500 feature ages)."""
+    bounds = np.asarray(child._upper_bounds, dtype=np.float64)
+    counts = np.bincount(np.searchsorted(bounds, np.asarray(values, dtype=np.float64),
+                                         side="left"), minlength=bounds.size)
+    for i, c in enumerate(counts.tolist()):
+        if c:
+            child._buckets[i].inc(c)
+    child._sum.inc(math.fsum(values))
 
 
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "half-open": 1, "open": 2}
