@@ -475,6 +475,9 @@ def main() -> None:
     parser.add_argument("--before-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment of redline_before (this tree unless --before), e.g. "
                         "REDLINE_FEATURES__REDIS_LOOP_READS=false")
+    parser.add_argument("--off-target", action="store_true",
+                        help="also serve this tree with monitoring off (redline_off), "
+                        "interleaved with the others: monitoring's own floor in the same run")
     args = parser.parse_args()
     global RT, SCHED
     SCHED = args.sched
@@ -503,6 +506,9 @@ def main() -> None:
             env = dict(kv.split("=", 1) for kv in args.before_env)
             targets.append(start_redline(args, work, procs, "redline_before", args.before,
                                          env)[0])
+        if args.off_target:
+            targets.append(start_redline(args, work, procs, "redline_off",
+                                         env={"REDLINE_MONITORING__ENABLED": "false"})[0])
         if not args.skip_feast:
             targets.append(start_feast(args, procs))
         targets.append(start_floor(work, procs))

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 
 from redline.models.metadata import profile_inputs
-from redline.monitoring.drift import DriftMonitor
+from redline.monitoring.drift import DriftMonitor, FeatureReference, size_classes
 from tests.monitoring.served import monitored_settings, start, training_data, v2_body
 
 
@@ -80,3 +80,38 @@ def test_the_calibration_covers_every_window_size_a_report_meets() -> None:
         for n in range(100, 5001, 7):
             ref.thresholds(n)
         assert set(ref._thresholds) == cached[ref.name], ref.name
+
+
+def test_the_prediction_baseline_is_calibrated_once_at_its_first_report() -> None:
+    """The live baseline of predictions has no profile to calibrate at load: its first judged
+    report computes every window size class (in hand-over-sized chunks), so no later report
+    computes thresholds as the window fills; the numbers are those of the lazy way."""
+    rng = np.random.default_rng(4)
+    monitor = DriftMonitor("m", "1", {}, ["x"], window_rows=5000, min_rows=200)
+    monitor.add(None, rng.beta(2, 5, 1000))  # the baseline
+    monitor.add(None, rng.beta(2, 5, 300))
+    first = monitor.report()["prediction"]["thresholds"]
+    ref = monitor.prediction_ref
+    assert ref is not None and set(ref._thresholds) == set(size_classes(5000))
+    computed = []
+    original = FeatureReference.class_thresholds
+
+    def counting(self: FeatureReference, size: int) -> dict[str, float]:
+        if size not in self._thresholds:
+            computed.append(size)
+        return original(self, size)
+
+    FeatureReference.class_thresholds = counting  # type: ignore[method-assign]
+    try:
+        for _ in range(10):
+            monitor.add(None, rng.beta(2, 5, 450))
+            monitor.report()
+    finally:
+        FeatureReference.class_thresholds = original  # type: ignore[method-assign]
+    assert computed == []
+    # the first report's thresholds are those a monitor computing only that class gives
+    fresh = DriftMonitor("m", "1", {}, ["x"], window_rows=5000, min_rows=200)
+    fresh.add(None, np.random.default_rng(4).beta(2, 5, 1000))
+    fresh_ref = fresh.prediction_ref
+    assert fresh_ref is not None
+    assert first == {k: round(v, 5) for k, v in fresh_ref.thresholds(300).items()}

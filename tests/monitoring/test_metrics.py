@@ -152,3 +152,24 @@ def test_observers_call_a_single_observer_directly() -> None:
     two.finished("s")  # type: ignore[arg-type]
     assert seen[1:] == [("plain", "s"), ("traced", "s")]
     assert two.traceparent(object()) == "00-tp"  # type: ignore[arg-type]
+
+
+def test_feature_ages_bucketed_at_once_as_observe_would() -> None:
+    """The export buckets a tick's feature ages with one ``searchsorted``; the exposed
+    histogram is the one ``observe`` per value gives (values on a bound included)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from redline.monitoring.metrics import _observe_all
+
+    ages = [0.0, 0.05, 0.1, 0.1000001, 1.0, 2.5, 7.0, 60.0, 3600.0, 1e9, 0.3, 0.3]
+    one = Histogram("age", "a", ["m"], registry=(reg1 := CollectorRegistry()),
+                    buckets=(0.1, 0.5, 1.0, 5.0, 60.0, 3600.0))
+    many = Histogram("age", "a", ["m"], registry=(reg2 := CollectorRegistry()),
+                     buckets=(0.1, 0.5, 1.0, 5.0, 60.0, 3600.0))
+    for a in ages:
+        one.labels("m").observe(a)
+    _observe_all(many.labels("m"), ages)
+    got, want = samples(generate_latest(reg2)), samples(generate_latest(reg1))
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key

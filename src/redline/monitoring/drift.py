@@ -38,10 +38,12 @@ RATE_FLOOR = 0.05  # missing / out-of-range rate increase
 # The noise part of a threshold: a high percentile of the statistic over reference-drawn windows
 # (each feature has two or three statistics, a model tens of features: stay far in the tail).
 NULL_QUANTILE = 99.9
-NULL_DRAWS = 2000  # bin-share draws (cheap: multinomial)
+NULL_DRAWS = 2000  # bin-share draws (multinomial)
+NULL_CHUNK = 250  # of them per chunk of calibration work (~0.3 ms)
 W_DRAWS = 400  # Wasserstein draws of 1,000 values each
 W_QUANTILE = 99.75
-W_CHUNK = 10  # Wasserstein draws per chunk of calibration work (~1 ms each)
+W_CHUNK = 4  # Wasserstein draws per chunk of calibration work (~0.4 ms each; the draws are
+# one random stream whatever the chunk, so the thresholds do not depend on it)
 _EPS = 1e-4
 # Quantile levels for Wasserstein, the outer 1% of each tail left out: the profile knows the
 # extremes only as one min and one max, too coarse to compare tails against.
@@ -177,10 +179,10 @@ class FeatureReference:
             return cached
         rng = np.random.default_rng(size)
         q = self.ref_p / self.ref_p.sum()
-        p = rng.multinomial(size, q, size=NULL_DRAWS) / size
+        p = _multinomials(rng, size, q) / size
         # The profile is itself a sample: compare with a redrawn reference of the same size, so
         # a small training sample's own noise is not taken for drift.
-        r = (rng.multinomial(self.ref_rows, q, size=NULL_DRAWS) / self.ref_rows
+        r = (_multinomials(rng, self.ref_rows, q) / self.ref_rows
              if self.ref_rows else np.broadcast_to(q, p.shape))
         pc, rc = np.clip(p, _EPS, None), np.clip(r, _EPS, None)
         psis = np.sum((pc - rc) * np.log(pc / rc), axis=1)
@@ -211,6 +213,18 @@ class FeatureReference:
         return out
 
 
+def _multinomials(rng: np.random.Generator, n: int, q: np.ndarray) -> np.ndarray:
+    """``NULL_DRAWS`` multinomial draws of ``n`` over ``q``, in chunks with the GIL offered
+    back between them (2,000 draws in one call were 2-5 ms in one piece). The draws are one
+    random stream whatever the chunk: the same numbers as one call."""
+    parts = []
+    for start in range(0, NULL_DRAWS, NULL_CHUNK):
+        if start:
+            _yield()
+        parts.append(rng.multinomial(n, q, size=min(NULL_CHUNK, NULL_DRAWS - start)))
+    return np.concatenate(parts)
+
+
 def _yield() -> None:
     """Offer the GIL to other threads (the event loop) between two chunks of numpy work: on
     the tick's thread (a prediction baseline's first thresholds, in a report) a hand-over
@@ -225,6 +239,17 @@ def size_classes(capacity: int) -> list[int]:
     while sizes[-1] * 1.5 <= capacity:
         sizes.append(int(sizes[-1] * 1.5))
     return sizes
+
+
+def _calibrate_all(refs: list[FeatureReference], capacity: int) -> None:
+    """Every size class's thresholds of ``refs``, a class and feature at a time."""
+    for size in size_classes(capacity):
+        for ref in refs:
+            # by class, not ``thresholds(size)``: a class is int(1.5 x the last), so
+            # ``_size_class(size)`` is often the class below it, and the classes left out were
+            # computed in the first report that needed them (~4 ms a feature)
+            ref.class_thresholds(size)
+            _yield()
 
 
 def _size_class(n: int) -> int:
@@ -298,6 +323,7 @@ class DriftMonitor:
         self._lock = threading.Lock()
         self._calibrated = threading.Event()
         self._calibration: threading.Thread | None = None
+        self._prediction_calibrated = False  # every size class of the baseline's thresholds
         self.calibration_s: float | None = None  # how long the calibration took (CPU time)
         self.last_report: dict[str, Any] | None = None
         self._bounds: tuple[np.ndarray, np.ndarray] | None = None
@@ -328,13 +354,7 @@ class DriftMonitor:
     def _calibrate(self) -> None:
         t0 = time.thread_time()
         try:
-            for size in size_classes(self.window.capacity):
-                for ref in self.references.values():
-                    # by class, not ``thresholds(size)``: a class is int(1.5 x the last), so
-                    # ``_size_class(size)`` is often the class below it, and the classes left
-                    # out were computed in the first report that needed them (~4 ms a feature)
-                    ref.class_thresholds(size)
-                    _yield()
+            _calibrate_all(list(self.references.values()), self.window.capacity)
         finally:
             self.calibration_s = time.thread_time() - t0
             self._calibrated.set()
@@ -395,6 +415,13 @@ class DriftMonitor:
         if self.prediction_ref is not None:
             yield_to_loop()
             prediction = self._one(self.prediction_ref, preds, reference="first live window")
+            if not self._prediction_calibrated and prediction["thresholds"]:
+                # The baseline's thresholds for every other window size too, now, once (after
+                # the class this report needed, so its numbers are those it always had):
+                # computed as the window filled, each new size class was ~1 ms of thresholds
+                # in one piece in a later report on the tick. Here in hand-over-sized chunks.
+                _calibrate_all([self.prediction_ref], self.predictions.capacity)
+                self._prediction_calibrated = True
         drifted = [f["feature"] for f in features if f["drift"]]
         report = {
             "model": self.model, "version": self.version,

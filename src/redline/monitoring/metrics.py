@@ -23,7 +23,7 @@ import os
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,9 +54,11 @@ def _bucket_counts(bounds: np.ndarray, values: Any, n: int) -> list[int]:
 
 class _Timing:
     """One histogram: counts per bucket (last = +Inf), the sum, this tick's raw values, and
-    the values folded since the last :meth:`RequestMetrics.settle`."""
+    the values folded since the last :meth:`RequestMetrics.settle` (``pending``, appended to
+    through its bound ``append``: the list is emptied in place, never replaced)."""
 
-    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "flushed", "flushed_sum")
+    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "append", "flushed",
+                 "flushed_sum")
 
     def __init__(self, n_bounds: int) -> None:
         self.counts = [0] * (n_bounds + 1)
@@ -64,6 +66,7 @@ class _Timing:
         self.recent: list[np.ndarray] = []
         self.recent_n = 0
         self.pending: list[int] = []
+        self.append = self.pending.append
         self.flushed = [0] * (n_bounds + 1)
         self.flushed_sum = 0
 
@@ -71,15 +74,28 @@ class _Timing:
 class _Series:
     """Everything recorded for one (api, model, version)."""
 
-    __slots__ = ("timings", "requests", "rows", "rows_flushed", "rows_pending", "feature_age")
+    __slots__ = ("timings", "appends", "total", "requests", "rows", "rows_flushed",
+                 "rows_pending", "feature_age")
 
     def __init__(self) -> None:
         self.timings: dict[str, _Timing] = {}
+        # stage -> its pending list's bound append, and the total's: the fold's only lookups
+        self.appends: dict[str, Callable[[int], None]] = {}
+        self.total: Callable[[int], None] | None = None
         self.requests: dict[tuple[str, str, str], int] = {}  # (transport, path, status) -> n
         self.rows = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_flushed = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_pending: list[int] = []
         self.feature_age: list[float] = []  # seconds, this tick
+
+    def timing(self, stage: str, n_bounds: int) -> Callable[[int], None]:
+        """The bound append of ``stage``'s pending list, made at the stage's first value."""
+        t = self.timings[stage] = _Timing(n_bounds)
+        if stage == TOTAL:
+            self.total = t.append
+        else:
+            self.appends[stage] = t.append
+        return t.append
 
 
 class RequestMetrics:
@@ -99,7 +115,8 @@ class RequestMetrics:
         self.fold((record,))
 
     def fold(self, records: Iterable[RequestRecord]) -> None:
-        """Append each record's timings to its series' pending lists (plain appends only)."""
+        """Append each record's timings to its series' pending lists (plain appends only:
+        one dict lookup per series and per stage, then a bound ``list.append``)."""
         series_map = self.series
         n_bounds = len(self._bounds_ns)
         cap = self._recent_cap
@@ -108,16 +125,17 @@ class RequestMetrics:
             series = series_map.get(key)
             if series is None:
                 series = series_map[key] = _Series()
-            timings = series.timings
+            appends = series.appends
             for stage, start, end in record.spans:
-                t = timings.get(stage)
-                if t is None:
-                    t = timings[stage] = _Timing(n_bounds)
-                t.pending.append(end - start)
-            t = timings.get(TOTAL)
-            if t is None:
-                t = timings[TOTAL] = _Timing(n_bounds)
-            t.pending.append((record.end_ns or record.start_ns) - record.start_ns)
+                append = appends.get(stage)
+                if append is None:
+                    append = series.timing(stage, n_bounds)
+                append(end - start)
+            total = series.total
+            if total is None:
+                total = series.timing(TOTAL, n_bounds)
+            start = record.start_ns
+            total((record.end_ns or start) - start)
             rkey = (record.transport, record.path, record.status)
             requests = series.requests
             requests[rkey] = requests.get(rkey, 0) + 1
@@ -131,14 +149,19 @@ class RequestMetrics:
 
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
+        for _ in self.settle_steps():
+            pass
+
+    def settle_steps(self) -> Iterator[None]:
+        """``settle``, one stage at a time: the tick lets the loop serve between steps."""
         bounds, n = self._bounds, len(self._bounds_ns) + 1
         cap = self._recent_cap
-        for series in self.series.values():
-            for t in series.timings.values():
+        for series in list(self.series.values()):
+            for t in list(series.timings.values()):
                 if not t.pending:
                     continue
                 values = np.asarray(t.pending, dtype=np.int64)
-                t.pending = []
+                t.pending.clear()  # in place (same step): the fold holds its bound append
                 for i, c in enumerate(_bucket_counts(bounds, values, n)):
                     if c:
                         t.counts[i] += c
@@ -146,31 +169,38 @@ class RequestMetrics:
                 if t.recent_n < cap:
                     t.recent.append(values[: cap - t.recent_n])
                     t.recent_n += min(values.size, cap - t.recent_n)
+                yield
             if series.rows_pending:
-                counts = _bucket_counts(self._rows_bounds, series.rows_pending,
-                                        len(ROW_BUCKETS) + 1)
-                series.rows_pending = []
+                rows, series.rows_pending = series.rows_pending, []
+                counts = _bucket_counts(self._rows_bounds, rows, len(ROW_BUCKETS) + 1)
                 for i, c in enumerate(counts):
                     if c:
                         series.rows[i] += c
 
     def take_tick(self) -> dict[tuple[str, str, str], dict[str, Any]]:
         """This tick's count and exact p50/p95/p99 (µs) per stage, per series; clears the tick."""
-        self.settle()
         out: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for key, series in self.series.items():
+        for _ in self.take_tick_steps(out):
+            pass
+        return out
+
+    def take_tick_steps(self, out: dict[tuple[str, str, str], dict[str, Any]]
+                        ) -> Iterator[None]:
+        """``take_tick`` into ``out``, a stage at a time (the settle first, in its steps)."""
+        yield from self.settle_steps()
+        for key, series in list(self.series.items()):
             stages: dict[str, dict[str, float]] = {}
-            for stage, t in series.timings.items():
+            for stage, t in list(series.timings.items()):
                 if not t.recent:
                     continue
-                values = np.concatenate(t.recent).astype(np.float64) / 1000.0
-                t.recent, t.recent_n = [], 0
+                recent, t.recent, t.recent_n = t.recent, [], 0
+                values = np.concatenate(recent).astype(np.float64) / 1000.0
                 p = np.percentile(values, PERCENTILES)
                 stages[stage] = {"n": int(values.size), "p50": round(float(p[0]), 1),
                                  "p95": round(float(p[1]), 1), "p99": round(float(p[2]), 1)}
+                yield
             if stages:
                 out[key] = stages
-        return out
 
 
 class SlowLog:
@@ -345,9 +375,14 @@ class PrometheusExport:
     # ------------------------------------------------------------------ from the records
     def flush(self, metrics: RequestMetrics) -> None:
         """Add what :class:`RequestMetrics` counted since the last flush."""
-        metrics.settle()
-        for (api, model, version), series in metrics.series.items():
-            for stage, t in series.timings.items():
+        for _ in self.flush_steps(metrics):
+            pass
+
+    def flush_steps(self, metrics: RequestMetrics) -> Iterator[None]:
+        """``flush``, a stage at a time (the tick lets the loop serve between steps)."""
+        yield from metrics.settle_steps()
+        for (api, model, version), series in list(metrics.series.items()):
+            for stage, t in list(series.timings.items()):
                 child = (self.duration.labels(api, model, version) if stage == TOTAL
                          else self.stage.labels(api, model, version, stage))
                 _add_histogram(child, t.counts, t.flushed, t.sum_ns - t.flushed_sum, 1e-9)
@@ -355,6 +390,7 @@ class PrometheusExport:
                     self._flush_over(api, model, version, t.counts)
                 t.flushed = list(t.counts)
                 t.flushed_sum = t.sum_ns
+                yield
             for (transport, path, status), n in list(series.requests.items()):
                 key = (api, model, version, transport, path, status)
                 done = metrics.requests_flushed.get(key, 0)
@@ -367,10 +403,9 @@ class PrometheusExport:
                                0, 1.0)
                 series.rows_flushed = list(rows)
             if series.feature_age:
-                child = self.feature_age.labels(model)
-                for age in series.feature_age:
-                    child.observe(age)
-                series.feature_age = []
+                ages, series.feature_age = series.feature_age, []
+                _observe_all(self.feature_age.labels(model), ages)
+                yield
 
     def _flush_over(self, api: str, model: str, version: str, counts: list[int]) -> None:
         # The objective is a bucket boundary (latency_buckets), so this count is exact.
@@ -417,6 +452,19 @@ def _add_histogram(child: Any, counts: list[int], flushed: list[int], dsum: floa
             child._buckets[i].inc(now_n - was)
     if dsum:
         child._sum.inc(dsum * unit)
+
+
+def _observe_all(child: Any, values: list[float]) -> None:
+    """``child.observe(v)`` for every value, bucketed at once: ``observe`` counts a value in the
+    first bucket whose upper bound is >= it, as ``searchsorted(side="left")`` does (one
+    ``observe`` per value was ~1.5 µs, ~0.75 ms a tick for 500 feature ages)."""
+    bounds = np.asarray(child._upper_bounds, dtype=np.float64)
+    counts = np.bincount(np.searchsorted(bounds, np.asarray(values, dtype=np.float64),
+                                         side="left"), minlength=bounds.size)
+    for i, c in enumerate(counts.tolist()):
+        if c:
+            child._buckets[i].inc(c)
+    child._sum.inc(math.fsum(values))
 
 
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "half-open": 1, "open": 2}

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("redline.monitoring")
 
-ABSORB_SLICE = 128  # records absorbed between two hand-overs to the loop (~0.3 ms of work)
+ABSORB_SLICE = 32  # records absorbed (and freed) between two hand-overs to the loop (~0.5 ms)
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
 
@@ -106,16 +106,28 @@ class ModelWindows:
                 self.sampled_out += len(rest) - room
                 rest = random.sample(rest, room)
             records = with_id + rest
+        # A slice at a time, each slice's records let go of before the next hand-over:
+        # freeing a tick's ~500 finished records at once (their spans, inputs and outputs)
+        # held the GIL for ~2.5 ms in one piece, after the last slice.
+        records.reverse()  # slices come off the end, oldest first
+        while records:
+            chunk = records[-ABSORB_SLICE:]
+            del records[-ABSORB_SLICE:]
+            chunk.reverse()
+            yield_to_loop()  # on the tick's thread: the loop first
+            self._absorb_slice(chunk)
+            del chunk  # the records go here, in this unit of work
+        self.records_seen += taken
+        return taken
+
+    def _absorb_slice(self, records: list[RequestRecord]) -> None:
+        """One slice of records into the windows, by version (in arrival order)."""
         groups: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
         for r in records:
             groups.setdefault((r.model, r.version), []).append((r.request_id, r.inputs,
                                                                  r.outputs))
         for key, items in groups.items():
-            for start in range(0, len(items), ABSORB_SLICE):
-                yield_to_loop()  # on the tick's thread: the loop first
-                self._absorb_version(key, items[start:start + ABSORB_SLICE])
-        self.records_seen += taken
-        return taken
+            self._absorb_version(key, items)
 
     def prepare(self, keys: list[tuple[str, str]]) -> None:
         """Make the monitors of these versions now (at load) and start their calibration."""
