@@ -248,18 +248,7 @@ class _SourcePlan:
                         for gid, fld, hll, gi in groups])
             for _head, _tail, ttl, tag, groups in self.views
         ]
-        # entity id -> (its keys per view, its schema-2 hash), bounded like ``hll_cache``
-        self.key_cache: dict[str, tuple[list[str], str]] = {}
-
-    def keys_of(self, eid: str) -> tuple[list[str], str]:
-        """The keys of entity ``eid``: one per view (the memory store's), and its Redis hash."""
-        got = self.key_cache.get(eid)
-        if got is None:
-            if len(self.key_cache) > 100_000:
-                self.key_cache.clear()
-            got = self.key_cache[eid] = ([head + eid + tail for head, tail, *_ in self.views],
-                                         self.store_head + eid + self.store_tail)
-        return got
+        self.heads = [(head, tail) for head, tail, *_ in self.views]
 
     def hll(self, name: str, value: Any) -> tuple[int, int]:
         cache = self.hll_cache[name]
@@ -426,7 +415,8 @@ class EventDecoder:
         spots = [None if ts // tile_ms < arrival // tile_ms - tiles + 1
                  else (ts // tile_ms, ts // tile_ms % ring)
                  for tile_ms, tiles, ring in plan.grids]
-        names, skey = plan.keys_of(eid)
+        names = [head + eid + tail for head, tail in plan.heads]
+        skey = plan.store_head + eid + plan.store_tail
         key_index = batch.key_index
         for name, (ttl, vtag, groups) in zip(names, plan.view_ops, strict=True):
             k = -1

@@ -54,9 +54,11 @@ def _bucket_counts(bounds: np.ndarray, values: Any, n: int) -> list[int]:
 
 class _Timing:
     """One histogram: counts per bucket (last = +Inf), the sum, this tick's raw values, and
-    the values folded since the last :meth:`RequestMetrics.settle`."""
+    the values folded since the last :meth:`RequestMetrics.settle` (``pending``, appended to
+    through its bound ``append``: the list is emptied in place, never replaced)."""
 
-    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "flushed", "flushed_sum")
+    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "append", "flushed",
+                 "flushed_sum")
 
     def __init__(self, n_bounds: int) -> None:
         self.counts = [0] * (n_bounds + 1)
@@ -64,6 +66,7 @@ class _Timing:
         self.recent: list[np.ndarray] = []
         self.recent_n = 0
         self.pending: list[int] = []
+        self.append = self.pending.append
         self.flushed = [0] * (n_bounds + 1)
         self.flushed_sum = 0
 
@@ -71,15 +74,28 @@ class _Timing:
 class _Series:
     """Everything recorded for one (api, model, version)."""
 
-    __slots__ = ("timings", "requests", "rows", "rows_flushed", "rows_pending", "feature_age")
+    __slots__ = ("timings", "appends", "total", "requests", "rows", "rows_flushed",
+                 "rows_pending", "feature_age")
 
     def __init__(self) -> None:
         self.timings: dict[str, _Timing] = {}
+        # stage -> its pending list's bound append, and the total's: the fold's only lookups
+        self.appends: dict[str, Callable[[int], None]] = {}
+        self.total: Callable[[int], None] | None = None
         self.requests: dict[tuple[str, str, str], int] = {}  # (transport, path, status) -> n
         self.rows = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_flushed = [0] * (len(ROW_BUCKETS) + 1)
         self.rows_pending: list[int] = []
         self.feature_age: list[float] = []  # seconds, this tick
+
+    def timing(self, stage: str, n_bounds: int) -> Callable[[int], None]:
+        """The bound append of ``stage``'s pending list, made at the stage's first value."""
+        t = self.timings[stage] = _Timing(n_bounds)
+        if stage == TOTAL:
+            self.total = t.append
+        else:
+            self.appends[stage] = t.append
+        return t.append
 
 
 class RequestMetrics:
@@ -99,7 +115,8 @@ class RequestMetrics:
         self.fold((record,))
 
     def fold(self, records: Iterable[RequestRecord]) -> None:
-        """Append each record's timings to its series' pending lists (plain appends only)."""
+        """Append each record's timings to its series' pending lists (plain appends only:
+        one dict lookup per series and per stage, then a bound ``list.append``)."""
         series_map = self.series
         n_bounds = len(self._bounds_ns)
         cap = self._recent_cap
@@ -108,16 +125,17 @@ class RequestMetrics:
             series = series_map.get(key)
             if series is None:
                 series = series_map[key] = _Series()
-            timings = series.timings
+            appends = series.appends
             for stage, start, end in record.spans:
-                t = timings.get(stage)
-                if t is None:
-                    t = timings[stage] = _Timing(n_bounds)
-                t.pending.append(end - start)
-            t = timings.get(TOTAL)
-            if t is None:
-                t = timings[TOTAL] = _Timing(n_bounds)
-            t.pending.append((record.end_ns or record.start_ns) - record.start_ns)
+                append = appends.get(stage)
+                if append is None:
+                    append = series.timing(stage, n_bounds)
+                append(end - start)
+            total = series.total
+            if total is None:
+                total = series.timing(TOTAL, n_bounds)
+            start = record.start_ns
+            total((record.end_ns or start) - start)
             rkey = (record.transport, record.path, record.status)
             requests = series.requests
             requests[rkey] = requests.get(rkey, 0) + 1
@@ -142,8 +160,8 @@ class RequestMetrics:
             for t in list(series.timings.values()):
                 if not t.pending:
                     continue
-                pending, t.pending = t.pending, []
-                values = np.asarray(pending, dtype=np.int64)
+                values = np.asarray(t.pending, dtype=np.int64)
+                t.pending.clear()  # in place (same step): the fold holds its bound append
                 for i, c in enumerate(_bucket_counts(bounds, values, n)):
                     if c:
                         t.counts[i] += c

@@ -4,16 +4,19 @@ Tracing in Python usually costs tens of microseconds per span on the request pat
 request path pays for one decision, made when the request has finished and before its response
 is sent: keep this request's trace or not. Head sampling keeps a share of requests (and every
 request whose W3C ``traceparent`` says the caller sampled it); the tail rule also keeps every
-request that failed or was slower than its threshold. Nothing is built for it: the decision
-picks the trace and server-span ids (one random draw, one string), and the response carries
+request that failed or was slower than its threshold. Nothing is built for it: for a kept
+request, or one whose caller sent a ``traceparent``, the decision picks the trace and
+server-span ids (one random draw, one string) and the response carries
 ``traceparent: 00-<trace>-<that span id>-<01 kept | 00 not>`` (HTTP header, gRPC trailing
-metadata) so a client can find its trace. The monitor's tick hands the kept records to a
-bounded queue; a background thread encodes each as one server span with a child span per stage
-(real start and end times, from the record's clock anchor, and the ids the response named)
-directly into OTLP protobuf messages (``opentelemetry-proto``) and posts them in batches, about
-once a second. No OpenTelemetry SDK span is made: SDK spans plus their OTLP encoding cost ~160
-µs per kept request, these messages ~15 µs (``docs/performance.md#observability``). When the
-queue is full the record is dropped and counted: export never blocks a request.
+metadata) so a client can find its trace; a request that is neither (most of them) is not
+exported and no caller knows its trace, so it gets no ids and no header. The monitor's tick
+hands the kept records to a bounded queue; a background thread encodes each as one server
+span with a child span per stage (real start and end times, from the record's clock anchor,
+and the ids the response named) directly into OTLP protobuf messages (``opentelemetry-proto``)
+and posts them in batches, about once a second. No OpenTelemetry SDK span is made: SDK spans
+plus their OTLP encoding cost ~160 µs per kept request, these messages ~15 µs
+(``docs/performance.md#observability``). When the queue is full the record is dropped and
+counted: export never blocks a request.
 
 The parent of a request's span is the caller's ``traceparent`` (HTTP header or gRPC metadata),
 so redline's spans join the caller's trace. Spans go over OTLP/HTTP (protobuf) when
@@ -106,26 +109,31 @@ class TraceExport:
         self._thread.start()
 
     # ------------------------------------------------------------------ on the request path
-    def response_traceparent(self, record: RequestRecord) -> str:
-        """Decide now whether ``record``'s spans are kept, pick its trace and server span ids,
-        and return the ``traceparent`` its response carries (nothing else is made).
+    def response_traceparent(self, record: RequestRecord) -> str | None:
+        """Decide now whether ``record``'s spans are kept and return the ``traceparent`` its
+        response carries, or None when there is nothing to name.
 
-        An unsampled request pays for the decision, one random draw and one format: the ids
-        are written straight into the header, and copied onto the record only when its spans
-        are kept (the export needs them; nothing reads them otherwise)."""
+        The common request (no caller ``traceparent``, answered ok and in time, not in the
+        head sample) pays for the decision alone: a dict lookup, a comparison and one random
+        draw. Its trace is not exported and no caller knows it, so its response names none and
+        no ids are made (~1 µs a request). A kept request, or one whose caller sent a
+        ``traceparent``, gets its trace (the caller's or a new one) and server span ids, named
+        in the response and copied onto the record for the export."""
         caller = record.traceparent
         if caller is None and record.status == "ok":  # the common case, without the calls
             limit = self._slow_ns.get(record.model)
             if limit is None:
                 keep = self._keep(record)  # the model's first request: learns its threshold
             else:  # tail (slower than the threshold), else head (our share)
-                keep = ((record.end_ns or record.start_ns) - record.start_ns > limit
+                keep = (record.end_ns - record.start_ns > limit
                         or self._random() < self.sample_ratio)
+            record.trace_keep = keep
+            if not keep:
+                return None
             parent = None
         else:
             parent = parse_traceparent(caller) if caller is not None else None
-            keep = self._keep(record, parent)
-        record.trace_keep = keep
+            keep = record.trace_keep = self._keep(record, parent)
         if parent is None:
             bits = self._bits(192)  # a new trace id (128 bits) and the server span's id (64)
             if not bits & _MASK64 or not bits >> 64:

@@ -404,7 +404,7 @@ class RestApp:
             request.id = rid
             payload, _ = encode_rest(handle.name, handle.version_str, outputs, request)
         if record is not None:
-            record.add(ENCODE, t_enc, perf_ns())
+            record.spans.append((ENCODE, t_enc, perf_ns()))  # record.add, one call less
         return 200, payload, [_JSON]
 
     @staticmethod
@@ -598,7 +598,7 @@ def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: 
     record.model, record.version = handle.name, handle.version_str
     record.request_id = rid or ""
     record.rows = rows
-    record.add(DECODE, record.start_ns, perf_ns())
+    record.spans.append((DECODE, record.start_ns, perf_ns()))  # record.add, one call less
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

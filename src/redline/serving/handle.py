@@ -234,7 +234,7 @@ class ModelHandle:
         t0 = perf_ns()
         outputs = self.batcher.run_now(inputs, rows)
         if outputs is not None:
-            record.add(INFERENCE, t0, perf_ns())
+            record.spans.append((INFERENCE, t0, perf_ns()))  # record.add, one call less
             self._keep_io(record, inputs, outputs, t0)
         return outputs
 

@@ -31,39 +31,64 @@ perf_ns = time.perf_counter_ns  # the clock every span uses (the same as ``deadl
 _wall_ns = time.time_ns
 
 
-class RequestRecord:
-    """What one request did: which API and model, which path served it, and each stage's span."""
+class _RareFields:
+    """The record's fields most requests never set, as class-level defaults: a record pays
+    nothing for them until one is written (then into its lazily made ``__dict__``)."""
 
-    __slots__ = (
-        "api", "transport", "model", "version", "path", "status", "request_id",
-        "traceparent", "start_ns", "wall_ns", "end_ns", "spans", "rows", "inputs",
-        "outputs", "entity_key", "attributes", "trace_keep", "trace_id", "span_id",
-    )
+    entity_key: str | None = None
+    # The trace and server-span ids a kept request's response named (tracing, when kept).
+    trace_id: str | None = None          # 32 hex digits
+    span_id: str | None = None           # 16 hex digits
+    _wall: int = 0                       # the wall-clock anchor, once read (``wall_ns``)
+
+
+class RequestRecord(_RareFields):
+    """What one request did: which API and model, which path served it, and each stage's span.
+
+    Built on every monitored request, so it is kept cheap: the fields a request writes or
+    the monitor reads for every record are slots, set by the constructor with one clock read;
+    the few that only some records use are class defaults (:class:`_RareFields`: a slot read
+    is faster, a class default costs nothing until written), and the wall-clock anchor is
+    computed when something reads it (trace export, slow log: off the request path) instead of
+    a ``time.time_ns()`` per request."""
+
+    __slots__ = ("api", "transport", "model", "version", "path", "status", "request_id",
+                 "traceparent", "start_ns", "end_ns", "spans", "rows", "inputs", "outputs",
+                 "attributes", "trace_keep")
 
     def __init__(self, api: str, transport: str, start_ns: int | None = None) -> None:
         self.api = api                      # "v2" | "v1"
         self.transport = transport          # "rest" | "grpc"
-        self.model = ""
-        self.version = ""
+        self.model = self.version = self.request_id = ""
         self.path = "primary"               # primary | fallback | cache | default
         self.status = "ok"                  # "ok" or a RedlineError code
-        self.request_id = ""
         self.traceparent: str | None = None  # W3C header as received, if any
-        now = _perf_ns()  # one clock read serves both the start and the wall-clock anchor
-        self.start_ns = now if start_ns is None else start_ns
-        self.wall_ns = _wall_ns() - (now - self.start_ns)
+        self.start_ns = _perf_ns() if start_ns is None else start_ns
         self.end_ns = 0
         self.spans: list[tuple[str, int, int]] = []   # (stage, start_ns, end_ns)
         self.rows = 0
         self.inputs: Any = None             # decoded model inputs (for drift), when kept
         self.outputs: Any = None            # model outputs (for drift/quality), when kept
-        self.entity_key: str | None = None
         self.attributes: dict[str, Any] | None = None
         # Set by a tracing observer when it answers ``Observers.traceparent``: whether this
-        # request's spans are kept, and the trace and server-span ids the response names.
+        # request's spans are kept (None: not decided yet).
         self.trace_keep: bool | None = None
-        self.trace_id: str | None = None     # 32 hex digits
-        self.span_id: str | None = None      # 16 hex digits
+
+    @property
+    def wall_ns(self) -> int:
+        """``start_ns`` on the wall clock (``time.time_ns()``), for exported spans' real times.
+
+        Computed from the two clocks' offset when first read, within seconds of the request
+        (the trace export, the slow log), so the request path does not read the wall clock;
+        fixed once read."""
+        wall = self._wall
+        if not wall:
+            wall = self._wall = self.start_ns + (_wall_ns() - _perf_ns())
+        return wall
+
+    @wall_ns.setter
+    def wall_ns(self, value: int) -> None:
+        self._wall = value
 
     def add(self, stage: str, start_ns: int, end_ns: int) -> None:
         self.spans.append((stage, start_ns, end_ns))
