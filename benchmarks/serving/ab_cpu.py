@@ -1,5 +1,6 @@
-"""Server CPU per request, interleaved: the bare ASGI floor, redline, and optionally an older
-redline, on the demo forest (REST JSON, one FP32 row of 30 features).
+"""Server CPU per request, interleaved: the bare floor, redline, and optionally an older
+redline, on the demo forest (one FP32 row of 30 features; REST JSON against the bare ASGI
+floor, or with ``--protocol grpc`` V2 gRPC against the bare grpc.aio floor).
 
 Why a separate script: on a shared 2-core machine throughput and latency swing with other
 people's work, while the server process's CPU time per request barely moves. All servers run
@@ -11,7 +12,7 @@ setup.sh and train.py ran, ``$KIT_VENV`` the venv setup.sh made)::
 
     git archive <rev> src | tar -x -C "$BEFORE"      # optional: an older redline to compare
     .venv/bin/python benchmarks/serving/ab_cpu.py --kit "$KIT" --kit-venv "$KIT_VENV" \
-        --before "$BEFORE/src" -c 8 --rounds 9 --duration 2
+        --before "$BEFORE/src" -c 8 --rounds 9 --duration 2 [--protocol grpc]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
                     help="environment of redline_before (this tree unless --before), e.g. "
                          "REDLINE_SERVER__GIL_SWITCH_INTERVAL_MS=5")
     ap.add_argument("-c", "--concurrency", type=int, default=8)
+    ap.add_argument("--protocol", choices=("json", "grpc"), default="json",
+                    help="REST JSON against the bare ASGI floor, or V2 gRPC against bare grpc.aio")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--duration", type=float, default=2.0)
     ap.add_argument("--no-monitoring", action="store_true",
@@ -52,9 +55,13 @@ def main() -> None:
                     str(kit / "models/rf.onnx"), str(scratch / "repo")], check=True)
     uv = ["-m", "uvicorn", "--http", "httptools", "--loop", "uvloop", "--no-access-log"]
     serve = [PY, "-m", "redline.cli", "serve", "--no-watch", "--repository", str(scratch / "repo")]
+    grpc = args.protocol == "grpc"
+    floor = (("raw_grpc", [str(args.kit_venv / "bin/python"), "raw_grpc.py"], 0) if grpc else
+             ("raw_asgi", [str(args.kit_venv / "bin/python"), *uv, "raw_asgi:app", "--port",
+                           "8097"], 8097))
+    # name -> (command, cwd, HTTP port to wait for (0: none), environment)
     servers: dict[str, tuple[list[str], Path, int, dict[str, str]]] = {
-        "raw_asgi": ([str(args.kit_venv / "bin/python"), *uv, "raw_asgi:app", "--port", "8097"],
-                     kit, 8097, {"MODEL": str(kit / "models/rf.onnx")}),
+        floor[0]: (floor[1], kit, floor[2], {"MODEL": str(kit / "models/rf.onnx")}),
         # One process: `redline serve` defaults to a worker per core (scaling.workers: 0), and
         # this measures one server process's CPU per request.
         "redline": ([*serve, "--http-port", "8300", "--grpc-port", "8301"], ROOT, 8300,
@@ -73,15 +80,21 @@ def main() -> None:
             procs[name] = subprocess.Popen(["taskset", "-c", "0", *cmd], cwd=cwd,
                                            env={**os.environ, **env},
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_http(port, "/v2/health/live")
-        time.sleep(2)
+            if port:
+                wait_http(port, "/v2/health/live")
+        time.sleep(3 if grpc else 2)  # the bare grpc.aio server has no HTTP to wait for
+        # where the load goes: the HTTP port, or the gRPC port beside it (8098 for the floor)
+        urls = {name: (f"127.0.0.1:{port + 1 if port else 8098}" if grpc
+                       else f"http://127.0.0.1:{port}") for name, (_, _, port, _) in
+                servers.items()}
         rows: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in servers}
         for _ in range(args.rounds):
-            for name, (_, _, port, _) in servers.items():
+            for name in servers:
                 before = cpu_seconds(procs[name].pid)
                 done = subprocess.run(
                     ["taskset", "-c", "1", PY, "-m", "redline.cli", "bench", "--url",
-                     f"http://127.0.0.1:{port}", "--model", "rf", "--input", "X:FP32:1x30",
+                     urls[name], "--protocol", args.protocol, "--model", "rf",
+                     "--input", "X:FP32:1x30",
                      "-c", str(args.concurrency), "--duration", str(args.duration),
                      "--warmup", "0.3", "--json"],
                     capture_output=True, text=True, check=True, cwd=ROOT)
@@ -93,6 +106,7 @@ def main() -> None:
         for p in procs.values():
             p.terminate()
     print(f"medians of {args.rounds} rounds of {args.duration} s\n"
+          f"({args.protocol})\n"
           "| server | c | req/s | p50 ms | p99 ms | server CPU µs/req |\n"
           "| --- | --- | --- | --- | --- | --- |")
     for name, rs in rows.items():
