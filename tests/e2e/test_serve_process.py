@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -141,3 +142,21 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "cannot listen for HTTP" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_one_port_for_http_and_grpc_is_refused(tmp_path: Path) -> None:
+    """gRPC binds with SO_REUSEPORT: on HTTP's port it would take a random share of HTTP's
+    connections, so the same port for both is a clear configuration error."""
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model())
+    port = free_port()
+    for workers in ("1", "2"):  # in this process, and behind the worker supervisor
+        done = subprocess.run(
+            [sys.executable, "-m", "redline.cli", "serve", "--repository",
+             str(tmp_path / "repo"), "--http-port", str(port), "--grpc-port", str(port),
+             "--no-watch"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "REDLINE_SCALING__WORKERS": workers})
+        assert done.returncode == 2, (workers, done.stderr)
+        assert f"127.0.0.1:{port}" in done.stderr and "--grpc-port" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -190,17 +190,21 @@ def test_overload_maps_to_429_and_resource_exhausted(served: ServerThread) -> No
     body = {"inputs": [{"name": "x", "shape": [1, 384], "datatype": "FP32",
                         "data": x.ravel().tolist()}]}
     stop = threading.Event()
+    ran = threading.Event()  # one slow run has finished: the server knows what a run costs
 
     def keep_busy() -> None:  # back-to-back slow runs keep the model's queue busy
         with httpx.Client(base_url=served.http, timeout=30) as c:
             while not stop.is_set():
                 c.post("/v2/models/slow/infer", json=body)
+                ran.set()
 
     busy = [threading.Thread(target=keep_busy) for _ in range(2)]
     for t in busy:
         t.start()
     try:
-        time.sleep(0.1)
+        # A fixed 0.1 s was not always enough on a loaded machine for the first run to end.
+        assert ran.wait(30), "the slow model never answered"
+        time.sleep(0.05)
         r = httpx.post(f"{served.http}/v2/models/slow/infer", json=body,
                        headers={"x-redline-budget-ms": "1"}, timeout=30)
         assert r.status_code == 429, r.text
