@@ -458,13 +458,9 @@ def _observe_all(child: Any, values: list[float]) -> None:
     """``child.observe(v)`` for every value, bucketed at once: ``observe`` counts a value in the
     first bucket whose upper bound is >= it, as ``searchsorted(side="left")`` does (one
     ``observe`` per value was ~1.5 µs, ~0.75 ms a tick for 500 feature ages)."""
-    bounds = np.asarray(child._upper_bounds, dtype=np.float64)
-    counts = np.bincount(np.searchsorted(bounds, np.asarray(values, dtype=np.float64),
-                                         side="left"), minlength=bounds.size)
-    for i, c in enumerate(counts.tolist()):
-        if c:
-            child._buckets[i].inc(c)
-    child._sum.inc(math.fsum(values))
+    bounds = np.asarray(child._upper_bounds, dtype=np.float64)  # the last one is +Inf
+    counts = _bucket_counts(bounds, np.asarray(values, dtype=np.float64), bounds.size)
+    _add_histogram(child, counts, [0] * bounds.size, math.fsum(values), 1.0)
 
 
 BREAKER_LEVEL = {"closed": 0, "half_open": 1, "half-open": 1, "open": 2}
