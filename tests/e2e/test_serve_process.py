@@ -145,8 +145,8 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_one_port_for_http_and_grpc_is_refused(tmp_path: Path) -> None:
-    """gRPC binds with SO_REUSEPORT: on HTTP's port it would take a random share of HTTP's
-    connections, so the same port for both is a clear configuration error."""
+    """One port for HTTP and gRPC is a clear configuration error: once gRPC was bound beside
+    an HTTP socket that did not listen yet and took a random share of HTTP's connections."""
     repo = ModelRepository(tmp_path / "repo")
     repo.add_onnx("affine", affine_model())
     port = free_port()

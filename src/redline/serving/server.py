@@ -119,14 +119,6 @@ class RedlineServer:
         sock = self.http_socket or _bind(server.host, server.http_port)
         self.http_port = sock.getsockname()[1]
         grpc_server = None
-        if server.grpc_enabled and server.grpc_port and server.grpc_port == self.http_port:
-            # gRPC sets SO_REUSEPORT, so it would bind beside HTTP and the kernel would hand
-            # each connection to either server at random: refuse it instead.
-            sock.close()
-            raise ConfigError(
-                f"cannot listen for gRPC on {server.host}:{self.http_port}: it is the HTTP "
-                "port, and HTTP and gRPC need a port each; choose another --grpc-port (0 = any "
-                "free port) or --no-grpc")
         if server.grpc_enabled:
             grpc_server = create_grpc_server(self.servicer, self.settings,
                                              self._v1_grpc.handlers(),
@@ -209,6 +201,9 @@ def _bind(host: str, port: int) -> socket.socket:
             f"cannot listen for HTTP on {host}:{port}: {exc.strerror}; choose another "
             "--http-port (0 = any free port)"
         ) from None
+    # Listening now, not when uvicorn starts: a socket only bound (SO_REUSEADDR) lets another
+    # bind the same port, and gRPC on HTTP's port then took a random share of its connections.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
