@@ -1,13 +1,18 @@
 """Where each request's inputs and outputs go after it is answered: drift, quality, review.
 
-Nothing here runs on the request path: the monitor's tick folds finished records in batches
-(``fold``: the records the model itself answered go into a bounded deque, by reference), and
-``absorb`` does the numpy work for many requests at once on a worker thread. The deque is
-bounded: when ticks fall behind under a flood, the oldest records are dropped rather than
-memory growing. At most ``monitoring.window_rows_per_s`` records a second (per server) reach
-the windows: beyond it ``absorb`` takes a uniform sample of the requests without a request id
-(every request with one is kept: a label may come for it). A drift window of 5,000 rows then
-spans seconds of traffic rather than a fraction of one, at a bounded cost per second.
+Nothing here runs on the request path: the monitor folds finished records in batches
+(``fold``: of the records the model itself answered, only what the windows read -- model,
+version, request id, the input and output arrays -- goes into a bounded deque, flat, in pieces
+of ``PIECE`` records), and ``absorb`` does the numpy work for many requests at once on a worker
+thread. Keeping five references rather than the record lets the record (several objects the
+garbage collector tracks: itself, its span list, its spans) die at the fold instead of living
+until the tick and being walked by the collections meanwhile; a piece is one tracked list whose
+items (strings, dicts of numpy arrays) the collector does not track. The deque is bounded: when
+ticks fall behind under a flood, the oldest pieces are dropped rather than memory growing. At
+most ``monitoring.window_rows_per_s`` records a second (per server) reach the windows: beyond
+it ``absorb`` takes a uniform sample of the requests without a request id (every request with
+one is kept: a label may come for it). A drift window of 5,000 rows then spans seconds of
+traffic rather than a fraction of one, at a bounded cost per second.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("redline.monitoring")
 
 ABSORB_SLICE = 32  # records absorbed (and freed) between two hand-overs to the loop (~0.5 ms)
+PIECE = 16  # records per pending piece (one list the collector tracks, instead of ~9 a record)
+FIELDS = 5  # a record in a piece: model, version, request id, inputs, outputs
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
 
@@ -49,7 +56,8 @@ class ModelWindows:
         self.review = review
         self.join: JoinBackend = join if join is not None else MemoryBackend()
         self.unsent_error: str | None = None  # why the last flush to a shared join failed
-        self._pending: deque[RequestRecord] = deque(maxlen=max_pending)
+        # Pieces of at most PIECE records, FIELDS items each, flat (see the module's docstring).
+        self._pending: deque[list[Any]] = deque(maxlen=max(1, max_pending // PIECE))
         self.drift: dict[tuple[str, str], DriftMonitor] = {}
         self.quality: dict[tuple[str, str], QualityMonitor] = {}
         self._meta: dict[tuple[str, str], Any] = {}
@@ -64,9 +72,17 @@ class ModelWindows:
 
     def fold(self, records: Iterable[RequestRecord]) -> None:
         # Only what the model itself answered: a fallback's rows are not this model's inputs.
-        self._pending.extend(
-            r for r in records if r.status == "ok" and r.path == "primary"
-            and (r.inputs is not None or r.outputs is not None))
+        append = self._pending.append
+        piece: list[Any] = []
+        for r in records:
+            if r.status == "ok" and r.path == "primary" and (
+                    r.inputs is not None or r.outputs is not None):
+                piece += (r.model, r.version, r.request_id, r.inputs, r.outputs)
+                if len(piece) == PIECE * FIELDS:
+                    append(piece)
+                    piece = []
+        if piece:
+            append(piece)
 
     # ------------------------------------------------------------------ the tick
     def absorb(self) -> int:
@@ -93,39 +109,42 @@ class ModelWindows:
     def _absorb(self) -> int:
         pending = self._pending
         popleft = pending.popleft
-        records = [popleft() for _ in range(len(pending))]  # the loop may append meanwhile
-        taken = len(records)
+        flat: list[Any] = []
+        for _ in range(len(pending)):  # the loop may append meanwhile
+            flat += popleft()
+        taken = len(flat) // FIELDS
         now = time.monotonic()
         budget = max(100, int(self.rows_per_s * (now - self._last_absorb)))
         self._last_absorb = now
+        order: list[int] = list(range(taken))
         if self.rows_per_s and taken > budget:
-            with_id = [r for r in records if r.request_id]
-            rest = [r for r in records if not r.request_id]
+            with_id = [i for i in order if flat[i * FIELDS + 2]]
+            rest = [i for i in order if not flat[i * FIELDS + 2]]
             room = max(0, budget - len(with_id))
             if room < len(rest):
                 self.sampled_out += len(rest) - room
                 rest = random.sample(rest, room)
-            records = with_id + rest
-        # A slice at a time, each slice's records let go of before the next hand-over:
-        # freeing a tick's ~500 finished records at once (their spans, inputs and outputs)
-        # held the GIL for ~2.5 ms in one piece, after the last slice.
-        records.reverse()  # slices come off the end, oldest first
-        while records:
-            chunk = records[-ABSORB_SLICE:]
-            del records[-ABSORB_SLICE:]
-            chunk.reverse()
+            order = with_id + rest
+        # A slice at a time, each slice's arrays let go of before the next hand-over: freeing
+        # a tick's ~500 finished records at once (their spans, inputs and outputs) held the
+        # GIL for ~2.5 ms in one piece, after the last slice.
+        for start in range(0, len(order), ABSORB_SLICE):
             yield_to_loop()  # on the tick's thread: the loop first
-            self._absorb_slice(chunk)
-            del chunk  # the records go here, in this unit of work
+            chunk = order[start:start + ABSORB_SLICE]
+            self._absorb_slice(flat, chunk)
+            for i in chunk:  # the arrays go here, in this unit of work
+                flat[i * FIELDS + 3] = flat[i * FIELDS + 4] = None
         self.records_seen += taken
         return taken
 
-    def _absorb_slice(self, records: list[RequestRecord]) -> None:
-        """One slice of records into the windows, by version (in arrival order)."""
+    def _absorb_slice(self, flat: list[Any], chunk: list[int]) -> None:
+        """One slice of records (indices into ``flat``) into the windows, by version, in
+        arrival order."""
         groups: dict[tuple[str, str], list[tuple[str, Any, Any]]] = {}
-        for r in records:
-            groups.setdefault((r.model, r.version), []).append((r.request_id, r.inputs,
-                                                                 r.outputs))
+        for i in chunk:
+            b = i * FIELDS
+            groups.setdefault((flat[b], flat[b + 1]), []).append(
+                (flat[b + 2], flat[b + 3], flat[b + 4]))
         for key, items in groups.items():
             self._absorb_version(key, items)
 
