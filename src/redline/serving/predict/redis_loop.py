@@ -207,34 +207,54 @@ def script_read(client: LoopRedis, reader: Any) -> Any:
     read is the same script as the thread path's. A Redis that lost its scripts (restarted)
     answers NOSCRIPT once; the read is then sent with the script body (EVAL), which loads it.
     """
-    from redis.exceptions import ResponseError
-
     from redline.features.online.redis import RedisReader
 
     assert isinstance(reader, RedisReader) and not reader.store.cluster
-    sha, body = reader.script.sha, reader.script.script
 
-    def start(ids: dict[str, list[str]], done: Callable[[Any, BaseException | None], None]
-              ) -> None:
+    def start(ids: dict[str, list[str]], done: Done) -> None:
         n, keys, args = reader.command(ids)
-
-        def replied(reply: Any, exc: BaseException | None, retry: bool = True) -> None:
-            if exc is None:
-                try:
-                    result = reader.decode_timed(reply, n)  # with the feature age
-                except Exception as bad:  # noqa: BLE001 - a malformed reply fails this read
-                    done(None, bad)
-                    return
-                done(result, None)
-            elif isinstance(exc, hiredis.ReplyError):
-                if retry and str(exc).startswith("NOSCRIPT"):
-                    client.call(["EVAL", body, len(keys), *keys, *args],
-                                lambda r, e: replied(r, e, False))
-                else:
-                    done(None, ResponseError(str(exc)))
-            else:
-                done(None, exc)
-
-        client.call(["EVALSHA", sha, len(keys), *keys, *args], replied)
+        client.call(["EVALSHA", reader.script.sha, len(keys), *keys, *args],
+                    _ScriptReply(client, reader, n, keys, args, done))
 
     return start
+
+
+class _ScriptReply:
+    """The reply callback of one script read, retried once with EVAL after NOSCRIPT.
+
+    An object rather than a closure that names itself for the retry: such a closure is a
+    reference cycle (function -> its cell -> the function), so every read's callback, with
+    everything it held (keys, arguments, the fetcher's batch), lived until the garbage
+    collector found it -- ~25 objects a read, which set the young collections' pace and
+    length on the /v1 path (docs/performance.md#pipeline). Without the cycle it is freed
+    as soon as it has run."""
+
+    __slots__ = ("client", "reader", "n", "keys", "args", "done", "retry")
+
+    def __init__(self, client: LoopRedis, reader: Any, n: int, keys: list[Any],
+                 args: list[Any], done: Done) -> None:
+        self.client, self.reader, self.n = client, reader, n
+        self.keys, self.args, self.done = keys, args, done
+        self.retry = True
+
+    def __call__(self, reply: Any, exc: BaseException | None) -> None:
+        done = self.done
+        if exc is None:
+            try:
+                result = self.reader.decode_timed(reply, self.n)  # with the feature age
+            except Exception as bad:  # noqa: BLE001 - a malformed reply fails this read
+                done(None, bad)
+                return
+            done(result, None)
+        elif isinstance(exc, hiredis.ReplyError):
+            if self.retry and str(exc).startswith("NOSCRIPT"):
+                self.retry = False
+                keys = self.keys
+                self.client.call(["EVAL", self.reader.script.script, len(keys), *keys,
+                                  *self.args], self)
+            else:
+                from redis.exceptions import ResponseError
+
+                done(None, ResponseError(str(exc)))
+        else:
+            done(None, exc)
