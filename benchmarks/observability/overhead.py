@@ -94,6 +94,8 @@ s.server.watch_repository = False
 s.monitoring.enabled = cfg["monitoring"]
 s.monitoring.otlp_endpoint = cfg.get("otlp")
 s.monitoring.trace_sample_ratio = cfg.get("ratio", 0.01)
+if "rows_per_s" in cfg:  # the windows' sampling rate (monitoring.window_rows_per_s)
+    s.monitoring.window_rows_per_s = cfg["rows_per_s"]
 for what in cfg.get("diag", ()):  # diagnostic configurations (DIAGNOSTICS): one part removed
     if what == "no_fold":  # records are made and fed, never folded into anything
         from redline.monitoring.monitor import ServerMonitor
@@ -155,6 +157,9 @@ DIAGNOSTICS = {
     "tracing_no_export_thread": {"monitoring": True, "ratio": 0.01, "otlp": True,
                                  "diag": ["no_export_thread"]},
     "tracing_gc_off": {"monitoring": True, "ratio": 0.01, "otlp": True, "diag": ["gc_off"]},
+    "metrics_rows1000": {"monitoring": True, "rows_per_s": 1000.0},
+    "metrics_rows250": {"monitoring": True, "rows_per_s": 250.0},
+    "metrics_rows100": {"monitoring": True, "rows_per_s": 100.0},
 }
 
 
