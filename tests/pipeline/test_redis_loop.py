@@ -20,8 +20,8 @@ from tests.conftest import RedisServer
 from tests.pipeline.conftest import make_settings
 
 
-async def call(client: LoopRedis, *args: Any) -> Any:
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+def settles(future: asyncio.Future[Any]) -> Any:
+    """A ``(reply, exc)`` callback that settles ``future``."""
 
     def done(reply: Any, exc: BaseException | None) -> None:
         if exc is not None:
@@ -29,7 +29,12 @@ async def call(client: LoopRedis, *args: Any) -> Any:
         else:
             future.set_result(reply)
 
-    client.call(args, done)
+    return done
+
+
+async def call(client: LoopRedis, *args: Any) -> Any:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    client.call(args, settles(future))
     return await future
 
 
@@ -216,14 +221,7 @@ async def test_a_script_read_leaves_no_garbage_for_the_collector(redis_server: R
 
     async def read(i: int) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def done(result: Any, exc: BaseException | None) -> None:
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        start({entity: [f"c{i}"]}, done)
+        start({entity: [f"c{i}"]}, settles(future))
         return await future
 
     await read(0)  # connected, script loaded
