@@ -3,10 +3,11 @@
 Put this folder first on ``PYTHONPATH`` and set ``GCPROBE_OUT``: every Python process whose
 command line contains ``GCPROBE_MATCH`` (default ``redline.yaml``, i.e. the servers that
 ``feast_compare.py`` and ``bench_v1.py`` start) records each collection -- generation, wall and
-thread-CPU time, objects collected -- and writes them as JSON to ``$GCPROBE_OUT.<pid>`` every
-2 s. With ``GCPROBE_YOUNG=1`` every 20th young collection also records what it is about to walk
-(object types, the functions and coroutines by name, lists by first item and length): that is
-how a per-request reference cycle shows itself (many live closures of requests long answered).
+thread-CPU time, objects collected -- and writes them as JSON to ``$GCPROBE_OUT.<pid>`` at
+exit and every 2 s. With ``GCPROBE_YOUNG=1`` every 20th young collection also records what it is
+about to walk (object types, the functions and coroutines by name, lists by first item and
+length): that is how a per-request reference cycle shows itself (many live closures of requests
+long answered).
 That census distorts timings; leave it off when timing. ``gc_summary.py`` prints a summary.
 
     GCPROBE_OUT=/tmp/gc PYTHONPATH=benchmarks/pipeline/gc_probe:src:. \\
@@ -20,6 +21,7 @@ _OUT = os.environ.get("GCPROBE_OUT")
 
 
 def _install(out: str) -> None:
+    import atexit
     import collections
     import gc
     import json
@@ -57,15 +59,19 @@ def _install(out: str) -> None:
                                               info["collected"]))
 
     def dump() -> None:
+        with open(f"{out}.{os.getpid()}", "w") as f:
+            json.dump({"cmd": cmd, "columns": ["wall_ns", "cpu_ns", "collected"],
+                       "collections": {str(g): v for g, v in stats.items()},
+                       "young": young}, f)
+
+    def every_two_seconds() -> None:  # a server killed by a signal skips atexit
         while True:
             time.sleep(2)
-            with open(f"{out}.{os.getpid()}", "w") as f:
-                json.dump({"cmd": cmd, "columns": ["wall_ns", "cpu_ns", "collected"],
-                           "collections": {str(g): v for g, v in stats.items()},
-                           "young": young}, f)
+            dump()
 
     gc.callbacks.append(callback)
-    threading.Thread(target=dump, name="gcprobe", daemon=True).start()
+    atexit.register(dump)
+    threading.Thread(target=every_two_seconds, name="gcprobe", daemon=True).start()
 
 
 if _OUT and os.environ.get("GCPROBE_MATCH", "redline.yaml") in \
