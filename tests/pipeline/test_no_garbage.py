@@ -3,8 +3,8 @@
 Whatever a request allocates should be freed by reference counting when it ends. Objects caught
 in a reference cycle instead wait for the collector, and under load they set how often its
 young collections stop the event loop and how long each takes: a /v1 Redis read's reply
-callback that named itself (for its retry) made ~500 young collections in a 30 s run at 500
-req/s; without the cycle there were 7 (docs/performance.md#pipeline). Here a real server (in
+callback that named itself (for its retry) made 521 young collections in a benchmark run at
+500 req/s, 191 without the cycle (docs/performance.md#pipeline). Here a real server (in
 this process, so one ``gc.collect()`` sees its garbage) answers /v1 and V2 requests from a raw
 socket client that allocates no cycles of its own, with the collector off, and the collection
 afterwards must find (almost) nothing.
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gc
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -48,6 +50,24 @@ class RawClient:
         self.sock.close()
 
 
+@contextmanager
+def collector_off() -> Iterator[list[Any]]:
+    """Collect, turn the collector off for the block, then collect once more: the list it
+    yields is filled with what that last collection found (objects left in cycles)."""
+    found: list[Any] = []
+    gc.collect()
+    gc.disable()
+    try:
+        yield found
+        gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collection finds, to look at it
+        gc.collect()
+    finally:
+        gc.set_debug(0)
+        gc.enable()
+        found.extend(gc.garbage)
+        gc.garbage.clear()
+
+
 def _requests(server: Any) -> list[tuple[str, bytes]]:
     meta = httpx.get(server.url + "/v2/models/cards").json()
     spec = meta["inputs"][0]
@@ -69,20 +89,15 @@ def test_served_requests_leave_no_garbage(server: Any) -> None:
     try:
         for path, body in requests[:20]:  # warm: connections, caches, first-use imports
             assert client.post(path, body)[0] == 200
-        gc.collect()
-        gc.disable()
-        try:
+        with collector_off() as found:
             statuses = [client.post(path, body)[0] for path, body in requests]
-            garbage = gc.collect()
-        finally:
-            gc.enable()
     finally:
         client.close()
     assert statuses == [200] * len(requests)
     # The monitor's tick and the server's housekeeping run meanwhile and may leave a little;
     # a cycle per request would leave thousands.
-    assert garbage < len(requests) // 4, (
-        f"{garbage} objects from {len(requests)} requests were left to the collector")
+    assert len(found) < len(requests) // 4, (
+        f"{len(found)} objects from {len(requests)} requests were left to the collector")
 
 
 GRPC_CLIENT = """
@@ -126,21 +141,13 @@ def test_grpc_requests_leave_no_garbage(server: Any) -> None:
     assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "warm"
-        gc.collect()
-        gc.disable()
-        try:
+        with collector_off() as found:
             proc.stdin.write("go\n")
             proc.stdin.flush()
             assert proc.stdout.readline().strip() == "done"
-            gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collection finds, to look at it
-            gc.collect()
-        finally:
-            gc.set_debug(0)
-            gc.enable()
         assert proc.wait(30) == 0
     finally:
         proc.kill()
-    found, gc.garbage[:] = list(gc.garbage), []
     # grpcio's aio server leaves one cycle per call in its own handler lookup (the closure
     # scope of ``_find_method_handler`` with its call details and metadata: five objects);
     # nothing redline can change, so it is set apart, and everything else must be absent.
