@@ -205,7 +205,7 @@ async def test_a_script_read_leaves_no_garbage_for_the_collector(redis_server: R
                                                                 defs_path) -> None:  # type: ignore[no-untyped-def]
     """A read's reply callback is freed as soon as it has run, NOSCRIPT retry included: a
     callback that referred to itself for the retry was a reference cycle, and every read's
-    objects (~25) waited for the garbage collector, setting the pace of its pauses."""
+    objects (13) waited for the garbage collector, setting the pace of its pauses."""
     import gc
 
     from redline.features import load_definitions
