@@ -14,7 +14,8 @@ evaluation, span export) lands in its own latencies and never in another's. Each
 at least ``--requests`` requests per API and at least ``--min-seconds`` per API: the monitor
 ticks once a second, so a turn that lasts a fraction of a second would catch the tick by luck
 and the tail would be a lottery (before this, the "off" server's p99 was the noisiest because
-the other servers' ticks ran during its turns).
+the other servers' ticks ran during its turns). ``--no-stop`` leaves them running (idle) instead,
+to check that the stop and the catch-up after it are not what a difference is made of.
 
 Reported per configuration and API: the median of the per-round p50s, the p99 over all rounds
 (pooled) and the median, lowest and highest of the per-round p99s (how much the tail moves
@@ -311,6 +312,10 @@ def main() -> None:
                          "ones ('off' is always run); names from CONFIGS and the diagnostic "
                          "ones: " + ", ".join(DIAGNOSTICS))
     ap.add_argument("--apis", default="v2,v1", help="which APIs each turn measures (v2,v1)")
+    ap.add_argument("--no-stop", action="store_true",
+                    help="leave the servers not being measured running (idle) instead of "
+                         "stopping them: no catch-up at the start of a turn, but their idle "
+                         "ticks run during other servers' turns")
     args = ap.parse_args()
     apis = [a for a in ("v2", "v1") if a in args.apis.split(",")]
     awake = Awake()
@@ -393,8 +398,10 @@ def main() -> None:
         cpu: dict[tuple[str, str], float] = {(m, n): 0.0 for m in modes for n in configs}
         calls: dict[tuple[str, str], int] = {(m, n): 0 for m in modes for n in configs}
         names = list(servers)
+        stop = not args.no_stop
         for name in names:
-            procs[name].send_signal(signal.SIGSTOP)
+            if stop:
+                procs[name].send_signal(signal.SIGSTOP)
         turns = [(m, r) for r in range(args.rounds) for m in (modes if r % 2 else modes[::-1])]
         for mode, r in turns:
             order = names[r % len(names):] + names[: r % len(names)]
@@ -402,8 +409,9 @@ def main() -> None:
                 awake.hold()
             for name in order:
                 conn, pid = conns[name], procs[name].pid
-                procs[name].send_signal(signal.SIGCONT)
-                time.sleep(0.05)  # let it catch up on what came due while it was stopped
+                if stop:
+                    procs[name].send_signal(signal.SIGCONT)
+                    time.sleep(0.05)  # let it catch up on what came due while it was stopped
                 c0 = cpu_seconds(pid)
                 for api, reqs in (("v2", v2), ("v1", v1)):
                     if api not in apis:
@@ -429,7 +437,8 @@ def main() -> None:
                         quiet[key].extend(sample)
                         quiet99[key].append(p99s[key][-1])
                 cpu[(mode, servers[name])] += cpu_seconds(pid) - c0
-                procs[name].send_signal(signal.SIGSTOP)
+                if stop:
+                    procs[name].send_signal(signal.SIGSTOP)
             awake.release()
             print(f"round {r + 1}/{args.rounds} ({mode})", file=sys.stderr)
         for name in names:
