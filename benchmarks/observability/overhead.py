@@ -97,6 +97,9 @@ s.monitoring.otlp_endpoint = cfg.get("otlp")
 s.monitoring.trace_sample_ratio = cfg.get("ratio", 0.01)
 if "rows_per_s" in cfg:  # the windows' sampling rate (monitoring.window_rows_per_s)
     s.monitoring.window_rows_per_s = cfg["rows_per_s"]
+if "fold_every" in cfg:  # records the feed folds at once, right after a response
+    import redline.monitoring.monitor as _monitor
+    _monitor.FOLD_EVERY = cfg["fold_every"]
 for what in cfg.get("diag", ()):  # diagnostic configurations (DIAGNOSTICS): one part removed
     if what == "no_fold":  # records are made and fed, never folded into anything
         from redline.monitoring.monitor import ServerMonitor
@@ -161,6 +164,9 @@ DIAGNOSTICS = {
     "metrics_rows1000": {"monitoring": True, "rows_per_s": 1000.0},
     "metrics_rows250": {"monitoring": True, "rows_per_s": 250.0},
     "metrics_rows100": {"monitoring": True, "rows_per_s": 100.0},
+    "metrics_fold1": {"monitoring": True, "fold_every": 1},
+    "metrics_fold4": {"monitoring": True, "fold_every": 4},
+    "metrics_fold64": {"monitoring": True, "fold_every": 64},
 }
 
 
