@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from pathlib import Path
 
@@ -102,6 +103,11 @@ class ServerThread:
             self._started.set()
 
     def start(self) -> ServerThread:
+        # The server collects garbage at start-up (then freezes what is left), on its own
+        # thread: what earlier tests left in reference cycles would be finalised there, and a
+        # finaliser bound to its thread fails loudly (tritonclient's HTTP client under gevent:
+        # "InvalidThreadUseError"). Collect it here, on the thread that made it.
+        gc.collect()
         self._thread.start()
         if not self._started.wait(60) or self.error is not None:
             raise RuntimeError(f"server did not start: {self.error!r}")
