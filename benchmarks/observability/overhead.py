@@ -21,8 +21,12 @@ Reported per configuration and API: the median of the per-round p50s, the p99 ov
 (pooled) and the median, lowest and highest of the per-round p99s (how much the tail moves
 between rounds), the pooled p99.9, the number of samples, and the server's CPU time per request
 (utime + stime from /proc, the most stable figure on a busy machine). Ratios and differences are
-against "off". A second table repeats the tail over the quiet turns only: those during which
-other processes used at most ``--quiet-share`` of the servers' core (CPU 0's busy time in
+against "off". A round-by-round table pairs each configuration with "off" in the same round (the
+median over its processes) and gives the mean over rounds with a 95 % bootstrap interval: the
+same configuration's p50 ratio moved 0.96-1.16x between runs of one morning, so a bound such as
++5 % is resolved by a run only when the interval lies on one side of it. A last table repeats
+the tail over the quiet turns only: those during which other processes used at most
+``--quiet-share`` of the servers' core (CPU 0's busy time in
 /proc/stat minus the measured server's own), since on a shared machine a neighbour's burst
 moves a turn's p99 by milliseconds, far more than monitoring does.
 
@@ -469,6 +473,9 @@ def main() -> None:
                 if quiet[k] else float("nan"),
                 "quiet_median_turn_p99_us": round(statistics.median(quiet99[k]), 1)
                 if quiet99[k] else float("nan"),
+                # per round, the median over the configuration's processes (for the intervals)
+                "round_p50_us": per_round(p50s[k], args.rounds),
+                "round_p99_us": per_round(rounds99, args.rounds),
             }
         for mode in modes:
             for name in configs:
@@ -492,6 +499,31 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         collector.shutdown()
+
+
+def per_round(turns: list[float], rounds: int) -> list[float]:
+    """One value per round: the median of that round's turns (one per process of the
+    configuration; each round appends its processes' turns together, in order)."""
+    size = len(turns) // rounds if rounds else 0
+    return [round(statistics.median(turns[i * size:(i + 1) * size]), 1)
+            for i in range(rounds) if size]
+
+
+def paired_interval(values: list[float], base: list[float], ratio: bool, level: float = 0.95,
+                    draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """(estimate, low, high): the mean over rounds of ``values`` against ``base`` in the same
+    round (a ratio, as a geometric mean, or a difference), with a percentile bootstrap
+    interval over the rounds. One run's p50 ratio moved 0.96-1.16x between runs of one
+    morning; the interval says whether a bound such as +5 % is resolved by this run."""
+    a, b = np.asarray(values, float), np.asarray(base, float)
+    paired = np.log(a / b) if ratio else a - b
+    rng = np.random.default_rng(seed)
+    means = rng.choice(paired, size=(draws, paired.size), replace=True).mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    est = paired.mean()
+    if ratio:
+        return float(np.exp(est)), float(np.exp(low)), float(np.exp(high))
+    return float(est), float(low), float(high)
 
 
 def _rows(results: dict[str, dict[str, float]], configs: dict[str, dict]
@@ -522,6 +554,17 @@ def report(all_results: dict[str, dict[str, float]], mode: str, configs: dict[st
               f"{r['max_round_p99_us']}] | "
               f"{r['median_round_p99_us'] - off['median_round_p99_us']:+.1f} | "
               f"{r['p999_us']} |")
+    print("\nRound by round against \"off\" (each round's median over a configuration's "
+          "processes; mean over rounds, 95 % bootstrap interval over rounds):\n")
+    print("| config | API | p50 vs off | p99 − off µs |")
+    print("|---|---|---|---|")
+    for name, api, r, off in _rows(results, configs):
+        if name == "off" or len(r["round_p50_us"]) < 2:
+            continue
+        p50 = paired_interval(r["round_p50_us"], off["round_p50_us"], ratio=True)
+        p99 = paired_interval(r["round_p99_us"], off["round_p99_us"], ratio=False)
+        print(f"| {name} | {api} | {p50[0]:.3f}x [{p50[1]:.3f}–{p50[2]:.3f}] | "
+              f"{p99[0]:+.1f} [{p99[1]:+.1f} – {p99[2]:+.1f}] |")
     print(f"\nQuiet turns only (other processes used <= {quiet_share:.0%} of the servers' "
           "core during the turn):\n")
     print("| config | API | quiet turns | p99 µs (pooled) | p99 − off µs | median turn p99 µs "
