@@ -409,8 +409,8 @@ def main() -> None:
         calls: dict[tuple[str, str], int] = {(m, n): 0 for m in modes for n in configs}
         names = list(servers)
         stop = not args.no_stop
-        for name in names:
-            if stop:
+        if stop:
+            for name in names:
                 procs[name].send_signal(signal.SIGSTOP)
         turns = [(m, r) for r in range(args.rounds) for m in (modes if r % 2 else modes[::-1])]
         for mode, r in turns:
@@ -505,25 +505,27 @@ def per_round(turns: list[float], rounds: int) -> list[float]:
     """One value per round: the median of that round's turns (one per process of the
     configuration; each round appends its processes' turns together, in order)."""
     size = len(turns) // rounds if rounds else 0
-    return [round(statistics.median(turns[i * size:(i + 1) * size]), 1)
-            for i in range(rounds) if size]
+    if not size:
+        return []
+    return [round(statistics.median(turns[i * size:(i + 1) * size]), 1) for i in range(rounds)]
 
 
-def paired_interval(values: list[float], base: list[float], ratio: bool, level: float = 0.95,
-                    draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+def paired_interval(values: list[float], base: list[float], ratio: bool
+                    ) -> tuple[float, float, float]:
     """(estimate, low, high): the mean over rounds of ``values`` against ``base`` in the same
-    round (a ratio, as a geometric mean, or a difference), with a percentile bootstrap
-    interval over the rounds. One run's p50 ratio moved 0.96-1.16x between runs of one
-    morning; the interval says whether a bound such as +5 % is resolved by this run."""
+    round (a ratio, as a geometric mean, or a difference), with the 95 % bootstrap interval
+    over the rounds that the optimizer's figures carry (``optimize/uncertainty.py``). One
+    run's p50 ratio moved 0.96-1.16x between runs of one morning; the interval says whether a
+    bound such as +5 % is resolved by this run."""
+    from redline.optimize.uncertainty import MetricRows, Resamples, interval
+
     a, b = np.asarray(values, float), np.asarray(base, float)
     paired = np.log(a / b) if ratio else a - b
-    rng = np.random.default_rng(seed)
-    means = rng.choice(paired, size=(draws, paired.size), replace=True).mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    est = paired.mean()
+    span = interval(Resamples(paired.size, count=4000).replicates(MetricRows(per_row=paired)))
+    est = float(paired.mean())
     if ratio:
-        return float(np.exp(est)), float(np.exp(low)), float(np.exp(high))
-    return float(est), float(low), float(high)
+        return float(np.exp(est)), float(np.exp(span.low)), float(np.exp(span.high))
+    return est, span.low, span.high
 
 
 def _rows(results: dict[str, dict[str, float]], configs: dict[str, dict]
