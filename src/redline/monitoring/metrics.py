@@ -29,9 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from redline.monitoring.stage_times import FlatRecord
     from redline.serving.stages import RequestRecord
 
 # Conventional latency buckets (seconds), from 100 µs to 10 s; each model's objective is added.
+# The stages of a flat stage-times row (start, decoded, inferred, end, rows): name, from, to.
+_FLAT_STAGES = (("decode", 0, 1), ("inference", 1, 2), ("encode", 2, 3), ("total", 0, 3))
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -57,8 +60,8 @@ class _Timing:
     the values folded since the last :meth:`RequestMetrics.settle` (``pending``, appended to
     through its bound ``append``: the list is emptied in place, never replaced)."""
 
-    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "append", "flushed",
-                 "flushed_sum")
+    __slots__ = ("counts", "sum_ns", "recent", "recent_n", "pending", "pending_arrays",
+                 "append", "flushed", "flushed_sum")
 
     def __init__(self, n_bounds: int) -> None:
         self.counts = [0] * (n_bounds + 1)
@@ -66,6 +69,7 @@ class _Timing:
         self.recent: list[np.ndarray] = []
         self.recent_n = 0
         self.pending: list[int] = []
+        self.pending_arrays: list[np.ndarray] = []  # folded from flat stage times
         self.append = self.pending.append
         self.flushed = [0] * (n_bounds + 1)
         self.flushed_sum = 0
@@ -147,6 +151,26 @@ class RequestMetrics:
                 if age is not None and len(series.feature_age) < cap:
                     series.feature_age.append(age)
 
+    def fold_times(self, api: str, transport: str, model: str, version: str,
+                   times: np.ndarray) -> None:
+        """Common requests' flat stage times into their series, as ``fold`` does records.
+
+        ``times``: one row a request, ``start, decoded, inferred, end, rows`` (``perf_ns``;
+        ``serving/stages.py``'s ``StageTimes``): decode, inference, encode and the total, a
+        request answered ok on the primary path."""
+        key = (api, model, version)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        n_bounds = len(self._bounds_ns)
+        for stage, begin, end in _FLAT_STAGES:
+            if stage not in series.timings:
+                series.timing(stage, n_bounds)
+            series.timings[stage].pending_arrays.append(times[:, end] - times[:, begin])
+        rkey = (transport, "primary", "ok")
+        series.requests[rkey] = series.requests.get(rkey, 0) + len(times)
+        series.rows_pending.extend(times[:, 4].tolist())
+
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
         for _ in self.settle_steps():
@@ -158,10 +182,14 @@ class RequestMetrics:
         cap = self._recent_cap
         for series in list(self.series.values()):
             for t in list(series.timings.values()):
-                if not t.pending:
+                if not t.pending and not t.pending_arrays:
                     continue
-                values = np.asarray(t.pending, dtype=np.int64)
-                t.pending.clear()  # in place (same step): the fold holds its bound append
+                parts = t.pending_arrays
+                t.pending_arrays = []
+                if t.pending:
+                    parts.append(np.asarray(t.pending, dtype=np.int64))
+                    t.pending.clear()  # in place (same step): the fold holds its bound append
+                values = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 for i, c in enumerate(_bucket_counts(bounds, values, n)):
                     if c:
                         t.counts[i] += c
@@ -214,7 +242,7 @@ class SlowLog:
         self.size = max(1, size)
         self.window_s = window_s
         self.slot_s = window_s / slots
-        self._slots: deque[tuple[int, list[tuple[int, int, RequestRecord]]]] = deque(
+        self._slots: deque[tuple[int, list[tuple[int, int, RequestRecord | FlatRecord]]]] = deque(
             maxlen=slots + 1)
         self._floor = 0  # the fastest kept duration of the current slot once it is full
         self._seq = 0  # ties in duration keep arrival order (records do not compare)
@@ -222,7 +250,7 @@ class SlowLog:
     def request_finished(self, record: RequestRecord) -> None:
         self.fold((record,))
 
-    def fold(self, records: Iterable[RequestRecord]) -> None:
+    def fold(self, records: Iterable[RequestRecord | FlatRecord]) -> None:
         slot = int(time.monotonic() / self.slot_s)
         if not self._slots or self._slots[-1][0] != slot:
             self._slots.append((slot, []))
@@ -242,6 +270,18 @@ class SlowLog:
             floor = kept[-1][0]
         self._floor, self._seq = floor, seq
 
+    def fold_times(self, times: np.ndarray, make_record: Callable[[list[int]], Any]) -> None:
+        """Flat stage times (``RequestMetrics.fold_times``'s rows): only the requests slower
+        than the current slot's fastest kept one become records (``make_record(row)``), at
+        most ``size`` of them."""
+        self.fold(())  # the slot of now, and its floor
+        totals = times[:, 3] - times[:, 0]
+        over = np.flatnonzero(totals > self._floor)
+        if over.size > self.size:
+            over = over[np.argpartition(totals[over], -self.size)[-self.size:]]
+        if over.size:
+            self.fold([make_record(times[i].tolist()) for i in sorted(over.tolist())])
+
     def slowest(self) -> list[dict[str, Any]]:
         oldest = int((time.monotonic() - self.window_s) / self.slot_s)
         items = [item for slot, kept in self._slots if slot > oldest for item in kept]
@@ -253,7 +293,7 @@ def _first_two(item: tuple[int, int, Any]) -> tuple[int, int]:
     return item[0], item[1]
 
 
-def describe(record: RequestRecord) -> dict[str, Any]:
+def describe(record: RequestRecord | FlatRecord) -> dict[str, Any]:
     """A record as JSON: who, when, how long, and each stage's microseconds."""
     return {
         "api": record.api, "transport": record.transport, "model": record.model,

@@ -6,7 +6,10 @@
 On the request path the monitor costs, with tracing on, the keep-or-not decision that names
 the response's ``traceparent``; once the response is written its one observer
 (:class:`RecordFeed`) keeps the finished record and folds every 16 records into the metrics, the
-slow log, the drift / quality / review windows and the trace queue. The tick folds what is left
+slow log, the drift / quality / review windows and the trace queue. The common V2 REST request
+makes no record: it leaves five integers in its version's flat list (``stage_times``), which
+the tick (and any read that needs the latest) folds into the metrics and the slow log with
+numpy, a thousand requests at a time. The tick folds what is left
 (in slices, so a request waits behind at most one), then turns what they gathered into the time
 series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
 and the alerts. A read that needs the latest (a scrape, the slow log, a label) folds first.
@@ -21,7 +24,10 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
+
+import numpy as np
 
 from redline.errors import StoreUnavailable
 from redline.monitoring.handoff import to_thread_yielding, yield_to_loop
@@ -36,11 +42,13 @@ from redline.monitoring.metrics import (
 )
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
+from redline.monitoring.stage_times import FIELDS, NEVER, FlatRecord, StageTimesBuffer
 from redline.monitoring.windows import ModelWindows
 
 log = logging.getLogger("redline.monitoring")
 
 FOLD_SLICE = 250  # records folded between two chances for waiting requests (~0.25 ms of work)
+TIMES_SLICE = 1000  # requests' flat stage times folded between two such chances (~0.2 ms)
 FOLD_EVERY = 16  # records folded together right after a response is written (~15 µs)
 HISTORY_TICKS = 300  # five minutes at one tick a second
 DRIFT_EVERY_TICKS = 5
@@ -64,6 +72,17 @@ class RecordFeed:
     def __init__(self, monitor: ServerMonitor) -> None:
         self.records: list[Any] = []
         self._monitor = monitor
+        # (model, version) -> the flat buffer of its common V2 REST requests (no record)
+        self.stage_series: dict[tuple[str, str], StageTimesBuffer] = {}
+
+    def stage_times(self, model: str, version: str) -> StageTimesBuffer:
+        """The flat stage-times buffer of a version's common V2 REST requests
+        (``serving/stages.py``'s ``StageTimes``), made at its first request."""
+        times = self.stage_series.get((model, version))
+        if times is None:
+            times = self.stage_series[(model, version)] = StageTimesBuffer()
+            self._monitor.tune(times, model)
+        return times
 
     def request_finished(self, record: Any) -> None:
         records = self.records
@@ -144,12 +163,26 @@ class ServerMonitor:
         if self.tracing is not None:
             self.tracing.fold(records)
 
+    def fold_times(self, model: str, version: str, flat: list[int]) -> None:
+        """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
+        the slow log (traces and windows want none of them: not kept, not sampled)."""
+        times = np.asarray(flat, dtype=np.int64).reshape(-1, FIELDS)
+        self.metrics.fold_times("v2", "rest", model, version, times)
+        self.slow.fold_times(times, partial(FlatRecord, "v2", "rest", model, version))
+
     def drain(self) -> int:
-        """Fold every record the feed holds, now (a read that needs the latest)."""
+        """Fold every record and stage time the feed holds, now (a read that needs the
+        latest); returns how many requests."""
         records = self.feed.take()
         if records:
             self.fold(records)
-        return len(records)
+        done = len(records)
+        for (model, version), times in list(self.feed.stage_series.items()):
+            flat = times.take()
+            if flat:
+                self.fold_times(model, version, flat)
+                done += len(flat) // FIELDS
+        return done
 
     async def drain_in_slices(self) -> int:
         """Fold what the feed holds, a slice at a time, letting requests in between slices;
@@ -163,6 +196,16 @@ class ServerMonitor:
             self.fold(records)
             done += len(records)
             await asyncio.sleep(0)
+        for (model, version), times in list(self.feed.stage_series.items()):
+            left = 2 * len(times.times) // FIELDS + TIMES_SLICE
+            while left > 0:
+                flat = times.take(TIMES_SLICE)
+                if not flat:
+                    break
+                self.fold_times(model, version, flat)
+                left -= len(flat) // FIELDS
+                done += len(flat) // FIELDS
+                await asyncio.sleep(0)
         return done
 
     def use_trace_exporter(self, exporter: Any) -> Any:
@@ -177,7 +220,17 @@ class ServerMonitor:
                               mon.trace_queue_size)
         tracing.fed_by_monitor = True
         self.tracing = tracing
+        for (model, _), times in self.feed.stage_series.items():
+            self.tune(times, model)
         return tracing
+
+    def tune(self, times: StageTimesBuffer, model: str) -> None:
+        """A flat buffer's trace settings: which requests must still get a record."""
+        tracing = self.tracing
+        if tracing is None:
+            times.retune(NEVER, 0.0)
+        else:
+            times.retune(tracing.slow_ns(model), tracing.sample_ratio)
 
     def _slow_ms(self, model: str) -> float:
         mon = self.settings.monitoring

@@ -122,7 +122,9 @@ class TraceExport:
         caller = record.traceparent
         if caller is None and record.status == "ok":  # the common case, without the calls
             limit = self._slow_ns.get(record.model)
-            if limit is None:
+            if record.trace_keep:
+                keep = True  # drawn into the head sample already (``StageTimes.countdown``)
+            elif limit is None:
                 keep = self._keep(record)  # the model's first request: learns its threshold
             else:  # tail (slower than the threshold), else head (our share)
                 keep = (record.end_ns - record.start_ns > limit
@@ -147,13 +149,18 @@ class TraceExport:
             record.trace_id, record.span_id = header[3:35], header[36:52]
         return header
 
+    def slow_ns(self, model: str) -> int:
+        """The duration (ns) beyond which ``model``'s requests are always kept."""
+        limit = self._slow_ns.get(model)
+        if limit is None:
+            ms = self._slow_ms(model) if callable(self._slow_ms) else self._slow_ms
+            limit = self._slow_ns[model] = int(ms * 1e6)
+        return limit
+
     def _keep(self, record: RequestRecord, parent: tuple[str, bool] | None = None) -> bool:
         if record.status != "ok":
             return True  # tail: every failure
-        limit = self._slow_ns.get(record.model)
-        if limit is None:
-            ms = self._slow_ms(record.model) if callable(self._slow_ms) else self._slow_ms
-            limit = self._slow_ns[record.model] = int(ms * 1e6)
+        limit = self.slow_ns(record.model)
         if (record.end_ns or record.start_ns) - record.start_ns > limit:
             return True  # tail: slower than the threshold
         if parent is not None:

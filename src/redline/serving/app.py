@@ -47,7 +47,14 @@ from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata, triton_config
 from redline.serving.protocol import InferRequest, decode_rest, encode_rest
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import DECODE, ENCODE, Observers, RequestRecord, perf_ns
+from redline.serving.stages import (
+    DECODE,
+    ENCODE,
+    INFERENCE,
+    Observers,
+    RequestRecord,
+    perf_ns,
+)
 
 log = logging.getLogger("redline.serving")
 
@@ -57,6 +64,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _TRACEPARENT = b"traceparent"
+_NOT_LEAN = object()  # _infer_lean did nothing: the general path answers the request
 _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _HLEN = b"inference-header-content-length"
@@ -261,7 +269,9 @@ class RestApp:
         self, scope: Scope, receive: Receive, path: str, record: RequestRecord | None
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         start = now()
-        head = _infer_headers(scope["headers"], record)
+        head = _infer_headers(scope["headers"])
+        if record is not None and head[4] is not None:
+            record.traceparent = head[4].decode("latin-1")
         name, version = _infer_route(path)
         declared = head[0]
         if declared is not None and declared > self.max_body:
@@ -286,10 +296,18 @@ class RestApp:
         that finishes the request from where it stopped (queued, no second decode); the protocol
         runs it as an ASGI app. Same answers, errors and records as the ASGI path.
         """
-        start = now()
-        record = RequestRecord("v2", "rest") if self.observers else None
+        start_ns = perf_ns()
+        observers = self.observers
+        if observers.stage_times is not None:  # monitored by the monitor alone: records only
+            answered = self._infer_lean(path, headers, body, respond, start_ns)  # where needed
+            if answered is not _NOT_LEAN:
+                return answered  # type: ignore[return-value]
+        start = start_ns / 1e9  # the deadline clock (``deadline.now``: perf_counter) in seconds
+        record = RequestRecord("v2", "rest", start_ns) if observers else None
         try:
-            head = _infer_headers(headers, record)
+            head = _infer_headers(headers)
+            if record is not None and head[4] is not None:
+                record.traceparent = head[4].decode("latin-1")
             name, version = _infer_route(path)
             declared = head[0]
             if declared is not None and declared > self.max_body:
@@ -311,6 +329,77 @@ class RestApp:
         else:
             respond(status, payload, self._traced(record, out))
             self.observers.finished(record)
+        return None
+
+    def _infer_lean(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                    respond: Responder, t_start: int) -> Asgi | None | object:
+        """``infer_inline`` for a monitored server, making a record only where one is needed.
+
+        The common request (JSON of the common shape, no ``traceparent`` or binary header,
+        answered at once and ok, not sampled for the windows or a trace, not slow) leaves its
+        stage times in the version's :class:`StageTimes`; any other gets the same
+        :class:`RequestRecord` as before, built from the same clock reads. Returns
+        ``_NOT_LEAN`` when nothing was done (an unusual request, errors included: the general
+        path answers it from the start), else what ``infer_inline`` returns."""
+        try:
+            declared, header_length, budget, priority, traceparent = _infer_headers(headers)
+            if header_length is not None or traceparent is not None:
+                return _NOT_LEAN
+            if declared is not None and declared > self.max_body:
+                return _NOT_LEAN
+            name, version = _infer_route(path)
+            handle = self.registry.get(name, version)
+            fast = handle.json_fast
+            if fast is None or handle.shadowed:
+                return _NOT_LEAN
+            decoded = fast.decode(body)
+            if decoded is None:
+                return _NOT_LEAN
+            checked = parse_budget(budget, FROM_HEADER, default_ms=handle.slo_ms,
+                                   start=t_start / 1e9)
+            level = parse_priority(priority)
+        except Exception:  # noqa: BLE001 - the general path answers it, errors included
+            return _NOT_LEAN
+        inputs, rows, rid = decoded
+        t_dec = perf_ns()
+        try:
+            outputs = handle.batcher.run_now(inputs, rows)
+        except Exception as exc:  # noqa: BLE001 - mapped as in __call__, on a record
+            record = _lean_record(handle, rid, rows, t_start, t_dec)
+            status, payload, out = self._failed(exc, path, record)
+            respond(status, payload, self._traced(record, out))
+            self.observers.finished(record)
+            return None
+        if outputs is None:  # the batcher is busy: queued, timed on a record from here on
+            record = _lean_record(handle, rid, rows, t_start, t_dec)
+            return self._later(_Queued(handle, inputs, rows, checked.deadline, level, record,
+                                       fast, rid, None), path)
+        t_inf = perf_ns()
+        status, payload, out = self._encode_fast(handle, fast, outputs, rid, None)
+        t_end = perf_ns()
+        times = handle.stage_times
+        if times is None:
+            times = handle.stage_times = self.observers.stage_times(  # type: ignore[misc]
+                handle.name, handle.version_str)
+        countdown = times.countdown - 1
+        if (countdown and t_end - t_start <= times.slow_ns
+                and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):
+            times.countdown = countdown
+            times.times.extend((t_start, t_dec, t_inf, t_end, rows))
+            respond(status, payload, out)
+            return None
+        # Traced (head sample or slow) or sampled for the windows: a record, as before.
+        record = _lean_record(handle, rid, rows, t_start, t_dec)
+        record.spans += ((INFERENCE, t_dec, t_inf), (ENCODE, t_inf, t_end))
+        record.end_ns = t_end
+        if countdown:
+            times.countdown = countdown
+        else:
+            times.countdown = times.gap()
+            record.trace_keep = True  # in the head sample: tracing names and keeps it
+        handle.keep_io_on(record, inputs, outputs, t_dec)
+        respond(status, payload, self._traced(record, out))
+        self.observers.finished(record)
         return None
 
     def _later(self, queued: _Queued, path: str) -> Asgi:
@@ -343,7 +432,7 @@ class RestApp:
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | _Queued:
         """Decode, admit and (when it can run at once) run and encode one infer request;
         a :class:`_Queued` when the model's batcher has to queue it."""
-        _, header_length, budget, priority = head
+        _, header_length, budget, priority, _ = head
         if header_length is None:
             # The common request (one float input, flat data) skips the general decoder, the
             # model's input check and the general encoder; anything else, errors included,
@@ -561,10 +650,10 @@ class _Queued:
         self.fast, self.rid, self.request = fast, rid, request
 
 
-def _infer_headers(headers: list[tuple[bytes, bytes]],
-                   record: RequestRecord | None) -> tuple[Any, ...]:
-    """(declared length, binary header length, budget, priority) from an infer's headers."""
-    declared = header_length = budget = priority = None
+def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[Any, ...]:
+    """(declared length, binary header length, budget, priority, traceparent) from an
+    infer's headers."""
+    declared = header_length = budget = priority = traceparent = None
     for key, value in headers:
         which = _INFER_HEADERS.get(key)
         if which is None:
@@ -579,9 +668,9 @@ def _infer_headers(headers: list[tuple[bytes, bytes]],
             budget = value
         elif which == 3:
             priority = value
-        elif record is not None:
-            record.traceparent = value.decode("latin-1")
-    return declared, header_length, budget, priority
+        else:
+            traceparent = value
+    return declared, header_length, budget, priority, traceparent
 
 
 def _infer_route(path: str) -> tuple[str, str | None]:
@@ -592,6 +681,17 @@ def _infer_route(path: str) -> tuple[str, str | None]:
     if len(parts) == 3 and parts[1] == "versions":
         return parts[0], parts[2]
     raise NotFound(f"no route for POST {path}")
+
+
+def _lean_record(handle: ModelHandle, rid: str | None, rows: int, t_start: int,
+                 t_dec: int) -> RequestRecord:
+    """The record of a request ``_infer_lean`` could not leave as flat stage times."""
+    record = RequestRecord("v2", "rest", t_start)
+    record.model, record.version = handle.name, handle.version_str
+    record.request_id = rid or ""
+    record.rows = rows
+    record.spans.append((DECODE, t_start, t_dec))
+    return record
 
 
 def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: int) -> None:

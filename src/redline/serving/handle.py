@@ -30,7 +30,7 @@ from redline.models.runtime import InferenceSession
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, AdmissionStats, Budget, CostModel, now
 from redline.serving.fastjson import JsonFastPath
-from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, perf_ns
+from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, StageTimes, perf_ns
 
 # The finiteness check below multiplies NaN by 0 on purpose; numpy's warning about it is noise.
 warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning,
@@ -85,7 +85,10 @@ class ModelHandle:
         self.shadowed = False
         rows_per_s = float(settings.monitoring.window_rows_per_s or 0)
         self._io_gap_ns = int(1e9 / rows_per_s) if rows_per_s > 0 else 0
-        self._io_next_ns = 0
+        self.io_next_ns = 0  # the next request at or after this perf_ns time is sampled
+        # The monitor's flat buffer for this version's common V2 REST requests (stages.py's
+        # StageTimes), asked for by the app at the version's first such request.
+        self.stage_times: StageTimes | None = None
         self._input_names = set(self.input_specs)
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
@@ -136,6 +139,7 @@ class ModelHandle:
         it does is seen in this version's stats or metrics."""
         twin = copy.copy(self)  # a new __dict__: plain attributes set on the twin stay its own
         twin.stats = AdmissionStats()
+        twin.stage_times = None  # the warm-up's requests are not this version's
         twin.cost = copy.copy(self.cost)
         old = self.batcher
         twin.batcher = Batcher(self.session.run, old.settings, executor=self._executor,
@@ -235,7 +239,7 @@ class ModelHandle:
         outputs = self.batcher.run_now(inputs, rows)
         if outputs is not None:
             record.spans.append((INFERENCE, t0, perf_ns()))  # record.add, one call less
-            self._keep_io(record, inputs, outputs, t0)
+            self.keep_io_on(record, inputs, outputs, t0)
         return outputs
 
     async def infer_queued(
@@ -253,17 +257,17 @@ class ModelHandle:
         ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
         record.add(QUEUE, t0, ran)
         record.add(INFERENCE, ran, t1)
-        self._keep_io(record, inputs, outputs, t0)
+        self.keep_io_on(record, inputs, outputs, t0)
         return outputs
 
-    def _keep_io(self, record: RequestRecord, inputs: dict[str, np.ndarray],
+    def keep_io_on(self, record: RequestRecord, inputs: dict[str, np.ndarray],
                  outputs: dict[str, np.ndarray], t0: int) -> None:
         """Keep the arrays on the record when monitoring's windows (or a shadow) want them."""
         if self.shadowed:
             record.inputs, record.outputs = inputs, outputs
         elif self.keep_io:
-            if t0 >= self._io_next_ns:  # a sample in time, at the windows' own rate
-                self._io_next_ns = t0 + self._io_gap_ns
+            if t0 >= self.io_next_ns:  # a sample in time, at the windows' own rate
+                self.io_next_ns = t0 + self._io_gap_ns
             elif not record.request_id:  # with an id a label may come: the quality join
                 return
             record.inputs, record.outputs = inputs, outputs

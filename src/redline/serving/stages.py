@@ -2,8 +2,9 @@
 
 Every stage of both APIs (V2 and ``/v1``, REST and gRPC) is timed once, here: the Prometheus
 histograms, the trace spans, the slow-request log and ``/v1``'s ``timings_us`` all read the same
-``RequestRecord``. Observers (``monitoring``) receive finished records; the serving code never
-imports them, the server wires them in.
+``RequestRecord`` -- or, for the common V2 REST request, the same five integers in a flat
+``StageTimes`` list (no record: see that class). Observers (``monitoring``) receive finished
+records; the serving code never imports them, the server wires them in.
 
 Times are ``time.perf_counter_ns()`` values; ``wall_ns`` anchors them to the wall clock
 (``time.time_ns()`` at the start) so trace spans can be exported with real timestamps after the
@@ -111,12 +112,40 @@ class RequestRecord(_RareFields):
         return out
 
 
+NEVER = 1 << 62  # a countdown or a threshold that is never reached
+TIME_FIELDS = 5  # integers a request leaves in ``StageTimes.times``
+
+
+class StageTimes(Protocol):
+    """One series' common requests as flat integers, without a record each (the monitor's).
+
+    A V2 JSON request answered at once, ok, with no caller ``traceparent``, not sampled for the
+    monitoring windows and not kept for a trace (nearly every request) leaves ``TIME_FIELDS``
+    integers in ``times``: ``start, decoded, inferred, end`` (``perf_ns`` values: decode is
+    start..decoded, inference decoded..inferred, encode inferred..end) and its rows; the
+    monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
+    fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
+    integers in one ``list.extend`` a fraction of a microsecond.
+
+    The request path asks two things of it: ``slow_ns`` (a request slower than this is kept for
+    its trace, so it gets a record) and ``countdown`` (requests left until the next one in the
+    trace head sample, counted down by the request path; when it reaches zero the request is
+    in the sample and ``gap()`` draws the next countdown)."""
+
+    times: list[int]
+    slow_ns: int
+    countdown: int
+
+    def gap(self) -> int: ...
+
+
 class RequestObserver(Protocol):
     """Receives every finished request. Must be cheap: it runs on the event loop.
 
     An observer may also have ``response_traceparent(record) -> str | None``: the W3C
     ``traceparent`` the response carries (tracing), asked once the record is finished and
-    before the response is sent."""
+    before the response is sent; and ``stage_times(model, version) -> StageTimes``, the flat
+    buffer for the series' common V2 REST requests (used only while it is the one observer)."""
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
@@ -125,15 +154,18 @@ class Observers:
     """The observers a server was started with; empty means nothing to do.
 
     ``finished(record)`` and ``traceparent(record)`` are the one observer's own methods when
-    there is one (the monitor's feed: no loop and no extra call per request)."""
+    there is one (the monitor's feed: no loop and no extra call per request); so is
+    ``stage_times`` when that one observer keeps them (else None: every request gets a record,
+    as every observer then sees each request)."""
 
-    __slots__ = ("_items", "_tracers", "finished", "traceparent")
+    __slots__ = ("_items", "_tracers", "finished", "traceparent", "stage_times")
 
     def __init__(self, items: list[RequestObserver] | None = None) -> None:
         self._items: tuple[RequestObserver, ...] = ()
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
         self.finished: Callable[[RequestRecord], None] = self._finished_all
         self.traceparent: Callable[[RequestRecord], str | None] = _no_traceparent
+        self.stage_times: Callable[[str, str], StageTimes] | None = None
         for observer in items or ():
             self.add(observer)
 
@@ -144,6 +176,8 @@ class Observers:
         self._items = (*self._items, observer)
         self.finished = (observer.request_finished if len(self._items) == 1
                          else self._finished_all)
+        self.stage_times = (getattr(observer, "stage_times", None) if len(self._items) == 1
+                            else None)
         tracer = getattr(observer, "response_traceparent", None)
         if tracer is not None:
             self._tracers = (*self._tracers, tracer)

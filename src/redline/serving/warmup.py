@@ -39,6 +39,8 @@ import numpy as np
 import orjson
 import uvicorn
 
+from redline.serving.stages import NEVER
+
 log = logging.getLogger("redline.serving")
 
 ROUNDS = 10  # Python 3.11 specializes a function's bytecode after ~8 calls
@@ -79,10 +81,24 @@ class _TwinRegistry:
 
 class _Quiet:
     """An observer that keeps nothing: the private app takes the observed code path (records,
-    stages) when the real one does."""
+    stages, the flat stage times of common requests) when the real one does."""
 
     def request_finished(self, record: Any) -> None:
         return None
+
+    def stage_times(self, model: str, version: str) -> _Unread:
+        return _Unread()
+
+
+class _Unread:
+    """Stage times nobody reads (a twin's, dropped with it after the warm-up)."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.slow_ns = self.countdown = NEVER
+
+    def gap(self) -> int:
+        return NEVER
 
 
 class _Listener(uvicorn.Server):

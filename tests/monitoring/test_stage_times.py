@@ -1,0 +1,214 @@
+"""The common V2 request leaves flat stage times, not a record: the metrics, the slow log and
+the trace sample see it all the same, and a record is still made wherever one is needed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import redline.serving.app as app_module
+from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
+from redline.monitoring.stage_times import NEVER, FlatRecord, StageTimesBuffer
+from redline.serving.stages import Observers, RequestRecord
+from tests.monitoring.helpers import record
+from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, v2_body
+from tests.monitoring.test_server import metric_samples
+from tests.serving.helpers import ServerThread
+
+AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+BUDGET = {"x-redline-budget-ms": "5000"}  # a busy machine's hiccup must not make a 504
+
+
+class _Counted(RequestRecord):
+    """RequestRecord, counted: how many records the app made."""
+
+    __slots__ = ()
+    made = 0
+    lock = threading.Lock()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with _Counted.lock:
+            _Counted.made += 1
+        super().__init__(*args, **kwargs)
+
+
+class _Spans:
+    """A span sink that keeps what it is sent (encoded OTLP requests)."""
+
+    def __init__(self) -> None:
+        self.payloads: list[bytes] = []
+
+    def send(self, payload: bytes) -> None:
+        self.payloads.append(payload)
+
+
+def _serve(tmp: Path, ratio: float | None) -> ServerThread:
+    settings = monitored_settings(tick_s=3600.0)  # no tick: the test decides when to fold
+    settings.monitoring.window_rows_per_s = 1.0  # the windows' sample: one request a second
+    server = ServerThread(settings, make_repository(tmp))
+    if ratio is not None:
+        settings.monitoring.trace_sample_ratio = ratio
+        server.server.monitor.use_trace_exporter(_Spans())
+    return server.start()
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Counted]]:
+    monkeypatch.setattr(app_module, "RequestRecord", _Counted)
+    _Counted.made = 0
+    yield _Counted
+
+
+def test_common_requests_are_counted_timed_and_slow_logged_without_records(
+        tmp_path: Path, counted: type[_Counted]) -> None:
+    server = _serve(tmp_path, ratio=None)
+    rng = np.random.default_rng(0)
+    try:
+        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+            before = metric_samples(http.get("/metrics").text)
+            made_before = counted.made
+            for _ in range(300):
+                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
+                assert r.status_code == 200 and "traceparent" not in r.headers
+            lean_records = counted.made - made_before
+            # with an id (a label may come for it) every request is a record, as before
+            for i in range(20):
+                r = http.post("/v2/models/fraud/infer",
+                              json=v2_body(rng.normal(size=(2, 3)), f"id{i}"))
+                assert r.status_code == 200
+            with_ids = counted.made - made_before - lean_records
+            got = metric_samples(http.get("/metrics").text)
+            slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+    finally:
+        server.stop()
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return got.get(key, 0.0) - before.get(key, 0.0)
+
+    # The window sample (one a second, and the first request) made the only records.
+    assert lean_records <= 4, lean_records
+    assert with_ids == 20
+    base = {"api": "v2", "model": "fraud", "version": "1"}
+    assert delta("redline_requests_total", **base, transport="rest", path="primary",
+                 status="ok") == 320
+    assert delta("redline_request_duration_seconds_count", **base) == 320
+    for stage in ("decode", "inference", "encode"):
+        assert delta("redline_stage_duration_seconds_count", **base, stage=stage) == 320
+    assert delta("redline_request_rows_bucket", **base, le="1.0") == 300
+    assert delta("redline_request_rows_bucket", **base, le="2.0") == 320
+    # the slowest of the minute, flat times among them, each with its stages
+    assert len(slow) == 20 and slow[0]["total_us"] >= slow[-1]["total_us"]
+    assert any(r["request_id"] == "" for r in slow), slow
+    for r in slow:
+        assert {"decode", "inference", "encode"} <= set(r["stages_us"])
+        assert r["total_us"] >= sum(r["stages_us"].values()) - 3  # µs rounded down, per stage
+
+
+def test_the_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: Path) -> None:
+    server = _serve(tmp_path, ratio=0.2)
+    rng = np.random.default_rng(1)
+    named = 0
+    try:
+        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+            for _ in range(500):
+                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
+                assert r.status_code == 200
+                tp = r.headers.get("traceparent")
+                if tp is not None:
+                    assert tp.endswith("-01"), tp  # named only when kept
+                    named += 1
+        tracing = server.server.monitor.tracing
+        server.call(_drain(server))
+        assert tracing.flush()
+    finally:
+        server.stop()
+    # Binomial(500, 0.2): mean 100, sd 8.9; five sd either side
+    assert 55 <= named <= 145, named
+    assert tracing.kept == named == tracing.exported
+
+
+async def _drain(server: ServerThread) -> None:
+    server.server.monitor.drain()
+
+
+def test_the_countdown_samples_each_request_with_the_ratio() -> None:
+    times = StageTimesBuffer(sample_ratio=0.01)
+    hits = 0
+    for _ in range(300_000):
+        times.countdown -= 1
+        if not times.countdown:
+            hits += 1
+            times.countdown = times.gap()
+    # Binomial(300,000, 0.01): mean 3,000, sd 54.5; five sd either side
+    assert 2727 <= hits <= 3273, hits
+    assert StageTimesBuffer(sample_ratio=1.0).gap() == 1
+    assert StageTimesBuffer(sample_ratio=0.0).countdown == NEVER
+
+
+def test_flat_times_fold_into_the_same_metrics_as_their_records() -> None:
+    rng = np.random.default_rng(2)
+    buckets = latency_buckets([5.0])
+    by_records, by_times = RequestMetrics(buckets), RequestMetrics(buckets)
+    rows, records = [], []
+    for i in range(500):
+        decode, inference, encode = (int(v) for v in rng.integers(1, 20_000, 3))
+        start = 1_000_000_000 + i * 100_000
+        n = int(rng.integers(1, 40))
+        rows.append([start, start + decode, start + decode + inference,
+                     start + decode + inference + encode, n])
+        r = record(stages={}, rows=n, start_ns=start)
+        r.spans = [("decode", start, start + decode),
+                   ("inference", start + decode, start + decode + inference),
+                   ("encode", start + decode + inference, rows[-1][3])]
+        r.end_ns = rows[-1][3]
+        records.append(r)
+    by_records.fold(records)
+    by_times.fold_times("v2", "rest", "m", "1", np.asarray(rows[:200], np.int64))
+    by_times.fold_times("v2", "rest", "m", "1", np.asarray(rows[200:], np.int64))
+    by_records.settle()
+    by_times.settle()
+    a, b = by_records.series[("v2", "m", "1")], by_times.series[("v2", "m", "1")]
+    assert a.requests == b.requests == {("rest", "primary", "ok"): 500}
+    assert a.rows == b.rows
+    assert set(a.timings) == set(b.timings) == {"decode", "inference", "encode", "total"}
+    for stage in a.timings:
+        assert a.timings[stage].counts == b.timings[stage].counts, stage
+        assert a.timings[stage].sum_ns == b.timings[stage].sum_ns, stage
+
+
+def test_the_slow_log_takes_the_slowest_flat_times_beside_records() -> None:
+    log = SlowLog(size=3)
+    log.request_finished(record(stages={"inference": 700}, request_id="r700"))
+    flat = np.asarray([[0, 10_000, 20_000 + us * 1000, 30_000 + us * 1000, 1]
+                       for us in (5, 5000, 1, 900, 2, 600)], np.int64)
+    log.fold_times(flat, partial(FlatRecord, "v2", "rest", "m", "1"))
+    slow = log.slowest()
+    assert [s["request_id"] for s in slow] == ["", "", "r700"]
+    assert [round(s["total_us"]) for s in slow] == [5030, 930, 702]
+    assert slow[0]["stages_us"] == {"decode": 10, "inference": 5010, "encode": 10}
+
+
+def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:
+    class Plain:
+        def request_finished(self, record: object) -> None:
+            pass
+
+    class Keeps(Plain):
+        def stage_times(self, model: str, version: str) -> StageTimesBuffer:
+            return StageTimesBuffer()
+
+    assert Observers().stage_times is None
+    assert Observers([Plain()]).stage_times is None
+    assert Observers([Keeps()]).stage_times is not None
+    # a second observer (a rollout's) must see every request: records for all again
+    both = Observers([Keeps()])
+    both.add(Plain())
+    assert both.stage_times is None
