@@ -142,6 +142,8 @@ for what in cfg.get("diag", ()):  # diagnostic configurations (DIAGNOSTICS): one
 run(s, ModelRepository(cfg["repo"]))
 """
 
+WARM_S = 2.0  # seconds of warm-up traffic per server (see the warm-up in main)
+
 CONFIGS = {
     "off": {"monitoring": False},
     "metrics": {"monitoring": True},
@@ -391,12 +393,19 @@ def main() -> None:
             .encode()) for r in x]
         conns = {name: Connection(port) for name, port in ports.items()}
         # Warm-up, long enough for the monitors' first drift evaluation (tick 5: it calibrates
-        # the thresholds once per version, a CPU burst), then again.
+        # the thresholds once per version, a CPU burst), then again. Each server is sent
+        # traffic for WARM_S: the windows sample ~1,000 requests a second, and the prediction
+        # baseline is frozen after 1,000 sampled predictions, then calibrated at the next drift
+        # evaluation (~0.1-0.3 s of CPU, once per version). With 300 requests a server it was
+        # calibrated in the middle of the measured turns, beside the requests of one of them.
         for _ in range(2):
             for conn in conns.values():
-                for i in range(300):
+                until = time.monotonic() + WARM_S
+                i = 0
+                while time.monotonic() < until or i < 300:
                     conn.call(v2[i % 64])
                     conn.call(v1[i % 64])
+                    i += 1
             time.sleep(6)
         Key = tuple[str, str, str]  # (awake mode, config, api)
         lat: dict[Key, list[float]] = {(m, n, a): [] for m in modes for n in configs
