@@ -111,6 +111,9 @@ for what in cfg.get("diag", ()):  # diagnostic configurations (DIAGNOSTICS): one
     elif what == "no_windows":  # folded into the metrics, slow log and traces, not the windows
         from redline.monitoring.windows import ModelWindows
         ModelWindows.fold = lambda self, records: None
+    elif what == "no_metrics_fold":  # folded into the slow log, windows and traces only
+        from redline.monitoring.metrics import RequestMetrics
+        RequestMetrics.fold = lambda self, records: None
     elif what == "no_slowlog":
         from redline.monitoring.metrics import SlowLog
         SlowLog.fold = lambda self, records: None
@@ -158,6 +161,7 @@ DIAGNOSTICS = {
     "metrics_no_fold": {"monitoring": True, "diag": ["no_fold"]},
     "metrics_no_windows": {"monitoring": True, "diag": ["no_windows"]},
     "metrics_no_slowlog": {"monitoring": True, "diag": ["no_slowlog"]},
+    "metrics_no_metrics_fold": {"monitoring": True, "diag": ["no_metrics_fold"]},
     "metrics_no_tick": {"monitoring": True, "diag": ["no_tick"]},
     "metrics_gc_off": {"monitoring": True, "diag": ["gc_off"]},
     "metrics_no_observers": {"monitoring": True, "diag": ["no_observers"]},
@@ -170,6 +174,9 @@ DIAGNOSTICS = {
     "metrics_rows1000": {"monitoring": True, "rows_per_s": 1000.0},
     "metrics_rows250": {"monitoring": True, "rows_per_s": 250.0},
     "metrics_rows100": {"monitoring": True, "rows_per_s": 100.0},
+    "tracing_rows250": {"monitoring": True, "ratio": 0.01, "otlp": True, "rows_per_s": 250.0},
+    "tracing_rows100": {"monitoring": True, "ratio": 0.01, "otlp": True, "rows_per_s": 100.0},
+    "tracing_fold1": {"monitoring": True, "ratio": 0.01, "otlp": True, "fold_every": 1},
     "metrics_fold1": {"monitoring": True, "fold_every": 1},
     "metrics_fold4": {"monitoring": True, "fold_every": 4},
     "metrics_fold64": {"monitoring": True, "fold_every": 64},
