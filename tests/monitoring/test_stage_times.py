@@ -212,3 +212,27 @@ def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:
     both = Observers([Keeps()])
     both.add(Plain())
     assert both.stage_times is None
+
+
+def test_a_record_made_for_the_windows_is_not_drawn_into_the_trace_sample_twice(
+        tmp_path: Path) -> None:
+    """Every request sampled for the windows gets a record; its place in the trace head sample
+    is the countdown's draw, not a second one (which would double its chance)."""
+    settings = monitored_settings(tick_s=3600.0)
+    settings.monitoring.window_rows_per_s = 0  # no rate: every request is in the windows' sample
+    settings.monitoring.trace_sample_ratio = 0.1
+    server = ServerThread(settings, make_repository(tmp_path))
+    server.server.monitor.use_trace_exporter(_Spans())
+    server.start()
+    rng = np.random.default_rng(3)
+    named = 0
+    try:
+        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+            for _ in range(1000):
+                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
+                assert r.status_code == 200
+                named += "traceparent" in r.headers
+    finally:
+        server.stop()
+    # Binomial(1000, 0.1): mean 100, sd 9.5; drawn twice the rate would be ~0.19 (mean 190)
+    assert 55 <= named <= 145, named

@@ -122,13 +122,12 @@ class TraceExport:
         caller = record.traceparent
         if caller is None and record.status == "ok":  # the common case, without the calls
             limit = self._slow_ns.get(record.model)
-            if record.trace_keep:
-                keep = True  # drawn into the head sample already (``StageTimes.countdown``)
-            elif limit is None:
-                keep = self._keep(record)  # the model's first request: learns its threshold
-            else:  # tail (slower than the threshold), else head (our share)
-                keep = (record.end_ns - record.start_ns > limit
-                        or self._random() < self.sample_ratio)
+            head = record.trace_keep  # the head sample when drawn already (StageTimes)
+            if limit is None:
+                limit = self.slow_ns(record.model)  # the model's first request
+            # tail (slower than the threshold), else head (our share)
+            keep = (record.end_ns - record.start_ns > limit
+                    or (self._random() < self.sample_ratio if head is None else head))
             record.trace_keep = keep
             if not keep:
                 return None

@@ -364,18 +364,18 @@ class RestApp:
         t_dec = perf_ns()
         try:
             outputs = handle.batcher.run_now(inputs, rows)
+            if outputs is None:  # the batcher is busy: queued, timed on a record from here on
+                record = _lean_record(handle, rid, rows, t_start, t_dec)
+                return self._later(_Queued(handle, inputs, rows, checked.deadline, level,
+                                           record, fast, rid, None), path)
+            t_inf = perf_ns()
+            status, payload, out = self._encode_fast(handle, fast, outputs, rid, None)
         except Exception as exc:  # noqa: BLE001 - mapped as in __call__, on a record
             record = _lean_record(handle, rid, rows, t_start, t_dec)
             status, payload, out = self._failed(exc, path, record)
             respond(status, payload, self._traced(record, out))
             self.observers.finished(record)
             return None
-        if outputs is None:  # the batcher is busy: queued, timed on a record from here on
-            record = _lean_record(handle, rid, rows, t_start, t_dec)
-            return self._later(_Queued(handle, inputs, rows, checked.deadline, level, record,
-                                       fast, rid, None), path)
-        t_inf = perf_ns()
-        status, payload, out = self._encode_fast(handle, fast, outputs, rid, None)
         t_end = perf_ns()
         times = handle.stage_times
         if times is None:
@@ -392,11 +392,9 @@ class RestApp:
         record = _lean_record(handle, rid, rows, t_start, t_dec)
         record.spans += ((INFERENCE, t_dec, t_inf), (ENCODE, t_inf, t_end))
         record.end_ns = t_end
-        if countdown:
-            times.countdown = countdown
-        else:
-            times.countdown = times.gap()
-            record.trace_keep = True  # in the head sample: tracing names and keeps it
+        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+        record.trace_keep = not countdown
+        times.countdown = countdown or times.gap()
         handle.keep_io_on(record, inputs, outputs, t_dec)
         respond(status, payload, self._traced(record, out))
         self.observers.finished(record)

@@ -72,7 +72,9 @@ class RequestRecord(_RareFields):
         self.outputs: Any = None            # model outputs (for drift/quality), when kept
         self.attributes: dict[str, Any] | None = None
         # Set by a tracing observer when it answers ``Observers.traceparent``: whether this
-        # request's spans are kept (None: not decided yet).
+        # request's spans are kept (None: not decided yet). A request that drew its place in
+        # the trace head sample already (``StageTimes.countdown``) comes with that draw here;
+        # tracing then adds the tail rule (slow requests are kept whatever the draw).
         self.trace_keep: bool | None = None
 
     @property
