@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from redline.monitoring.stage_times import FlatRecord
     from redline.serving.stages import RequestRecord
 
-# Conventional latency buckets (seconds), from 100 µs to 10 s; each model's objective is added.
 # The stages of a flat stage-times row (start, decoded, inferred, end, rows): name, from, to.
 _FLAT_STAGES = (("decode", 0, 1), ("inference", 1, 2), ("encode", 2, 3), ("total", 0, 3))
+# Conventional latency buckets (seconds), from 100 µs to 10 s; each model's objective is added.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
