@@ -49,9 +49,9 @@ class _Spans:
         self.payloads.append(payload)
 
 
-def _serve(tmp: Path, ratio: float | None) -> ServerThread:
+def _serve(tmp: Path, ratio: float | None, rows_per_s: float = 1.0) -> ServerThread:
     settings = monitored_settings(tick_s=3600.0)  # no tick: the test decides when to fold
-    settings.monitoring.window_rows_per_s = 1.0  # the windows' sample: one request a second
+    settings.monitoring.window_rows_per_s = rows_per_s  # the windows' sample (0: every request)
     server = ServerThread(settings, make_repository(tmp))
     if ratio is not None:
         settings.monitoring.trace_sample_ratio = ratio
@@ -112,19 +112,25 @@ def test_common_requests_are_counted_timed_and_slow_logged_without_records(
         assert r["total_us"] >= sum(r["stages_us"].values()) - 3  # µs rounded down, per stage
 
 
+def _named_traces(server: ServerThread, n: int) -> int:
+    """How many of ``n`` common requests' answers named a trace (each one kept: ``-01``)."""
+    rng = np.random.default_rng(n)
+    named = 0
+    with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+        for _ in range(n):
+            r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
+            assert r.status_code == 200
+            tp = r.headers.get("traceparent")
+            if tp is not None:
+                assert tp.endswith("-01"), tp  # named only when kept
+                named += 1
+    return named
+
+
 def test_the_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: Path) -> None:
     server = _serve(tmp_path, ratio=0.2)
-    rng = np.random.default_rng(1)
-    named = 0
     try:
-        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
-            for _ in range(500):
-                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
-                assert r.status_code == 200
-                tp = r.headers.get("traceparent")
-                if tp is not None:
-                    assert tp.endswith("-01"), tp  # named only when kept
-                    named += 1
+        named = _named_traces(server, 500)
         tracing = server.server.monitor.tracing
         server.call(_drain(server))
         assert tracing.flush()
@@ -218,20 +224,9 @@ def test_a_record_made_for_the_windows_is_not_drawn_into_the_trace_sample_twice(
         tmp_path: Path) -> None:
     """Every request sampled for the windows gets a record; its place in the trace head sample
     is the countdown's draw, not a second one (which would double its chance)."""
-    settings = monitored_settings(tick_s=3600.0)
-    settings.monitoring.window_rows_per_s = 0  # no rate: every request is in the windows' sample
-    settings.monitoring.trace_sample_ratio = 0.1
-    server = ServerThread(settings, make_repository(tmp_path))
-    server.server.monitor.use_trace_exporter(_Spans())
-    server.start()
-    rng = np.random.default_rng(3)
-    named = 0
+    server = _serve(tmp_path, ratio=0.1, rows_per_s=0)  # every request in the windows' sample
     try:
-        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
-            for _ in range(1000):
-                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
-                assert r.status_code == 200
-                named += "traceparent" in r.headers
+        named = _named_traces(server, 1000)
     finally:
         server.stop()
     # Binomial(1000, 0.1): mean 100, sd 9.5; drawn twice the rate would be ~0.19 (mean 190)
