@@ -4,6 +4,7 @@ hostile ones included, exactly as the unmonitored path does: same status, same b
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,12 @@ from hypothesis import strategies as st
 from redline.config import Settings
 from redline.serving.server import RedlineServer
 from tests.monitoring.served import make_repository
+
+
+def _dumps(doc: Any) -> bytes:
+    """JSON as a careless client writes it: integers beyond 64 bits, bare NaN and Infinity."""
+    return json.dumps(doc).encode()
+
 
 PATHS = ["/v2/models/fraud/infer", "/v2/models/fraud/versions/1/infer",
          "/v2/models/fraud/versions/9/infer", "/v2/models/nope/infer",
@@ -34,8 +41,8 @@ common = st.builds(lambda rows, rid: {"inputs": [{"name": "x", "datatype": "FP32
                    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=3, max_size=12),
                    st.one_of(st.none(), st.text(max_size=8)))
 bodies = st.one_of(
-    common.map(orjson.dumps),
-    st.builds(lambda ts, extra: orjson.dumps({"inputs": ts, **extra}), st.lists(tensor, max_size=2),
+    common.map(_dumps),
+    st.builds(lambda ts, extra: _dumps({"inputs": ts, **extra}), st.lists(tensor, max_size=2),
               st.dictionaries(st.sampled_from(["id", "outputs", "parameters"]),
                               st.one_of(st.text(max_size=4), st.lists(st.integers(), max_size=2),
                                         st.dictionaries(st.text(max_size=3), numbers, max_size=2)),
