@@ -250,12 +250,16 @@ class SlowLog:
     def request_finished(self, record: RequestRecord) -> None:
         self.fold((record,))
 
-    def fold(self, records: Iterable[RequestRecord | FlatRecord]) -> None:
+    def _current(self) -> list[tuple[int, int, RequestRecord | FlatRecord]]:
+        """The slot of now (a new one, with no floor, when time has moved on), its records."""
         slot = int(time.monotonic() / self.slot_s)
         if not self._slots or self._slots[-1][0] != slot:
             self._slots.append((slot, []))
             self._floor = 0
-        kept = self._slots[-1][1]
+        return self._slots[-1][1]
+
+    def fold(self, records: Iterable[RequestRecord | FlatRecord]) -> None:
+        kept = self._current()
         floor, seq = self._floor, self._seq
         for record in records:
             d = (record.end_ns or record.start_ns) - record.start_ns
@@ -274,7 +278,7 @@ class SlowLog:
         """Flat stage times (``RequestMetrics.fold_times``'s rows): only the requests slower
         than the current slot's fastest kept one become records (``make_record(row)``), at
         most ``size`` of them."""
-        self.fold(())  # the slot of now, and its floor
+        self._current()  # the floor below is the slot of now's
         totals = times[:, 3] - times[:, 0]
         over = np.flatnonzero(totals > self._floor)
         if over.size > self.size:

@@ -685,18 +685,17 @@ def _lean_record(handle: ModelHandle, rid: str | None, rows: int, t_start: int,
                  t_dec: int) -> RequestRecord:
     """The record of a request ``_infer_lean`` could not leave as flat stage times."""
     record = RequestRecord("v2", "rest", t_start)
-    record.model, record.version = handle.name, handle.version_str
-    record.request_id = rid or ""
-    record.rows = rows
-    record.spans.append((DECODE, t_start, t_dec))
+    _decoded(record, handle, rid, rows, t_dec)
     return record
 
 
-def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: int) -> None:
+def _decoded(record: RequestRecord, handle: ModelHandle, rid: str | None, rows: int,
+             end_ns: int | None = None) -> None:
     record.model, record.version = handle.name, handle.version_str
     record.request_id = rid or ""
     record.rows = rows
-    record.spans.append((DECODE, record.start_ns, perf_ns()))  # record.add, one call less
+    record.spans.append((DECODE, record.start_ns,  # record.add, one call less
+                         perf_ns() if end_ns is None else end_ns))
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
