@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from redline.monitoring.stage_times import PATHS, V1_STAGES
+
 if TYPE_CHECKING:
     from redline.monitoring.stage_times import FlatRecord
     from redline.serving.stages import RequestRecord
@@ -130,7 +132,10 @@ class RequestMetrics:
             if series is None:
                 series = series_map[key] = _Series()
             appends = series.appends
-            for stage, start, end in record.spans:
+            spans = record.spans
+            if record.api == "v1":  # features is passed twice (read, transforms): one value
+                spans = _summed(spans)
+            for stage, start, end in spans:
                 append = appends.get(stage)
                 if append is None:
                     append = series.timing(stage, n_bounds)
@@ -170,6 +175,41 @@ class RequestMetrics:
         rkey = (transport, "primary", "ok")
         series.requests[rkey] = series.requests.get(rkey, 0) + len(times)
         series.rows_pending.extend(times[:, 4].tolist())
+
+    def fold_v1_times(self, transport: str, model: str, version: str,
+                      times: np.ndarray) -> None:
+        """Common ``/v1`` requests' flat rows into their series, as ``fold`` does records.
+
+        ``times``: one row a request, ``start, end, rows, path, feature age (ns, -1: none)``
+        then the ns spent in each stage (-1: not passed; ``stage_times.V1_STAGES``)."""
+        key = ("v1", model, version)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        n_bounds = len(self._bounds_ns)
+        for j, stage in enumerate(V1_STAGES, start=5):
+            spent = times[:, j]
+            spent = spent[spent >= 0]
+            if spent.size:
+                if stage not in series.timings:
+                    series.timing(stage, n_bounds)
+                series.timings[stage].pending_arrays.append(spent)
+        if TOTAL not in series.timings:
+            series.timing(TOTAL, n_bounds)
+        series.timings[TOTAL].pending_arrays.append(times[:, 1] - times[:, 0])
+        requests = series.requests
+        for path, n in zip(PATHS, np.bincount(times[:, 3], minlength=len(PATHS)).tolist(),
+                           strict=False):
+            if n:
+                rkey = (transport, path, "ok")
+                requests[rkey] = requests.get(rkey, 0) + n
+        rows = times[:, 2]
+        series.rows_pending.extend(rows[rows > 0].tolist())
+        ages = times[:, 4]
+        ages = ages[ages >= 0]
+        room = self._recent_cap - len(series.feature_age)
+        if ages.size and room > 0:
+            series.feature_age.extend((ages[:room] / 1e9).tolist())
 
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""
@@ -274,12 +314,12 @@ class SlowLog:
             floor = kept[-1][0]
         self._floor, self._seq = floor, seq
 
-    def fold_times(self, times: np.ndarray, make_record: Callable[[list[int]], Any]) -> None:
-        """Flat stage times (``RequestMetrics.fold_times``'s rows): only the requests slower
-        than the current slot's fastest kept one become records (``make_record(row)``), at
-        most ``size`` of them."""
+    def fold_times(self, times: np.ndarray, totals: np.ndarray,
+                   make_record: Callable[[list[int]], Any]) -> None:
+        """Flat stage times (``RequestMetrics.fold_times``'s rows, ``totals`` their requests'
+        ns): only the requests slower than the current slot's fastest kept one become records
+        (``make_record(row)``), at most ``size`` of them."""
         self._current()  # the floor below is the slot of now's
-        totals = times[:, 3] - times[:, 0]
         over = np.flatnonzero(totals > self._floor)
         if over.size > self.size:
             over = over[np.argpartition(totals[over], -self.size)[-self.size:]]
@@ -291,6 +331,15 @@ class SlowLog:
         items = [item for slot, kept in self._slots if slot > oldest for item in kept]
         items = heapq.nlargest(self.size, items, key=_first_two)
         return [describe(r) for _, _, r in items]
+
+
+def _summed(spans: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Spans with a stage passed twice made one (its durations summed), as ``timings_us``
+    and the flat ``/v1`` rows count it: one observation a request and stage."""
+    out: dict[str, int] = {}
+    for stage, start, end in spans:
+        out[stage] = out.get(stage, 0) + end - start
+    return [(stage, 0, spent) for stage, spent in out.items()]
 
 
 def _first_two(item: tuple[int, int, Any]) -> tuple[int, int]:

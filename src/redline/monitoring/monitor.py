@@ -9,7 +9,8 @@ the response's ``traceparent``; once the response is written its one observer
 slow log, the drift / quality / review windows and the trace queue. The common V2 REST request
 makes no record: it leaves five integers in its version's flat list (``stage_times``), which
 the tick (and any read that needs the latest) folds into the metrics and the slow log with
-numpy, a thousand requests at a time. The tick folds what is left
+numpy, a thousand requests at a time; the common ``/v1`` REST request leaves its record's
+stage times there too (eleven integers) and the record is dropped. The tick folds what is left
 (in slices, so a request waits behind at most one), then turns what they gathered into the time
 series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
 and the alerts. A read that needs the latest (a scrape, the slow log, a label) folds first.
@@ -42,7 +43,13 @@ from redline.monitoring.metrics import (
 )
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
-from redline.monitoring.stage_times import FIELDS, NEVER, FlatRecord, StageTimesBuffer
+from redline.monitoring.stage_times import (
+    NEVER,
+    WIDTH,
+    StageTimesBuffer,
+    v1_record,
+    v2_record,
+)
 from redline.monitoring.windows import ModelWindows
 
 log = logging.getLogger("redline.monitoring")
@@ -72,15 +79,16 @@ class RecordFeed:
     def __init__(self, monitor: ServerMonitor) -> None:
         self.records: list[Any] = []
         self._monitor = monitor
-        # (model, version) -> the flat buffer of its common V2 REST requests (no record)
-        self.stage_series: dict[tuple[str, str], StageTimesBuffer] = {}
+        # (api, model, version) -> the flat buffer of its common REST requests (no record kept)
+        self.stage_series: dict[tuple[str, str, str], StageTimesBuffer] = {}
 
-    def stage_times(self, model: str, version: str) -> StageTimesBuffer:
-        """The flat stage-times buffer of a version's common V2 REST requests
-        (``serving/stages.py``'s ``StageTimes``), made at its first request."""
-        times = self.stage_series.get((model, version))
+    def stage_times(self, api: str, model: str, version: str) -> StageTimesBuffer:
+        """The flat stage-times buffer of a version's common REST requests of ``api`` ("v2",
+        "v1"; ``serving/stages.py``'s ``StageTimes``), made at its first request."""
+        times = self.stage_series.get((api, model, version))
         if times is None:
-            times = self.stage_series[(model, version)] = StageTimesBuffer()
+            times = self.stage_series[(api, model, version)] = StageTimesBuffer(
+                width=WIDTH[api])
             self._monitor.tune(times, model)
         return times
 
@@ -163,12 +171,18 @@ class ServerMonitor:
         if self.tracing is not None:
             self.tracing.fold(records)
 
-    def fold_times(self, model: str, version: str, flat: list[int]) -> None:
+    def fold_times(self, api: str, model: str, version: str, flat: list[int]) -> None:
         """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
         the slow log (traces and windows want none of them: not kept, not sampled)."""
-        times = np.asarray(flat, dtype=np.int64).reshape(-1, FIELDS)
-        self.metrics.fold_times("v2", "rest", model, version, times)
-        self.slow.fold_times(times, partial(FlatRecord, "v2", "rest", model, version))
+        times = np.asarray(flat, dtype=np.int64).reshape(-1, WIDTH[api])
+        if api == "v2":
+            self.metrics.fold_times("v2", "rest", model, version, times)
+            self.slow.fold_times(times, times[:, 3] - times[:, 0],
+                                 partial(v2_record, model, version))
+        else:
+            self.metrics.fold_v1_times("rest", model, version, times)
+            self.slow.fold_times(times, times[:, 1] - times[:, 0],
+                                 partial(v1_record, model, version))
 
     def drain(self) -> int:
         """Fold every record and stage time the feed holds, now (a read that needs the
@@ -177,11 +191,11 @@ class ServerMonitor:
         if records:
             self.fold(records)
         done = len(records)
-        for (model, version), times in list(self.feed.stage_series.items()):
+        for (api, model, version), times in list(self.feed.stage_series.items()):
             flat = times.take()
             if flat:
-                self.fold_times(model, version, flat)
-                done += len(flat) // FIELDS
+                self.fold_times(api, model, version, flat)
+                done += len(flat) // times.width
         return done
 
     async def drain_in_slices(self) -> int:
@@ -196,15 +210,15 @@ class ServerMonitor:
             self.fold(records)
             done += len(records)
             await asyncio.sleep(0)
-        for (model, version), times in list(self.feed.stage_series.items()):
-            left = 2 * len(times.times) // FIELDS + TIMES_SLICE
+        for (api, model, version), times in list(self.feed.stage_series.items()):
+            left = 2 * len(times.times) // times.width + TIMES_SLICE
             while left > 0:
                 flat = times.take(TIMES_SLICE)
                 if not flat:
                     break
-                self.fold_times(model, version, flat)
-                left -= len(flat) // FIELDS
-                done += len(flat) // FIELDS
+                self.fold_times(api, model, version, flat)
+                left -= len(flat) // times.width
+                done += len(flat) // times.width
                 await asyncio.sleep(0)
         return done
 
@@ -220,7 +234,7 @@ class ServerMonitor:
                               mon.trace_queue_size)
         tracing.fed_by_monitor = True
         self.tracing = tracing
-        for (model, _), times in self.feed.stage_series.items():
+        for (_, model, _), times in self.feed.stage_series.items():
             self.tune(times, model)
         return tracing
 

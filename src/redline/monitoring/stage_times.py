@@ -13,19 +13,27 @@ import time
 
 NEVER = 1 << 62  # the serving side's ``stages.NEVER``: never reached
 FIELDS = 5  # start, decoded, inferred, end, rows (``stages.TIME_FIELDS``)
+# ``/v1`` rows (``stages.v1_times``): start, end, rows, path, feature age ns, then ns a stage
+PATHS = ("primary", "fallback", "cache", "default")  # ``stages.PATHS``
+V1_STAGES = ("decode", "features", "sessions", "admission", "queue", "inference")
+V1_FIELDS = 5 + len(V1_STAGES)  # ``stages.V1_TIME_FIELDS``
+WIDTH = {"v2": FIELDS, "v1": V1_FIELDS}  # integers a request, by API
 
 
 class StageTimesBuffer:
-    """``times`` (five integers a request), the trace threshold and the head-sample countdown.
+    """``times`` (``width`` integers a request), the trace threshold and the head-sample
+    countdown.
 
     The countdown is a geometric gap: each request is in the head sample with probability
     ``sample_ratio``, independently, as one random draw per request would give, for one integer
     decrement a request instead of a draw."""
 
-    __slots__ = ("times", "slow_ns", "countdown", "sample_ratio")
+    __slots__ = ("times", "slow_ns", "countdown", "sample_ratio", "width")
 
-    def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0) -> None:
+    def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0,
+                 width: int = FIELDS) -> None:
         self.times: list[int] = []
+        self.width = width
         self.slow_ns = slow_ns
         self.sample_ratio = sample_ratio
         self.countdown = self.gap()
@@ -48,10 +56,10 @@ class StageTimesBuffer:
         """Up to ``limit`` requests' integers, oldest first (on the loop's thread, as the
         request path that appends)."""
         times = self.times
-        if limit is None or len(times) <= limit * FIELDS:
+        if limit is None or len(times) <= limit * self.width:
             self.times = []
             return times
-        n = limit * FIELDS
+        n = limit * self.width
         taken = times[:n]
         del times[:n]
         return taken
@@ -59,23 +67,20 @@ class StageTimesBuffer:
 
 class FlatRecord:
     """A common request's slow-log entry, remade from its flat stage times: what
-    ``metrics.describe`` reads of a ``RequestRecord`` (answered ok, on the primary path, with
-    no request id or caller ``traceparent``: the requests that leave flat times)."""
+    ``metrics.describe`` reads of a ``RequestRecord`` (answered ok, with no request id or
+    caller ``traceparent``: the requests that leave flat times). Made by ``v2_record`` and
+    ``v1_record`` from a row of each API's layout."""
 
     __slots__ = ("api", "transport", "model", "version", "start_ns", "end_ns", "rows", "spans",
-                 "wall_ns")
-    path = "primary"
+                 "path", "wall_ns")
     status = "ok"
     request_id = ""
     traceparent = None
 
-    def __init__(self, api: str, transport: str, model: str, version: str,
-                 row: list[int]) -> None:
-        start, decoded, inferred, end, rows = row
+    def __init__(self, api: str, transport: str, model: str, version: str, start: int, end: int,
+                 rows: int, spans: list[tuple[str, int, int]], path: str = "primary") -> None:
         self.api, self.transport, self.model, self.version = api, transport, model, version
-        self.start_ns, self.end_ns, self.rows = start, end, rows
-        self.spans = [("decode", start, decoded), ("inference", decoded, inferred),
-                      ("encode", inferred, end)]
+        self.start_ns, self.end_ns, self.rows, self.spans, self.path = start, end, rows, spans, path
         # made within a tick of the request: the clocks' offset now is the offset then
         self.wall_ns = start + (time.time_ns() - time.perf_counter_ns())
 
@@ -87,3 +92,24 @@ class FlatRecord:
         out = {name: (end - start) // 1000 for name, start, end in self.spans}
         out["total"] = int(self.total_us)
         return out
+
+
+def v2_record(model: str, version: str, row: list[int]) -> FlatRecord:
+    """A V2 REST row (start, decoded, inferred, end, rows) as a slow-log entry."""
+    start, decoded, inferred, end, rows = row
+    return FlatRecord("v2", "rest", model, version, start, end, rows,
+                      [("decode", start, decoded), ("inference", decoded, inferred),
+                       ("encode", inferred, end)])
+
+
+def v1_record(model: str, version: str, row: list[int]) -> FlatRecord:
+    """A ``/v1`` REST row as a slow-log entry: its stages laid end to end from the start, in
+    the order a request meets them (a stage passed twice shows once, with its sum)."""
+    start, end, rows, path = row[:4]
+    spans = []
+    at = start
+    for stage, ns in zip(V1_STAGES, row[5:], strict=True):
+        if ns >= 0:
+            spans.append((stage, at, at + ns))
+            at += ns
+    return FlatRecord("v1", "rest", model, version, start, end, rows, spans, PATHS[path])

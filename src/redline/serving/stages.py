@@ -115,7 +115,29 @@ class RequestRecord(_RareFields):
 
 
 NEVER = 1 << 62  # a countdown or a threshold that is never reached
-TIME_FIELDS = 5  # integers a request leaves in ``StageTimes.times``
+TIME_FIELDS = 5  # integers a V2 request leaves in ``StageTimes.times``
+# A ``/v1`` request's row: start, end, rows, path (index in PATHS), the feature age in ns (-1:
+# none), then the ns spent in each of V1_STAGES (-1: the request did not pass it; a stage passed
+# twice, as features is, summed: one observation a request, as in ``timings_us``).
+PATHS = ("primary", "fallback", "cache", "default")
+V1_STAGES = (DECODE, FEATURES, SESSIONS, ADMISSION, QUEUE, INFERENCE)
+V1_TIME_FIELDS = 5 + len(V1_STAGES)
+_V1_COLUMN = {stage: 5 + i for i, stage in enumerate(V1_STAGES)}
+_PATH_INDEX = {path: i for i, path in enumerate(PATHS)}
+
+
+def v1_times(record: RequestRecord) -> list[int]:
+    """A finished ``/v1`` record as its flat ``StageTimes`` row (``V1_TIME_FIELDS`` integers)."""
+    attrs = record.attributes
+    age = attrs.get("feature_age_s") if attrs else None
+    row = [record.start_ns, record.end_ns, record.rows, _PATH_INDEX[record.path],
+           -1 if age is None else int(age * 1e9), -1, -1, -1, -1, -1, -1]
+    column = _V1_COLUMN
+    for stage, start, end in record.spans:
+        j = column[stage]
+        passed = row[j]
+        row[j] = end - start if passed < 0 else passed + end - start
+    return row
 
 
 class StageTimes(Protocol):
@@ -128,6 +150,11 @@ class StageTimes(Protocol):
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
     fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
     integers in one ``list.extend`` a fraction of a microsecond.
+
+    A ``/v1`` REST request of the same kind (ok, no request id or caller ``traceparent``, not
+    sampled, not kept) is timed on a record, since its answer carries ``timings_us``, but the
+    record is not kept: it leaves ``V1_TIME_FIELDS`` integers (``v1_times``) in its series'
+    ``/v1`` buffer instead, which the monitor folds with numpy as it does V2's.
 
     The request path asks two things of it: ``slow_ns`` (a request slower than this is kept for
     its trace, so it gets a record) and ``countdown`` (requests left until the next one in the
@@ -146,8 +173,9 @@ class RequestObserver(Protocol):
 
     An observer may also have ``response_traceparent(record) -> str | None``: the W3C
     ``traceparent`` the response carries (tracing), asked once the record is finished and
-    before the response is sent; and ``stage_times(model, version) -> StageTimes``, the flat
-    buffer for the series' common V2 REST requests (used only while it is the one observer)."""
+    before the response is sent; and ``stage_times(api, model, version) -> StageTimes``, the
+    flat buffer for the series' common REST requests of ``api`` ("v2" or "v1"; used only while
+    it is the one observer)."""
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
@@ -167,7 +195,7 @@ class Observers:
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
         self.finished: Callable[[RequestRecord], None] = self._finished_all
         self.traceparent: Callable[[RequestRecord], str | None] = _no_traceparent
-        self.stage_times: Callable[[str, str], StageTimes] | None = None
+        self.stage_times: Callable[[str, str, str], StageTimes] | None = None
         for observer in items or ():
             self.add(observer)
 
