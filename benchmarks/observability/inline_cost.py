@@ -1,13 +1,17 @@
-"""What monitoring adds to one V2 request in one process, and how much of it precedes the answer.
+"""What monitoring adds to one V2 or /v1 request in one process, and how much precedes the answer.
 
 Two servers' REST apps (monitoring off and on, the fraud model of the overhead benchmark) are
 built in this process, not served: ``RestApp.infer_inline`` is called directly, as the HTTP
-protocol calls it, in rounds that alternate the two. Reported: ns a call (median of rounds and
-best round) and ns until ``respond`` is called (the part a client waits for; the feed and
-every 16th call's fold come after it). No sockets, no other process: a tight-loop figure,
-which the end-to-end benchmark (``overhead.py``) finds several times larger among real I/O.
+protocol calls it (``--api v1``: the ``/v1`` predict route's handler, awaited), in rounds that
+alternate the two. Reported: ns a call (median of rounds and best round) and, for V2, ns until
+``respond`` is called (the part a client waits for; the feed and every 16th call's fold come
+after it). ``--drain``: each round of the monitored server ends with the fold the tick would do
+(``ServerMonitor.drain``), inside the round's time, so work moved from the request to the tick
+is still counted. No sockets, no other process: a tight-loop figure, which the end-to-end
+benchmark (``overhead.py``) finds several times larger among real I/O.
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --rounds 21
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --api v1 --drain
 """
 
 from __future__ import annotations
@@ -45,7 +49,17 @@ def _server(monitoring: bool, root: Path) -> Any:
     return RedlineServer(settings, make_repository(root))
 
 
-async def measure(rounds: int, calls: int) -> dict[str, dict[str, float]]:
+V1_PATH = "/v1/models/fraud/predict"
+
+
+def _v1_handler(app: Any) -> Any:
+    """The ``/v1`` predict route's handler, as the router would call it."""
+    return next(r.handler for r in app._routes
+                if r.method == "POST" and r.template == "/v1/models/{name}/predict")
+
+
+async def measure(rounds: int, calls: int, api: str = "v2",
+                  drain: bool = False) -> dict[str, dict[str, float]]:
     scratch = Path(tempfile.mkdtemp(prefix="redline-inline-"))
     servers = {"off": _server(False, scratch / "off"), "on": _server(True, scratch / "on")}
     for server in servers.values():
@@ -53,6 +67,11 @@ async def measure(rounds: int, calls: int) -> dict[str, dict[str, float]]:
     rows = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     bodies = [orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
                                         "data": r.tolist()}]}) for r in rows]
+    v1_requests = [orjson.dumps({"request": {"amount": float(r[0]), "age": float(r[1]),
+                                             "channel": int(abs(r[2]) * 2) % 3}})
+                   for r in rows]
+    from redline.serving.app import HttpRequest
+
     answered: list[int] = []
     at: list[int] = [0]
 
@@ -67,18 +86,28 @@ async def measure(rounds: int, calls: int) -> dict[str, dict[str, float]]:
     for r in range(rounds):
         for name in (("off", "on") if r % 2 else ("on", "off")):
             app = servers[name].app
+            monitor = servers[name].monitor
             waited = 0
             t0 = time.perf_counter_ns()
-            for i in range(calls):
-                t = time.perf_counter_ns()
-                app.infer_inline(PATH, HEADERS, bodies[i & 63], respond)
-                waited += at[0] - t
+            if api == "v1":
+                handler = _v1_handler(app)
+                for i in range(calls):
+                    request = HttpRequest("POST", V1_PATH, {"name": "fraud"}, {},
+                                          v1_requests[i & 63], time.perf_counter())
+                    answered.append((await handler(request)).status)
+            else:
+                for i in range(calls):
+                    t = time.perf_counter_ns()
+                    app.infer_inline(PATH, HEADERS, bodies[i & 63], respond)
+                    waited += at[0] - t
+            if drain and monitor is not None:
+                monitor.drain()
             total[name].append((time.perf_counter_ns() - t0) / calls)
             before[name].append(waited / calls)
             await asyncio.sleep(0)  # the monitor's tick is not running: nothing else to do
     assert set(answered) == {200}, set(answered)
     out: dict[str, dict[str, float]] = {}
-    for label, series in (("call", total), ("until_respond", before)):
+    for label, series in (("call", total), ("until_respond", before))[:1 if api == "v1" else 2]:
         for name, values in series.items():
             out[f"{name}_{label}_ns"] = {"median": round(statistics.median(values)),
                                         "best": round(min(values))}
@@ -93,8 +122,11 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--calls", type=int, default=4000, help="calls a round and server")
+    ap.add_argument("--api", choices=("v2", "v1"), default="v2")
+    ap.add_argument("--drain", action="store_true",
+                    help="end each monitored round with the tick's fold, inside its time")
     args = ap.parse_args()
-    result = asyncio.run(measure(args.rounds, args.calls))
+    result = asyncio.run(measure(args.rounds, args.calls, args.api, args.drain))
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
 
 

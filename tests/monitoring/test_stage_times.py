@@ -202,7 +202,7 @@ def test_the_slow_log_takes_the_slowest_flat_times_beside_records() -> None:
     log.request_finished(record(stages={"inference": 700}, request_id="r700"))
     flat = np.asarray([[0, 10_000, 20_000 + us * 1000, 30_000 + us * 1000, 1]
                        for us in (5, 5000, 1, 900, 2, 600)], np.int64)
-    log.fold_times(flat, flat[:, 3] - flat[:, 0], partial(v2_record, "m", "1"))
+    log.fold_times(flat, flat[:, 3] - flat[:, 0], partial(v2_record, "rest", "m", "1"))
     slow = log.slowest()
     assert [s["request_id"] for s in slow] == ["", "", "r700"]
     assert [round(s["total_us"]) for s in slow] == [5030, 930, 702]
@@ -215,7 +215,8 @@ def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:
             pass
 
     class Keeps(Plain):
-        def stage_times(self, api: str, model: str, version: str) -> StageTimesBuffer:
+        def stage_times(self, api: str, transport: str, model: str,
+                        version: str) -> StageTimesBuffer:
             return StageTimesBuffer()
 
     assert Observers().stage_times is None

@@ -79,16 +79,17 @@ class RecordFeed:
     def __init__(self, monitor: ServerMonitor) -> None:
         self.records: list[Any] = []
         self._monitor = monitor
-        # (api, model, version) -> the flat buffer of its common REST requests (no record kept)
-        self.stage_series: dict[tuple[str, str, str], StageTimesBuffer] = {}
+        # (api, transport, model, version) -> the flat buffer of its common requests
+        self.stage_series: dict[tuple[str, str, str, str], StageTimesBuffer] = {}
 
-    def stage_times(self, api: str, model: str, version: str) -> StageTimesBuffer:
-        """The flat stage-times buffer of a version's common REST requests of ``api`` ("v2",
-        "v1"; ``serving/stages.py``'s ``StageTimes``), made at its first request."""
-        times = self.stage_series.get((api, model, version))
+    def stage_times(self, api: str, transport: str, model: str,
+                    version: str) -> StageTimesBuffer:
+        """The flat stage-times buffer of a version's common requests of ``api`` ("v2", "v1")
+        over ``transport`` (``serving/stages.py``'s ``StageTimes``), made at its first one."""
+        key = (api, transport, model, version)
+        times = self.stage_series.get(key)
         if times is None:
-            times = self.stage_series[(api, model, version)] = StageTimesBuffer(
-                width=WIDTH[api])
+            times = self.stage_series[key] = StageTimesBuffer(width=WIDTH[api])
             self._monitor.tune(times, model)
         return times
 
@@ -171,18 +172,19 @@ class ServerMonitor:
         if self.tracing is not None:
             self.tracing.fold(records)
 
-    def fold_times(self, api: str, model: str, version: str, flat: list[int]) -> None:
+    def fold_times(self, api: str, transport: str, model: str, version: str,
+                   flat: list[int]) -> None:
         """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
         the slow log (traces and windows want none of them: not kept, not sampled)."""
         times = np.asarray(flat, dtype=np.int64).reshape(-1, WIDTH[api])
         if api == "v2":
-            self.metrics.fold_times("v2", "rest", model, version, times)
+            self.metrics.fold_times("v2", transport, model, version, times)
             self.slow.fold_times(times, times[:, 3] - times[:, 0],
-                                 partial(v2_record, model, version))
+                                 partial(v2_record, transport, model, version))
         else:
-            self.metrics.fold_v1_times("rest", model, version, times)
+            self.metrics.fold_v1_times(transport, model, version, times)
             self.slow.fold_times(times, times[:, 1] - times[:, 0],
-                                 partial(v1_record, model, version))
+                                 partial(v1_record, transport, model, version))
 
     def drain(self) -> int:
         """Fold every record and stage time the feed holds, now (a read that needs the
@@ -191,10 +193,10 @@ class ServerMonitor:
         if records:
             self.fold(records)
         done = len(records)
-        for (api, model, version), times in list(self.feed.stage_series.items()):
+        for (api, transport, model, version), times in list(self.feed.stage_series.items()):
             flat = times.take()
             if flat:
-                self.fold_times(api, model, version, flat)
+                self.fold_times(api, transport, model, version, flat)
                 done += len(flat) // times.width
         return done
 
@@ -210,13 +212,13 @@ class ServerMonitor:
             self.fold(records)
             done += len(records)
             await asyncio.sleep(0)
-        for (api, model, version), times in list(self.feed.stage_series.items()):
+        for (api, transport, model, version), times in list(self.feed.stage_series.items()):
             left = 2 * len(times.times) // times.width + TIMES_SLICE
             while left > 0:
                 flat = times.take(TIMES_SLICE)
                 if not flat:
                     break
-                self.fold_times(api, model, version, flat)
+                self.fold_times(api, transport, model, version, flat)
                 left -= len(flat) // times.width
                 done += len(flat) // times.width
                 await asyncio.sleep(0)
@@ -234,7 +236,7 @@ class ServerMonitor:
                               mon.trace_queue_size)
         tracing.fed_by_monitor = True
         self.tracing = tracing
-        for (_, model, _), times in self.feed.stage_series.items():
+        for (_, _, model, _), times in self.feed.stage_series.items():
             self.tune(times, model)
         return tracing
 

@@ -94,16 +94,16 @@ class FlatRecord:
         return out
 
 
-def v2_record(model: str, version: str, row: list[int]) -> FlatRecord:
-    """A V2 REST row (start, decoded, inferred, end, rows) as a slow-log entry."""
+def v2_record(transport: str, model: str, version: str, row: list[int]) -> FlatRecord:
+    """A V2 row (start, decoded, inferred, end, rows) as a slow-log entry."""
     start, decoded, inferred, end, rows = row
-    return FlatRecord("v2", "rest", model, version, start, end, rows,
+    return FlatRecord("v2", transport, model, version, start, end, rows,
                       [("decode", start, decoded), ("inference", decoded, inferred),
                        ("encode", inferred, end)])
 
 
-def v1_record(model: str, version: str, row: list[int]) -> FlatRecord:
-    """A ``/v1`` REST row as a slow-log entry: its stages laid end to end from the start, in
+def v1_record(transport: str, model: str, version: str, row: list[int]) -> FlatRecord:
+    """A ``/v1`` row as a slow-log entry: its stages laid end to end from the start, in
     the order a request meets them (a stage passed twice shows once, with its sum)."""
     start, end, rows, path = row[:4]
     spans = []
@@ -112,4 +112,4 @@ def v1_record(model: str, version: str, row: list[int]) -> FlatRecord:
         if ns >= 0:
             spans.append((stage, at, at + ns))
             at += ns
-    return FlatRecord("v1", "rest", model, version, start, end, rows, spans, PATHS[path])
+    return FlatRecord("v1", transport, model, version, start, end, rows, spans, PATHS[path])

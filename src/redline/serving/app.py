@@ -380,7 +380,7 @@ class RestApp:
         times = handle.stage_times
         if times is None:
             times = handle.stage_times = self.observers.stage_times(  # type: ignore[misc]
-                "v2", handle.name, handle.version_str)
+                "v2", "rest", handle.name, handle.version_str)
         countdown = times.countdown - 1
         if (countdown and t_end - t_start <= times.slow_ns
                 and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):

@@ -126,6 +126,13 @@ _V1_COLUMN = {stage: 5 + i for i, stage in enumerate(V1_STAGES)}
 _PATH_INDEX = {path: i for i, path in enumerate(PATHS)}
 
 
+def v2_times(record: RequestRecord) -> list[int]:
+    """A finished V2 record timed decode, inference, encode (answered at once) as its flat
+    ``StageTimes`` row: decode is all before the model ran, encode all after it."""
+    _, ran, done = record.spans[1]
+    return [record.start_ns, ran, done, record.end_ns, record.rows]
+
+
 def v1_times(record: RequestRecord) -> list[int]:
     """A finished ``/v1`` record as its flat ``StageTimes`` row (``V1_TIME_FIELDS`` integers)."""
     attrs = record.attributes
@@ -168,14 +175,50 @@ class StageTimes(Protocol):
     def gap(self) -> int: ...
 
 
+class FlatTimes:
+    """Where one API and transport's common requests leave their stage times instead of their
+    records: the observers' ``StageTimes`` of each (model, version), asked for once.
+
+    ``keep(record, row)`` is asked for a finished, ok request whose record nothing else needs
+    (no request id or caller ``traceparent``, not sampled for the windows): True when ``row``
+    went into its series' buffer and the record can be dropped; False when the trace head
+    sample (drawn here: ``record.trace_keep``) or slowness needs the record, or no observer
+    keeps stage times."""
+
+    __slots__ = ("_observers", "_api", "_transport", "_series")
+
+    def __init__(self, observers: Observers, api: str, transport: str) -> None:
+        self._observers = observers
+        self._api, self._transport = api, transport
+        self._series: dict[tuple[str, str], StageTimes] = {}
+
+    def keep(self, record: RequestRecord, row: list[int]) -> bool:
+        make = self._observers.stage_times
+        if make is None:
+            return False
+        key = (record.model, record.version)
+        times = self._series.get(key)
+        if times is None:
+            times = self._series[key] = make(self._api, self._transport, *key)
+        countdown = times.countdown - 1
+        if countdown and record.end_ns - record.start_ns <= times.slow_ns:
+            times.countdown = countdown
+            times.times += row
+            return True
+        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+        record.trace_keep = not countdown
+        times.countdown = countdown or times.gap()
+        return False
+
+
 class RequestObserver(Protocol):
     """Receives every finished request. Must be cheap: it runs on the event loop.
 
     An observer may also have ``response_traceparent(record) -> str | None``: the W3C
     ``traceparent`` the response carries (tracing), asked once the record is finished and
-    before the response is sent; and ``stage_times(api, model, version) -> StageTimes``, the
-    flat buffer for the series' common REST requests of ``api`` ("v2" or "v1"; used only while
-    it is the one observer)."""
+    before the response is sent; and ``stage_times(api, transport, model, version) ->
+    StageTimes``, the flat buffer for the series' common requests of ``api`` ("v2" or "v1")
+    over ``transport`` ("rest" or "grpc"; used only while it is the one observer)."""
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
@@ -195,7 +238,7 @@ class Observers:
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
         self.finished: Callable[[RequestRecord], None] = self._finished_all
         self.traceparent: Callable[[RequestRecord], str | None] = _no_traceparent
-        self.stage_times: Callable[[str, str, str], StageTimes] | None = None
+        self.stage_times: Callable[[str, str, str, str], StageTimes] | None = None
         for observer in items or ():
             self.add(observer)
 

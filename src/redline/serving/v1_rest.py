@@ -16,7 +16,7 @@ from redline.serving.deadline import BUDGET_HEADER, FROM_BODY, FROM_HEADER, Budg
 from redline.serving.edge import JSON_HEADER, as_redline_error, http_error
 from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, parse_request
-from redline.serving.stages import RequestRecord, StageTimes, v1_times
+from redline.serving.stages import FlatTimes, RequestRecord, v1_times
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
 _JSON = JSON_HEADER
@@ -29,8 +29,7 @@ class V1Rest:
     def __init__(self, pipeline: PredictPipeline, app: RestApp) -> None:
         self.pipeline = pipeline
         self.observers = app.observers
-        # (model, version) -> the monitor's flat buffer of its common requests (_left_flat)
-        self._times: dict[tuple[str, str], StageTimes] = {}
+        self._flat = FlatTimes(app.observers, "v1", "rest")  # common requests' stage times
 
     def install(self, app: RestApp) -> None:
         app.add_route("POST", "/v1/models/{name}/predict", self.predict)
@@ -77,7 +76,7 @@ class V1Rest:
             raise
         record.finish()
         if self.observers:
-            if self.observers.stage_times is not None and self._left_flat(record):
+            if self._left_flat(record):
                 return HttpResponse(200, body)
             traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
             self.observers.finished(record)
@@ -93,20 +92,7 @@ class V1Rest:
         the monitored ``/v1`` path ~8 % of its p50 (docs/performance.md, observability)."""
         if record.request_id or record.traceparent is not None or record.inputs is not None:
             return False
-        key = (record.model, record.version)
-        times = self._times.get(key)
-        if times is None:
-            times = self._times[key] = self.observers.stage_times(  # type: ignore[misc]
-                "v1", record.model, record.version)
-        countdown = times.countdown - 1
-        if countdown and record.end_ns - record.start_ns <= times.slow_ns:
-            times.countdown = countdown
-            times.times += v1_times(record)
-            return True
-        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
-        record.trace_keep = not countdown
-        times.countdown = countdown or times.gap()
-        return False
+        return self._flat.keep(record, v1_times(record))
 
     async def stats(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(self.pipeline.stats())

@@ -86,7 +86,7 @@ class _Quiet:
     def request_finished(self, record: Any) -> None:
         return None
 
-    def stage_times(self, api: str, model: str, version: str) -> _Unread:
+    def stage_times(self, api: str, transport: str, model: str, version: str) -> _Unread:
         return _Unread()
 
 

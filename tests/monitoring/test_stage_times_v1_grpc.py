@@ -1,7 +1,7 @@
-"""The common ``/v1`` request leaves flat stage times and its record is dropped: the metrics,
-the slow log and the trace sample see it all the same, its answer keeps its ``timings_us``, and
-a record still reaches the monitor wherever one is needed (a request id, the windows' sample,
-a trace)."""
+"""The common ``/v1`` REST and V2 gRPC requests leave flat stage times and their records are
+dropped: the metrics, the slow log and the trace sample see them all the same, a ``/v1`` answer
+keeps its ``timings_us``, and a record still reaches the monitor wherever one is needed (a
+request id, the windows' sample, a trace)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ import pytest
 from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
 from redline.monitoring.monitor import RecordFeed
 from redline.monitoring.stage_times import v1_record
+from redline.proto import grpc_service_pb2_grpc as pbg
 from redline.serving.stages import RequestRecord, v1_times
-from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings
-from tests.monitoring.test_server import metric_samples
+from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, training_data
+from tests.monitoring.test_server import grpc_request, metric_samples
 from tests.monitoring.test_stage_times import _Spans
 from tests.serving.helpers import ServerThread
 
@@ -197,12 +199,53 @@ def test_a_v1_row_keeps_what_the_record_said() -> None:
     rng = np.random.default_rng(3)
     r = _v1_record(rng, 5_000_000, "fallback")
     row = v1_times(r)
-    flat = v1_record("m", "1", row)
+    flat = v1_record("rest", "m", "1", row)
     assert (flat.api, flat.path, flat.rows, flat.status) == ("v1", "fallback", r.rows, "ok")
     ours, theirs = flat.timings_us(), r.timings_us()
     assert ours.keys() == theirs.keys()  # features once, summed, in both
     assert all(abs(ours[k] - theirs[k]) <= 1 for k in ours), (ours, theirs)  # µs rounding
     log = SlowLog(size=2)
     rows = np.asarray([row, v1_times(_v1_record(rng, 9_000_000, "primary"))], np.int64)
-    log.fold_times(rows, rows[:, 1] - rows[:, 0], partial(v1_record, "m", "1"))
+    log.fold_times(rows, rows[:, 1] - rows[:, 0], partial(v1_record, "rest", "m", "1"))
     assert {s["path"] for s in log.slowest()} == {"fallback", "primary"}
+
+
+def test_common_grpc_requests_are_counted_and_timed_without_records(
+        tmp_path: Path, fed: type[_Fed]) -> None:
+    server = _serve(tmp_path)
+    rng = np.random.default_rng(4)
+    try:
+        with httpx.Client(base_url=server.http, timeout=30) as http, \
+                grpc.insecure_channel(server.grpc) as channel:
+            stub = pbg.GRPCInferenceServiceStub(channel)
+            budget = (("x-redline-budget-ms", "5000"),)
+            for _ in range(20):  # warm: the first request of a version is sampled
+                stub.ModelInfer(grpc_request(training_data(rng, 1)), timeout=10, metadata=budget)
+            before = metric_samples(http.get("/metrics").text)
+            fed_before = fed.n
+            for _ in range(300):
+                stub.ModelInfer(grpc_request(training_data(rng, 1)), timeout=10, metadata=budget)
+            common_fed = fed.n - fed_before
+            for i in range(20):  # with an id: a record each, as before
+                stub.ModelInfer(grpc_request(training_data(rng, 2), f"g{i}"), timeout=10,
+                                metadata=budget)
+            with_ids = fed.n - fed_before - common_fed
+            got = metric_samples(http.get("/metrics").text)
+            slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+    finally:
+        server.stop()
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return got.get(key, 0.0) - before.get(key, 0.0)
+
+    assert common_fed <= 4, common_fed  # the windows' sample, one a second
+    assert with_ids == 20
+    base = {"api": "v2", "model": "fraud", "version": "1"}
+    assert delta("redline_requests_total", **base, transport="grpc", path="primary",
+                 status="ok") == 320
+    for stage in ("decode", "inference", "encode"):
+        assert delta("redline_stage_duration_seconds_count", **base, stage=stage) == 320
+    assert delta("redline_request_rows_bucket", **base, le="1.0") == 300
+    grpc_slow = [r for r in slow if r["transport"] == "grpc"]
+    assert len(grpc_slow) == 20 and any(r["request_id"] == "" for r in grpc_slow), slow
