@@ -223,9 +223,15 @@ def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:
     assert Observers([Plain()]).stage_times is None
     assert Observers([Keeps()]).stage_times is not None
     # a second observer (a rollout's) must see every request: records for all again
-    both = Observers([Keeps()])
-    both.add(Plain())
-    assert both.stage_times is None
+    keeps, plain = Keeps(), Plain()
+    both = Observers([keeps])
+    both.add(plain)
+    assert both.stage_times is None and plain in both
+    both.remove(plain)  # the rollout ended: the lone observer gets them again
+    assert both.stage_times is not None and plain not in both and keeps in both
+    assert both.finished == keeps.request_finished
+    both.remove(keeps)
+    assert not both and both.stage_times is None
 
 
 def test_a_record_made_for_the_windows_is_not_drawn_into_the_trace_sample_twice(

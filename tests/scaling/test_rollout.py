@@ -89,11 +89,17 @@ def wait_state(path: Path, model: str, state: str, timeout: float = 5.0) -> dict
 
 def test_canary_rolls_back_a_failing_candidate(project, capsys) -> None:  # type: ignore[no-untyped-def]
     server, controller, config, root = project
+    observers = server.server.observers
+    # No rollout: the controller sees no request, and the monitor alone gets the common
+    # requests' flat stage times instead of a record each.
+    assert controller not in observers and observers.stage_times is not None
     cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "2",
         "--percent", "30", "--min-requests", "20")
     time.sleep(0.6)  # servers poll the rollout file twice a second
     with httpx.Client(base_url=server.http, timeout=10) as client:
-        first = post(client, 300)
+        first = post(client, 1)
+        assert controller in observers and observers.stage_times is None  # every record
+        first += post(client, 299)
         served_by = {v for code, v in first if code == 200}
         failed = [c for c, _ in first if c != 200]
         assert "1" in served_by and failed  # the candidate got real traffic, and failed it
@@ -103,6 +109,7 @@ def test_canary_rolls_back_a_failing_candidate(project, capsys) -> None:  # type
         assert 20 <= len(failed) < 120
         after = post(client, 50)
     assert after == [(200, "1")] * 50
+    assert controller not in observers and observers.stage_times is not None  # rolled back
     cli("rollout", "status", "--config", config, "-m", "affine", "--json")
     status = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert status["rollouts"]["affine"]["state"] == "rolled_back"

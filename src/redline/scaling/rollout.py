@@ -250,8 +250,10 @@ def sticky_share(entities: Any) -> float:
 class RolloutController:
     """Routes default-version requests, counts per version, shadows, and rolls back.
 
-    Installed on a server with :func:`install`: it becomes the registry's ``router`` and one of
-    the server's request observers.
+    Installed on a server with :func:`install`: it becomes the registry's ``router`` and, while
+    a rollout is active, one of the server's request observers. Only then: a second observer
+    makes every request keep its record for it, which costs the monitored common request the
+    flat stage times it leaves when the monitor is the one observer (``serving/stages.py``).
     """
 
     def __init__(self, registry: Any, path: str | os.PathLike[str],
@@ -271,7 +273,22 @@ class RolloutController:
         self._random = random.Random()
         self._started: dict[str, float] = {}
         self._keeping: set[Any] = set()
+        self.observers: Any = None  # the server's Observers, once installed
         self.refresh(force=True)
+
+    def observe(self, observers: Any) -> None:
+        """Be one of ``observers`` whenever a rollout is active (and only then)."""
+        self.observers = observers
+        self._watch_requests()
+
+    def _watch_requests(self) -> None:
+        observers = self.observers
+        if observers is None:
+            return
+        if self.active and self not in observers:
+            observers.add(self)
+        elif not self.active and self in observers:
+            observers.remove(self)
 
     # ------------------------------------------------------------------ the rollout file
     def refresh(self, force: bool = False) -> None:
@@ -300,6 +317,7 @@ class RolloutController:
                         del self.stats[key]
                 self._keep_io(spec)
             self._release_io()
+            self._watch_requests()
         if now - self._written > 1.0 and (self.stats or self.shadow):
             self._written = now
             self._write_stats()
@@ -422,6 +440,7 @@ class RolloutController:
         log.warning("rollout of %s v%s rolled back: %s", spec.model, spec.candidate, why)
         self.active.pop(spec.model, None)
         self._release_io()
+        self._watch_requests()
         try:
             self.file.update(spec.model, state="rolled_back", reason=why)
         except Exception as exc:  # noqa: BLE001 - the file may be read-only: still stop here
@@ -490,7 +509,7 @@ def install(server: Any) -> RolloutController:
     """Make a server follow ``scaling.rollout_file`` (router + observer)."""
     controller = RolloutController(server.registry, rollout_path(server.settings))
     server.registry.router = controller.route
-    server.observers.add(controller)
+    controller.observe(server.observers)  # an observer while a rollout is active
     server.rollouts = controller
     return controller
 

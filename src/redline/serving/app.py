@@ -378,23 +378,28 @@ class RestApp:
             return None
         t_end = perf_ns()
         times = handle.stage_times
-        if times is None:
-            times = handle.stage_times = self.observers.stage_times(  # type: ignore[misc]
-                "v2", "rest", handle.name, handle.version_str)
-        countdown = times.countdown - 1
-        if (countdown and t_end - t_start <= times.slow_ns
-                and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):
-            times.countdown = countdown
-            times.times.extend((t_start, t_dec, t_inf, t_end, rows))
-            respond(status, payload, out)
-            return None
+        make = self.observers.stage_times
+        if times is None and make is not None:
+            times = handle.stage_times = make("v2", "rest", handle.name, handle.version_str)
+        keep: bool | None = None
+        if make is not None and times is not None:
+            countdown = times.countdown - 1
+            if (countdown and t_end - t_start <= times.slow_ns
+                    and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):
+                times.countdown = countdown
+                times.times.extend((t_start, t_dec, t_inf, t_end, rows))
+                respond(status, payload, out)
+                return None
+            # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+            keep = not countdown
+            times.countdown = countdown or times.gap()
+        # (``make`` is None when an observer was added during this request -- a rollout that
+        # started as the registry routed it -- and then every observer gets the record.)
         # Traced (head sample or slow) or sampled for the windows: a record, as before.
         record = _lean_record(handle, rid, rows, t_start, t_dec)
         record.spans += ((INFERENCE, t_dec, t_inf), (ENCODE, t_inf, t_end))
         record.end_ns = t_end
-        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
-        record.trace_keep = not countdown
-        times.countdown = countdown or times.gap()
+        record.trace_keep = keep
         handle.keep_io_on(record, inputs, outputs, t_dec)
         respond(status, payload, self._traced(record, out))
         self.observers.finished(record)

@@ -256,6 +256,19 @@ class Observers:
             self._tracers = (*self._tracers, tracer)
             self.traceparent = tracer if len(self._tracers) == 1 else self._traceparent_all
 
+    def remove(self, observer: RequestObserver) -> None:
+        """Stop telling ``observer`` (a no-op if it is not one): the rest are wired as if
+        added alone, so the monitor alone gets its flat stage times back."""
+        rest = [o for o in self._items if o is not observer]
+        self._items, self._tracers = (), ()
+        self.finished, self.traceparent = self._finished_all, _no_traceparent
+        self.stage_times = None
+        for kept in rest:
+            self.add(kept)
+
+    def __contains__(self, observer: object) -> bool:
+        return any(o is observer for o in self._items)
+
     def _finished_all(self, record: RequestRecord) -> None:
         for observer in self._items:
             observer.request_finished(record)
