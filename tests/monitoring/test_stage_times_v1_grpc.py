@@ -20,6 +20,8 @@ from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
 from redline.monitoring.monitor import RecordFeed
 from redline.monitoring.stage_times import v1_record
 from redline.proto import grpc_service_pb2_grpc as pbg
+from redline.proto import redline_v1_pb2 as v1
+from redline.proto import redline_v1_pb2_grpc as v1g
 from redline.serving.stages import RequestRecord, v1_times
 from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, training_data
 from tests.monitoring.test_server import grpc_request, metric_samples
@@ -210,7 +212,7 @@ def test_a_v1_row_keeps_what_the_record_said() -> None:
     assert {s["path"] for s in log.slowest()} == {"fallback", "primary"}
 
 
-def test_common_grpc_requests_are_counted_and_timed_without_records(
+def test_common_grpc_requests_both_apis_are_counted_and_timed_without_records(
         tmp_path: Path, fed: type[_Fed]) -> None:
     server = _serve(tmp_path)
     rng = np.random.default_rng(4)
@@ -225,6 +227,11 @@ def test_common_grpc_requests_are_counted_and_timed_without_records(
             fed_before = fed.n
             for _ in range(300):
                 stub.ModelInfer(grpc_request(training_data(rng, 1)), timeout=10, metadata=budget)
+            predict = v1g.PredictionServiceStub(channel).Predict
+            for _ in range(100):  # /v1 over gRPC: the same
+                answer = predict(v1.PredictRequest(model_name="fraud", instances=[
+                    v1.Instance(request=_body(rng)["request"])]), timeout=10, metadata=budget)
+                assert answer.path == "primary"
             common_fed = fed.n - fed_before
             for i in range(20):  # with an id: a record each, as before
                 stub.ModelInfer(grpc_request(training_data(rng, 2), f"g{i}"), timeout=10,
@@ -239,7 +246,7 @@ def test_common_grpc_requests_are_counted_and_timed_without_records(
         key = (name, frozenset(labels.items()))
         return got.get(key, 0.0) - before.get(key, 0.0)
 
-    assert common_fed <= 4, common_fed  # the windows' sample, one a second
+    assert common_fed <= 6, common_fed  # the windows' sample, one a second and version
     assert with_ids == 20
     base = {"api": "v2", "model": "fraud", "version": "1"}
     assert delta("redline_requests_total", **base, transport="grpc", path="primary",
@@ -247,5 +254,7 @@ def test_common_grpc_requests_are_counted_and_timed_without_records(
     for stage in ("decode", "inference", "encode"):
         assert delta("redline_stage_duration_seconds_count", **base, stage=stage) == 320
     assert delta("redline_request_rows_bucket", **base, le="1.0") == 300
+    assert delta("redline_requests_total", api="v1", model="fraud", version="1",
+                 transport="grpc", path="primary", status="ok") == 100
     grpc_slow = [r for r in slow if r["transport"] == "grpc"]
     assert len(grpc_slow) == 20 and any(r["request_id"] == "" for r in grpc_slow), slow

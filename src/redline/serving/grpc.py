@@ -88,7 +88,9 @@ class InferenceServicer:
         self.registry = registry
         self.settings = settings
         self.observers = observers if observers is not None else Observers()
-        self._flat = FlatTimes(self.observers, "v2", "grpc")  # common requests' stage times
+        # Common requests (answered at once: decode, inference, encode) leave their stage
+        # times, not their records (serving/stages.py FlatTimes).
+        self._flat = FlatTimes(self.observers, "v2", "grpc", v2_times)
         self.draining = False
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC names
@@ -178,25 +180,13 @@ class InferenceServicer:
             record.add(ENCODE, t_enc, t_end)
             record.rows = int(next(iter(outputs.values())).shape[0]) if outputs else 0
             record.finish(end_ns=t_end)
-            if self._left_flat(record):
+            if len(record.spans) == 3 and self._flat.keep(record):
                 return resp
             traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
             if traceparent is not None:
                 context.set_trailing_metadata(((TRACEPARENT, traceparent),))
             self.observers.finished(record)
         return resp
-
-
-    def _left_flat(self, record: RequestRecord) -> bool:
-        """Whether an ok request's stage times went into its series' flat ``StageTimes``
-        (``serving/stages.py``) instead of its record going to the observers, as for the
-        common V2 REST request: answered at once (decode, inference, encode: not queued), no
-        request id or caller ``traceparent``, not in the windows' sample, the trace head sample
-        or slow."""
-        if (record.request_id or record.traceparent is not None or record.inputs is not None
-                or len(record.spans) != 3):
-            return False
-        return self._flat.keep(record, v2_times(record))
 
 
 def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:

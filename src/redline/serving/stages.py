@@ -177,24 +177,27 @@ class StageTimes(Protocol):
 
 class FlatTimes:
     """Where one API and transport's common requests leave their stage times instead of their
-    records: the observers' ``StageTimes`` of each (model, version), asked for once.
+    records: the observers' ``StageTimes`` of each (model, version), asked for once, and the
+    row a record leaves there (``v2_times`` or ``v1_times``).
 
-    ``keep(record, row)`` is asked for a finished, ok request whose record nothing else needs
-    (no request id or caller ``traceparent``, not sampled for the windows): True when ``row``
-    went into its series' buffer and the record can be dropped; False when the trace head
-    sample (drawn here: ``record.trace_keep``) or slowness needs the record, or no observer
-    keeps stage times."""
+    ``keep(record)`` is asked for a finished, ok request: True when its row went into its
+    series' buffer and the record can be dropped; False when something needs the record -- a
+    request id (a label may join it), a caller ``traceparent``, the windows' sample (its
+    arrays), the trace head sample (drawn here: ``record.trace_keep``), slowness -- or no lone
+    observer keeps stage times."""
 
-    __slots__ = ("_observers", "_api", "_transport", "_series")
+    __slots__ = ("_observers", "_api", "_transport", "_row", "_series")
 
-    def __init__(self, observers: Observers, api: str, transport: str) -> None:
+    def __init__(self, observers: Observers, api: str, transport: str,
+                 row: Callable[[RequestRecord], list[int]]) -> None:
         self._observers = observers
-        self._api, self._transport = api, transport
+        self._api, self._transport, self._row = api, transport, row
         self._series: dict[tuple[str, str], StageTimes] = {}
 
-    def keep(self, record: RequestRecord, row: list[int]) -> bool:
+    def keep(self, record: RequestRecord) -> bool:
         make = self._observers.stage_times
-        if make is None:
+        if (make is None or record.request_id or record.traceparent is not None
+                or record.inputs is not None):
             return False
         key = (record.model, record.version)
         times = self._series.get(key)
@@ -203,7 +206,7 @@ class FlatTimes:
         countdown = times.countdown - 1
         if countdown and record.end_ns - record.start_ns <= times.slow_ns:
             times.countdown = countdown
-            times.times += row
+            times.times += self._row(record)
             return True
         # The head sample was drawn here (tracing keeps a slow one whatever the draw).
         record.trace_keep = not countdown

@@ -35,7 +35,7 @@ from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
 from redline.serving.predict.sessions import check_session_id
-from redline.serving.stages import Observers, RequestRecord, perf_ns
+from redline.serving.stages import FlatTimes, Observers, RequestRecord, perf_ns, v1_times
 
 log = logging.getLogger("redline.serving")
 SERVICE = "redline.v1.PredictionService"
@@ -47,6 +47,8 @@ class V1Grpc:
     def __init__(self, pipeline: PredictPipeline, observers: Observers) -> None:
         self.pipeline = pipeline
         self.observers = observers
+        # Common requests leave their stage times, not their records (serving/stages.py).
+        self._flat = FlatTimes(observers, "v1", "grpc", v1_times)
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
         method = grpc.unary_unary_rpc_method_handler(
@@ -99,6 +101,8 @@ class V1Grpc:
             await grpc_abort(context, error, trailers)
         record.finish()
         if self.observers:
+            if self._flat.keep(record):
+                return resp
             traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
             if traceparent is not None:
                 context.set_trailing_metadata(((TRACEPARENT, traceparent),))
