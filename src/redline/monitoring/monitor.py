@@ -9,9 +9,10 @@ the response's ``traceparent``; once the response is written its one observer
 slow log, the drift / quality / review windows and the trace queue. The common V2 REST request
 makes no record: it leaves five integers in its version's flat list (``stage_times``), which
 the tick (and any read that needs the latest) folds into the metrics and the slow log with
-numpy, a thousand requests at a time; the common ``/v1`` REST request leaves its record's
-stage times there too (eleven integers) and the record is dropped. The tick folds what is left
-(in slices, so a request waits behind at most one), then turns what they gathered into the time
+numpy, a thousand requests at a time; the common V2 gRPC and ``/v1`` requests leave their
+records' stage times there too (five and eleven integers) and the records are dropped. The
+tick folds what is left (in slices, so a request waits behind at most one), then turns what
+they gathered into the time
 series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
 and the alerts. A read that needs the latest (a scrape, the slow log, a label) folds first.
 """

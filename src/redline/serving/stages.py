@@ -2,9 +2,9 @@
 
 Every stage of both APIs (V2 and ``/v1``, REST and gRPC) is timed once, here: the Prometheus
 histograms, the trace spans, the slow-request log and ``/v1``'s ``timings_us`` all read the same
-``RequestRecord`` -- or, for the common V2 REST request, the same five integers in a flat
-``StageTimes`` list (no record: see that class). Observers (``monitoring``) receive finished
-records; the serving code never imports them, the server wires them in.
+``RequestRecord`` -- or, for a common request, the same times as a few integers in a flat
+``StageTimes`` list (no record kept: see that class). Observers (``monitoring``) receive
+finished records; the serving code never imports them, the server wires them in.
 
 Times are ``time.perf_counter_ns()`` values; ``wall_ns`` anchors them to the wall clock
 (``time.time_ns()`` at the start) so trace spans can be exported with real timestamps after the
@@ -158,10 +158,10 @@ class StageTimes(Protocol):
     fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
     integers in one ``list.extend`` a fraction of a microsecond.
 
-    A ``/v1`` REST request of the same kind (ok, no request id or caller ``traceparent``, not
-    sampled, not kept) is timed on a record, since its answer carries ``timings_us``, but the
-    record is not kept: it leaves ``V1_TIME_FIELDS`` integers (``v1_times``) in its series'
-    ``/v1`` buffer instead, which the monitor folds with numpy as it does V2's.
+    A V2 gRPC request and a ``/v1`` request (REST or gRPC) of the same kind are timed on a
+    record (a ``/v1`` answer carries ``timings_us``), but the record is not kept: it leaves
+    ``v2_times`` (five integers) or ``v1_times`` (``V1_TIME_FIELDS``) in its series' buffer
+    instead, which the monitor folds with numpy (``FlatTimes`` decides which requests).
 
     The request path asks two things of it: ``slow_ns`` (a request slower than this is kept for
     its trace, so it gets a record) and ``countdown`` (requests left until the next one in the
