@@ -12,9 +12,9 @@ the tick (and any read that needs the latest) folds into the metrics and the slo
 numpy, a thousand requests at a time; the common V2 gRPC and ``/v1`` requests leave their
 records' stage times there too (five and eleven integers) and the records are dropped. The
 tick folds what is left (in slices, so a request waits behind at most one), then turns what
-they gathered into the time
-series (``redline top``, ``/dashboard``), the Prometheus metrics, the drift and quality figures
-and the alerts. A read that needs the latest (a scrape, the slow log, a label) folds first.
+they gathered into the time series (``redline top``, ``/dashboard``), the Prometheus metrics,
+the drift and quality figures and the alerts. A read that needs the latest (a scrape, the
+slow log, a label) folds first.
 """
 
 from __future__ import annotations
