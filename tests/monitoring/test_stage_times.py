@@ -4,7 +4,7 @@ the trace sample see it all the same, and a record is still made wherever one is
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -91,14 +91,9 @@ def test_common_requests_are_counted_timed_and_slow_logged_without_records(
                               json=v2_body(rng.normal(size=(2, 3)), f"id{i}"))
                 assert r.status_code == 200
             with_ids = counted.made - made_before - lean_records
-            got = metric_samples(http.get("/metrics").text)
-            slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+            delta, slow = read_back(http, before)
     finally:
         server.stop()
-
-    def delta(name: str, **labels: str) -> float:
-        key = (name, frozenset(labels.items()))
-        return got.get(key, 0.0) - before.get(key, 0.0)
 
     # The window sample (one a second, and the first request) made the only records.
     assert lean_records <= 4, lean_records
@@ -117,6 +112,20 @@ def test_common_requests_are_counted_timed_and_slow_logged_without_records(
     for r in slow:
         assert {"decode", "inference", "encode"} <= set(r["stages_us"])
         assert r["total_us"] >= sum(r["stages_us"].values()) - 3  # µs rounded down, per stage
+
+
+def read_back(http: httpx.Client, before: dict[tuple[str, frozenset], float]
+              ) -> tuple[Callable[..., float], list[dict[str, Any]]]:
+    """The live server's metrics as ``delta(name, **labels)`` since ``before``, and its slow
+    log."""
+    got = metric_samples(http.get("/metrics").text)
+    slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return got.get(key, 0.0) - before.get(key, 0.0)
+
+    return delta, slow
 
 
 def _named_traces(server: ServerThread, n: int) -> int:

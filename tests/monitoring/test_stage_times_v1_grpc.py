@@ -25,7 +25,7 @@ from redline.proto import redline_v1_pb2_grpc as v1g
 from redline.serving.stages import RequestRecord, v1_times
 from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, training_data
 from tests.monitoring.test_server import grpc_request, metric_samples
-from tests.monitoring.test_stage_times import _Spans
+from tests.monitoring.test_stage_times import _Spans, read_back
 from tests.serving.helpers import ServerThread
 
 AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -98,14 +98,9 @@ def test_common_v1_requests_are_counted_timed_and_slow_logged_without_records(
             for i in range(20):
                 assert http.post(PREDICT, json=_body(rng, f"id{i}")).status_code == 200
             with_ids = fed.n - fed_before - common_fed
-            got = metric_samples(http.get("/metrics").text)
-            slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+            delta, slow = read_back(http, before)
     finally:
         server.stop()
-
-    def delta(name: str, **labels: str) -> float:
-        key = (name, frozenset(labels.items()))
-        return got.get(key, 0.0) - before.get(key, 0.0)
 
     # The windows' sample (one a second, and the first request) kept the only records.
     assert common_fed <= 4, common_fed
@@ -237,14 +232,9 @@ def test_common_grpc_requests_both_apis_are_counted_and_timed_without_records(
                 stub.ModelInfer(grpc_request(training_data(rng, 2), f"g{i}"), timeout=10,
                                 metadata=budget)
             with_ids = fed.n - fed_before - common_fed
-            got = metric_samples(http.get("/metrics").text)
-            slow = http.get("/v1/debug/slow", headers=AUTH).json()["requests"]
+            delta, slow = read_back(http, before)
     finally:
         server.stop()
-
-    def delta(name: str, **labels: str) -> float:
-        key = (name, frozenset(labels.items()))
-        return got.get(key, 0.0) - before.get(key, 0.0)
 
     assert common_fed <= 6, common_fed  # the windows' sample, one a second and version
     assert with_ids == 20
