@@ -30,7 +30,7 @@ class V1Rest:
         self.pipeline = pipeline
         self.observers = app.observers
         # Common requests leave their stage times, not their records (serving/stages.py):
-        # folding a record a request cost the monitored /v1 path ~8 % of its p50.
+        # the records' fold was half of monitoring's CPU a /v1 request (docs/performance.md).
         self._flat = FlatTimes(app.observers, "v1", "rest", v1_times)
 
     def install(self, app: RestApp) -> None:
