@@ -378,11 +378,12 @@ class RestApp:
             return None
         t_end = perf_ns()
         times = handle.stage_times
-        make = self.observers.stage_times
-        if times is None and make is not None:
-            times = handle.stage_times = make("v2", "rest", handle.name, handle.version_str)
+        if times is None:  # the version's first such request: ask the lone observer again
+            make = self.observers.stage_times  # (None if a rollout began as the registry routed)
+            if make is not None:
+                times = handle.stage_times = make("v2", "rest", handle.name, handle.version_str)
         keep: bool | None = None
-        if make is not None and times is not None:
+        if times is not None:
             countdown = times.countdown - 1
             if (countdown and t_end - t_start <= times.slow_ns
                     and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):
@@ -393,8 +394,6 @@ class RestApp:
             # The head sample was drawn here (tracing keeps a slow one whatever the draw).
             keep = not countdown
             times.countdown = countdown or times.gap()
-        # (``make`` is None when an observer was added during this request -- a rollout that
-        # started as the registry routed it -- and then every observer gets the record.)
         # Traced (head sample or slow) or sampled for the windows: a record, as before.
         record = _lean_record(handle, rid, rows, t_start, t_dec)
         record.spans += ((INFERENCE, t_dec, t_inf), (ENCODE, t_inf, t_end))
