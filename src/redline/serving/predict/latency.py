@@ -23,12 +23,16 @@ from redline.serving.deadline import now
 class LatencyWindow:
     """p99 over the last ``size`` runs that are younger than ``window_s``; see the module doc."""
 
-    __slots__ = ("samples", "p99", "window_s", "probe_interval_s", "probes", "_since",
-                 "_last_probe", "_clock")
+    __slots__ = ("_ended", "_seconds", "p99", "window_s", "probe_interval_s", "probes",
+                 "_since", "_last_probe", "_clock")
 
     def __init__(self, size: int, window_s: float = 10.0, probe_interval_s: float = 0.1,
                  clock: Callable[[], float] = now) -> None:
-        self.samples: deque[tuple[float, float]] = deque(maxlen=max(16, size))  # (at, seconds)
+        # When each run ended, and how long it took: two deques, so the p99 reads the run times
+        # into numpy in C (a tuple deque walked in Python made each recompute ~45 µs, ~3 µs a
+        # /v1 request at one recompute per 16 runs).
+        self._ended: deque[float] = deque(maxlen=max(16, size))
+        self._seconds: deque[float] = deque(maxlen=max(16, size))
         self.p99 = 0.0
         self.window_s = window_s
         self.probe_interval_s = probe_interval_s
@@ -39,16 +43,17 @@ class LatencyWindow:
 
     def add(self, seconds: float) -> None:
         t = self._clock()
-        self.samples.append((t, seconds))
+        self._ended.append(t)
+        self._seconds.append(seconds)
         self._last_probe = t  # a run just measured the model: no probe is due
         self._since += 1
-        if self._since >= 16 or len(self.samples) < 16:
+        if self._since >= 16 or len(self._ended) < 16:
             self._recompute()
 
     def estimate(self) -> float:
         """The current p99 in seconds (0 when there is no recent run): old samples drop out."""
-        samples = self.samples
-        if samples and samples[0][0] < self._clock() - self.window_s:
+        samples = self._ended
+        if samples and samples[0] < self._clock() - self.window_s:
             self._recompute()
         return self.p99
 
@@ -64,9 +69,23 @@ class LatencyWindow:
 
     def _recompute(self) -> None:
         self._since = 0
-        samples = self.samples
+        samples, seconds = self._ended, self._seconds
         horizon = self._clock() - self.window_s
-        while samples and samples[0][0] < horizon:
+        while samples and samples[0] < horizon:
             samples.popleft()
-        self.p99 = (float(np.percentile(np.fromiter((s for _, s in samples), float), 99))
-                    if samples else 0.0)
+            seconds.popleft()
+        self.p99 = _p99(seconds)
+
+
+def _p99(seconds: deque[float]) -> float:
+    """``np.percentile(seconds, 99)`` (linear interpolation) by one partial sort: the same
+    value at a fifth of the cost (numpy's percentile machinery is ~30 µs of Python)."""
+    n = len(seconds)
+    if not n:
+        return 0.0
+    values = np.fromiter(seconds, float, n)
+    k = 0.99 * (n - 1)
+    lo = int(k)
+    hi = min(lo + 1, n - 1)
+    values.partition((lo, hi))
+    return float(values[lo] + (values[hi] - values[lo]) * (k - lo))
