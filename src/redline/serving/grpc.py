@@ -35,8 +35,9 @@ from redline.serving.edge import (
     grpc_abort,
     grpc_metadata,
 )
+from redline.serving.grpc_wire import infer_response, serialize
 from redline.serving.metadata import EXTENSIONS, model_metadata
-from redline.serving.protocol import decode_grpc, fill_grpc_response
+from redline.serving.protocol import decode_grpc
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import (
     DECODE,
@@ -50,7 +51,7 @@ from redline.serving.stages import (
 
 log = logging.getLogger("redline.serving")
 SERVICE = "inference.GRPCInferenceService"
-_METADATA_KEYS = (BUDGET_KEY, PRIORITY_KEY, TRACEPARENT)
+_METADATA_KEYS = frozenset((BUDGET_KEY, PRIORITY_KEY, TRACEPARENT))
 
 
 class Undecodable:
@@ -129,7 +130,8 @@ class InferenceServicer:
                 getattr(resp, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         return resp
 
-    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def ModelInfer(self, request: Any, context: Any) -> bytes:  # noqa: N802
+        """The answer as wire bytes (``grpc_wire``): the service's serializer passes them."""
         start_ns = perf_ns()
         start = start_ns * 1e-9  # the same clock as deadline.now()
         record = RequestRecord("v2", "grpc", start_ns) if self.observers else None
@@ -158,10 +160,8 @@ class InferenceServicer:
                                          datatypes=decoded.datatypes, record=record)
             outputs = handle.select_outputs(outputs, decoded.outputs)
             t_enc = perf_ns()
-            resp = pb.ModelInferResponse(model_name=handle.name, model_version=handle.version_str)
-            if decoded.id is not None:
-                resp.id = decoded.id
-            fill_grpc_response(resp, outputs, decoded.raw_outputs)
+            resp = infer_response(handle.name, handle.version_str, decoded.id, outputs,
+                                  decoded.raw_outputs)
         except Exception as exc:  # noqa: BLE001 - mapped below; a bug is logged, never UNKNOWN
             error = as_redline_error(exc)
             if error is None:
@@ -203,9 +203,9 @@ def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=lenient(req.FromString, req.__name__),
-            response_serializer=resp.SerializeToString,
+            response_serializer=serialize,
         )
-        for name, (req, resp) in methods.items()
+        for name, (req, _response) in methods.items()
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 

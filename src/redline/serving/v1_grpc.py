@@ -38,6 +38,7 @@ from redline.serving.predict.sessions import check_session_id
 from redline.serving.stages import FlatTimes, Observers, RequestRecord, perf_ns, v1_times
 
 log = logging.getLogger("redline.serving")
+_METADATA_KEYS = frozenset((BUDGET_KEY, TRACEPARENT))
 SERVICE = "redline.v1.PredictionService"
 
 
@@ -65,7 +66,7 @@ class V1Grpc:
         try:
             if isinstance(request, Undecodable):
                 raise InvalidInput(request.reason)
-            meta = grpc_metadata(context, (BUDGET_KEY, TRACEPARENT))
+            meta = grpc_metadata(context, _METADATA_KEYS)
             record.traceparent = meta.get(TRACEPARENT)
             req = self._decode(request)
             record.request_id = req.request_id or ""
