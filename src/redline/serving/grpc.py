@@ -36,12 +36,14 @@ from redline.serving.edge import (
     grpc_metadata,
 )
 from redline.serving.grpc_wire import infer_response, serialize
+from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata
 from redline.serving.protocol import decode_grpc
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import (
     DECODE,
     ENCODE,
+    INFERENCE,
     FlatTimes,
     Observers,
     RequestRecord,
@@ -131,15 +133,26 @@ class InferenceServicer:
         return resp
 
     async def ModelInfer(self, request: Any, context: Any) -> bytes:  # noqa: N802
-        """The answer as wire bytes (``grpc_wire``): the service's serializer passes them."""
+        """The answer as wire bytes (``grpc_wire``): the service's serializer passes them.
+
+        Observed, the common request (answered at once and ok, no id, no caller
+        ``traceparent``, not sampled for the windows or a trace, not slow) is timed by clock
+        reads and leaves five integers in its version's ``StageTimes``, as a V2 REST request
+        does; any other gets its ``RequestRecord``, built from the same reads."""
         start_ns = perf_ns()
         start = start_ns * 1e-9  # the same clock as deadline.now()
-        record = RequestRecord("v2", "grpc", start_ns) if self.observers else None
+        observed = bool(self.observers)
+        record: RequestRecord | None = None
+        handle: ModelHandle | None = None
+        meta: dict[str, str] = {}
+        rid = ""
+        t_dec = 0
         try:
             if isinstance(request, Undecodable):
                 raise InvalidInput(request.reason)
             meta = grpc_metadata(context, _METADATA_KEYS)
             decoded = decode_grpc(request)
+            rid = decoded.id or ""
             handle = self.registry.get(request.model_name, request.model_version or None)
             if decoded.outputs:
                 handle.check_outputs(decoded.outputs)
@@ -151,15 +164,20 @@ class InferenceServicer:
                 budget = parse_budget(remaining * 1e3 if remaining is not None else None,
                                       FROM_GRPC_DEADLINE, default_ms=handle.slo_ms, start=start)
             priority = parse_priority(meta.get(PRIORITY_KEY, decoded.parameters.get("priority")))
-            if record is not None:
-                record.model, record.version = handle.name, handle.version_str
-                record.traceparent = meta.get(TRACEPARENT)
-                record.request_id = decoded.id or ""
-                record.add(DECODE, record.start_ns, perf_ns())
-            outputs = await handle.infer(decoded.inputs, budget, priority=priority,
-                                         datatypes=decoded.datatypes, record=record)
+            if not observed:
+                outputs = await handle.infer(decoded.inputs, budget, priority=priority,
+                                             datatypes=decoded.datatypes)
+            else:  # handle.infer's two steps, so a request answered at once needs no record
+                inputs, rows = handle.prepare(decoded.inputs, decoded.datatypes)
+                t_dec = perf_ns()
+                ran = handle.infer_now(inputs, rows)
+                if ran is None:  # queued: timed on a record from here on
+                    record = _record(handle, rid, meta, rows, start_ns, t_dec)
+                    ran = await handle.infer_queued(inputs, rows, budget.deadline, priority,
+                                                    record)
+                t_inf = perf_ns()
+                outputs = ran
             outputs = handle.select_outputs(outputs, decoded.outputs)
-            t_enc = perf_ns()
             resp = infer_response(handle.name, handle.version_str, decoded.id, outputs,
                                   decoded.raw_outputs)
         except Exception as exc:  # noqa: BLE001 - mapped below; a bug is logged, never UNKNOWN
@@ -168,25 +186,59 @@ class InferenceServicer:
                 log.exception("unhandled error in ModelInfer")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
             trailers: tuple[tuple[str, str], ...] = ()
-            if record is not None:
+            if observed:
+                if record is None:
+                    record = RequestRecord("v2", "grpc", start_ns)
+                    record.traceparent = meta.get(TRACEPARENT)
+                    record.request_id = rid
+                    if handle is not None:
+                        record.model, record.version = handle.name, handle.version_str
+                    if t_dec:
+                        record.add(DECODE, start_ns, t_dec)
                 record.finish(error.code)
                 traceparent = self.observers.traceparent(record)
                 if traceparent is not None:
                     trailers = ((TRACEPARENT, traceparent),)
                 self.observers.finished(record)
             await grpc_abort(context, error, trailers)
-        if record is not None:
-            t_end = perf_ns()
-            record.add(ENCODE, t_enc, t_end)
-            record.rows = int(next(iter(outputs.values())).shape[0]) if outputs else 0
-            record.finish(end_ns=t_end)
-            if len(record.spans) == 3 and self._flat.keep(record):
-                return resp
-            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
-            if traceparent is not None:
-                context.set_trailing_metadata(((TRACEPARENT, traceparent),))
-            self.observers.finished(record)
+        if not observed:
+            return resp
+        t_end = perf_ns()
+        assert handle is not None  # (grpc_abort raised otherwise)
+        if record is None:  # answered at once
+            draw: bool | None = None
+            if not (rid or TRACEPARENT in meta or handle.shadowed
+                    or (handle.keep_io and t_dec >= handle.io_next_ns)):
+                times = self._flat.series(handle.name, handle.version_str)
+                if times is not None:
+                    draw = self._flat.draw(times, t_end - start_ns)
+                    if draw is None:
+                        times.times += (start_ns, t_dec, t_inf, t_end, rows)
+                        return resp
+            record = _record(handle, rid, meta, rows, start_ns, t_dec)
+            record.spans.append((INFERENCE, t_dec, t_inf))
+            record.trace_keep = draw
+            handle.keep_io_on(record, inputs, outputs, t_dec)
+        record.add(ENCODE, t_inf, t_end)
+        record.finish(end_ns=t_end)
+        traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
+        if traceparent is not None:
+            context.set_trailing_metadata(((TRACEPARENT, traceparent),))
+        self.observers.finished(record)
         return resp
+
+
+def _record(handle: ModelHandle, rid: str, meta: dict[str, str], rows: int, start_ns: int,
+            t_dec: int) -> RequestRecord:
+    """The record of a V2 gRPC request that cannot leave flat stage times, decoded at
+    ``t_dec``."""
+    record = RequestRecord("v2", "grpc", start_ns)
+    record.model, record.version = handle.name, handle.version_str
+    record.traceparent = meta.get(TRACEPARENT)
+    record.request_id = rid
+    record.rows = rows
+    record.spans.append((DECODE, start_ns, t_dec))
+    return record
 
 
 def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:

@@ -195,23 +195,41 @@ class FlatTimes:
         self._series: dict[tuple[str, str], StageTimes] = {}
 
     def keep(self, record: RequestRecord) -> bool:
-        make = self._observers.stage_times
-        if (make is None or record.request_id or record.traceparent is not None
-                or record.inputs is not None):
+        if record.request_id or record.traceparent is not None or record.inputs is not None:
             return False
-        key = (record.model, record.version)
-        times = self._series.get(key)
+        times = self.series(record.model, record.version)
         if times is None:
-            times = self._series[key] = make(self._api, self._transport, *key)
-        countdown = times.countdown - 1
-        if countdown and record.end_ns - record.start_ns <= times.slow_ns:
-            times.countdown = countdown
+            return False
+        draw = self.draw(times, record.end_ns - record.start_ns)
+        if draw is None:
             times.times += self._row(record)
             return True
-        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
-        record.trace_keep = not countdown
-        times.countdown = countdown or times.gap()
+        record.trace_keep = draw
         return False
+
+    def series(self, model: str, version: str) -> StageTimes | None:
+        """The lone observer's buffer for a version's common requests (None: no lone observer
+        keeps stage times, so every request needs its record)."""
+        make = self._observers.stage_times  # None while a rollout observes requests too
+        if make is None:
+            return None
+        times = self._series.get((model, version))
+        if times is None:
+            times = self._series[(model, version)] = make(self._api, self._transport, model,
+                                                          version)
+        return times
+
+    @staticmethod
+    def draw(times: StageTimes, duration_ns: int) -> bool | None:
+        """None when a finished common request leaves its row in ``times``; else the trace
+        head sample's draw for the record it gets instead (tracing keeps a slow one whatever
+        the draw)."""
+        countdown = times.countdown - 1
+        if countdown and duration_ns <= times.slow_ns:
+            times.countdown = countdown
+            return None
+        times.countdown = countdown or times.gap()
+        return not countdown
 
 
 class RequestObserver(Protocol):
