@@ -44,11 +44,10 @@ from redline.serving.stages import (
     DECODE,
     ENCODE,
     INFERENCE,
-    FlatTimes,
+    FlatSeries,
     Observers,
     RequestRecord,
     perf_ns,
-    v2_times,
 )
 
 log = logging.getLogger("redline.serving")
@@ -92,8 +91,8 @@ class InferenceServicer:
         self.settings = settings
         self.observers = observers if observers is not None else Observers()
         # Common requests (answered at once: decode, inference, encode) leave their stage
-        # times, not their records (serving/stages.py FlatTimes).
-        self._flat = FlatTimes(self.observers, "v2", "grpc", v2_times)
+        # times, not a record (serving/stages.py FlatSeries).
+        self._flat = FlatSeries(self.observers, "v2", "grpc")
         self.draining = False
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC names

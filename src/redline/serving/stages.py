@@ -126,13 +126,6 @@ _V1_COLUMN = {stage: 5 + i for i, stage in enumerate(V1_STAGES)}
 _PATH_INDEX = {path: i for i, path in enumerate(PATHS)}
 
 
-def v2_times(record: RequestRecord) -> list[int]:
-    """A finished V2 record timed decode, inference, encode (answered at once) as its flat
-    ``StageTimes`` row: decode is all before the model ran, encode all after it."""
-    _, ran, done = record.spans[1]
-    return [record.start_ns, ran, done, record.end_ns, record.rows]
-
-
 def v1_times(record: RequestRecord) -> list[int]:
     """A finished ``/v1`` record as its flat ``StageTimes`` row (``V1_TIME_FIELDS`` integers)."""
     attrs = record.attributes
@@ -150,18 +143,19 @@ def v1_times(record: RequestRecord) -> list[int]:
 class StageTimes(Protocol):
     """One series' common requests as flat integers, without a record each (the monitor's).
 
-    A V2 JSON request answered at once, ok, with no caller ``traceparent``, not sampled for the
-    monitoring windows and not kept for a trace (nearly every request) leaves ``TIME_FIELDS``
+    A V2 request (REST JSON or gRPC) answered at once, ok, with no caller ``traceparent``, not
+    sampled for the monitoring windows and not kept for a trace (nearly every request) leaves
+    ``TIME_FIELDS``
     integers in ``times``: ``start, decoded, inferred, end`` (``perf_ns`` values: decode is
     start..decoded, inference decoded..inferred, encode inferred..end) and its rows; the
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
     fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
     integers in one ``list.extend`` a fraction of a microsecond.
 
-    A V2 gRPC request and a ``/v1`` request (REST or gRPC) of the same kind are timed on a
-    record (a ``/v1`` answer carries ``timings_us``), but the record is not kept: it leaves
-    ``v2_times`` (five integers) or ``v1_times`` (``V1_TIME_FIELDS``) in its series' buffer
-    instead, which the monitor folds with numpy (``FlatTimes`` decides which requests).
+    A ``/v1`` request (REST or gRPC) of the same kind is timed on a record (its answer carries
+    ``timings_us``), but the record is not kept: it leaves ``v1_times`` (``V1_TIME_FIELDS``
+    integers) in its series' buffer instead, which the monitor folds with numpy
+    (``FlatTimes`` decides which requests).
 
     The request path asks two things of it: ``slow_ns`` (a request slower than this is kept for
     its trace, so it gets a record) and ``countdown`` (requests left until the next one in the
@@ -175,10 +169,45 @@ class StageTimes(Protocol):
     def gap(self) -> int: ...
 
 
-class FlatTimes:
-    """Where one API and transport's common requests leave their stage times instead of their
-    records: the observers' ``StageTimes`` of each (model, version), asked for once, and the
-    row a record leaves there (``v2_times`` or ``v1_times``).
+class FlatSeries:
+    """The lone observer's ``StageTimes`` of each (model, version) for one API and transport,
+    asked for once, and the trace head-sample draw a common request takes there.
+
+    ``series(model, version)`` is None while no lone observer keeps stage times (a rollout
+    observes too): then every request needs its record. ``draw(times, duration)`` is None when
+    the request leaves its row, else the head sample's draw for the record it gets instead."""
+
+    __slots__ = ("_observers", "_api", "_transport", "_series")
+
+    def __init__(self, observers: Observers, api: str, transport: str) -> None:
+        self._observers = observers
+        self._api, self._transport = api, transport
+        self._series: dict[tuple[str, str], StageTimes] = {}
+
+    def series(self, model: str, version: str) -> StageTimes | None:
+        make = self._observers.stage_times  # None while a rollout observes requests too
+        if make is None:
+            return None
+        times = self._series.get((model, version))
+        if times is None:
+            times = self._series[(model, version)] = make(self._api, self._transport, model,
+                                                          version)
+        return times
+
+    @staticmethod
+    def draw(times: StageTimes, duration_ns: int) -> bool | None:
+        countdown = times.countdown - 1
+        if countdown and duration_ns <= times.slow_ns:
+            times.countdown = countdown
+            return None
+        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+        times.countdown = countdown or times.gap()
+        return not countdown
+
+
+class FlatTimes(FlatSeries):
+    """Where one API and transport's finished records leave their stage times instead of
+    themselves: the row a record leaves in its series (``v1_times``).
 
     ``keep(record)`` is asked for a finished, ok request: True when its row went into its
     series' buffer and the record can be dropped; False when something needs the record -- a
@@ -186,13 +215,12 @@ class FlatTimes:
     arrays), the trace head sample (drawn here: ``record.trace_keep``), slowness -- or no lone
     observer keeps stage times."""
 
-    __slots__ = ("_observers", "_api", "_transport", "_row", "_series")
+    __slots__ = ("_row",)
 
     def __init__(self, observers: Observers, api: str, transport: str,
                  row: Callable[[RequestRecord], list[int]]) -> None:
-        self._observers = observers
-        self._api, self._transport, self._row = api, transport, row
-        self._series: dict[tuple[str, str], StageTimes] = {}
+        super().__init__(observers, api, transport)
+        self._row = row
 
     def keep(self, record: RequestRecord) -> bool:
         if record.request_id or record.traceparent is not None or record.inputs is not None:
@@ -206,30 +234,6 @@ class FlatTimes:
             return True
         record.trace_keep = draw
         return False
-
-    def series(self, model: str, version: str) -> StageTimes | None:
-        """The lone observer's buffer for a version's common requests (None: no lone observer
-        keeps stage times, so every request needs its record)."""
-        make = self._observers.stage_times  # None while a rollout observes requests too
-        if make is None:
-            return None
-        times = self._series.get((model, version))
-        if times is None:
-            times = self._series[(model, version)] = make(self._api, self._transport, model,
-                                                          version)
-        return times
-
-    @staticmethod
-    def draw(times: StageTimes, duration_ns: int) -> bool | None:
-        """None when a finished common request leaves its row in ``times``; else the trace
-        head sample's draw for the record it gets instead (tracing keeps a slow one whatever
-        the draw)."""
-        countdown = times.countdown - 1
-        if countdown and duration_ns <= times.slow_ns:
-            times.countdown = countdown
-            return None
-        times.countdown = countdown or times.gap()
-        return not countdown
 
 
 class RequestObserver(Protocol):
