@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -80,3 +82,24 @@ def v2_body(x: np.ndarray, request_id: str | None = None) -> dict:
     if request_id is not None:
         body["id"] = request_id
     return body
+
+
+def in_process_pair(tmp: Any, loop: asyncio.AbstractEventLoop) -> dict[bool, Any]:
+    """An unmonitored and a monitored ``RedlineServer`` (by ``monitoring.enabled``), each over
+    its own copy of the repository, synced on ``loop`` and not served: their apps and servicers
+    are called directly, to compare the monitored path's answers with the plain one's."""
+    from redline.serving.server import RedlineServer
+
+    servers = {}
+    for monitored in (False, True):
+        s = Settings()
+        s.server.watch_repository = False
+        s.server.grpc_enabled = False
+        s.monitoring.enabled = monitored
+        s.runtime.warmup_batch_sizes = [1]
+        s.server.max_body_bytes = 1 << 20
+        server = RedlineServer(s, make_repository(tmp.mktemp(f"m{monitored}")))
+        loop.run_until_complete(server.registry.sync())
+        servers[monitored] = server
+    assert servers[True].observers.stage_times is not None  # the flat path is on
+    return servers

@@ -16,15 +16,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redline.config import Settings
 from redline.proto import grpc_service_pb2 as pb
 from redline.proto import grpc_service_pb2_grpc as pbg
 from redline.serving.grpc import lenient
-from redline.serving.server import RedlineServer
-from tests.monitoring.served import make_repository, monitored_settings, training_data
+from tests.monitoring.served import (
+    in_process_pair,
+    make_repository,
+    monitored_settings,
+    training_data,
+)
 from tests.monitoring.test_server import grpc_request, metric_samples
 from tests.monitoring.test_stage_times import _Spans, read_back
-from tests.monitoring.test_stage_times_v1_grpc import _Fed, fed  # noqa: F401 - a fixture
+from tests.monitoring.test_stage_times_v1_grpc import (  # noqa: F401 - fed: a fixture
+    _Fed,
+    fed,
+    flushed_tracing,
+)
 from tests.serving.helpers import ServerThread
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -57,17 +64,8 @@ class Context:
 @pytest.fixture(scope="module")
 def servicers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     loop = asyncio.new_event_loop()
-    out: dict[str, Any] = {"loop": loop}
-    for monitored in (False, True):
-        s = Settings()
-        s.server.watch_repository = False
-        s.server.grpc_enabled = False
-        s.monitoring.enabled = monitored
-        s.runtime.warmup_batch_sizes = [1]
-        server = RedlineServer(s, make_repository(tmp_path_factory.mktemp(f"g{monitored}")))
-        loop.run_until_complete(server.registry.sync())
-        out["on" if monitored else "off"] = server.servicer
-    assert out["on"].observers.stage_times is not None  # the flat path is on
+    servers = in_process_pair(tmp_path_factory, loop)
+    out = {"loop": loop, "off": servers[False].servicer, "on": servers[True].servicer}
     yield out
     loop.close()
 
@@ -200,13 +198,7 @@ def test_the_grpc_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: P
                     metadata=(("x-redline-budget-ms", "5000"), ("traceparent", TRACEPARENT)))
                 tp = dict(call.trailing_metadata()).get("traceparent", "")
                 assert tp.split("-")[1:2] == TRACEPARENT.split("-")[1:2], tp
-        tracing = server.server.monitor.tracing
-
-        async def drain() -> None:
-            server.server.monitor.drain()
-
-        server.call(drain())
-        assert tracing.flush()
+        tracing = flushed_tracing(server)
     finally:
         server.stop()
     # Binomial(500, 0.2): mean 100, sd 8.9; five sd either side

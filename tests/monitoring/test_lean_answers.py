@@ -13,9 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redline.config import Settings
-from redline.serving.server import RedlineServer
-from tests.monitoring.served import make_repository
+from tests.monitoring.served import in_process_pair
 
 
 def _dumps(doc: Any) -> bytes:
@@ -63,18 +61,7 @@ headers = st.lists(st.sampled_from([
 @pytest.fixture(scope="module")
 def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     loop = asyncio.new_event_loop()
-    servers = {}
-    for monitored in (False, True):
-        s = Settings()
-        s.server.watch_repository = False
-        s.server.grpc_enabled = False
-        s.monitoring.enabled = monitored
-        s.runtime.warmup_batch_sizes = [1]
-        s.server.max_body_bytes = 1 << 20
-        server = RedlineServer(s, make_repository(tmp_path_factory.mktemp(f"m{monitored}")))
-        loop.run_until_complete(server.registry.sync())
-        servers[monitored] = server
-    assert servers[True].observers.stage_times is not None  # the flat path is on
+    servers = in_process_pair(tmp_path_factory, loop)
     yield {"loop": loop, "off": servers[False].app, "on": servers[True].app}
     loop.close()
 

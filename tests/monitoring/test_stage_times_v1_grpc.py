@@ -132,18 +132,24 @@ def test_the_v1_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: Pat
                 if tp is not None:
                     assert tp.endswith("-01"), tp  # named only when kept
                     named += 1
-        tracing = server.server.monitor.tracing
-
-        async def drain() -> None:
-            server.server.monitor.drain()
-
-        server.call(drain())
-        assert tracing.flush()
+        tracing = flushed_tracing(server)
     finally:
         server.stop()
     # Binomial(500, 0.2): mean 100, sd 8.9; five sd either side
     assert 55 <= named <= 145, named
     assert tracing.kept == named == tracing.exported
+
+
+def flushed_tracing(server: ServerThread) -> Any:
+    """The server's tracing once every request is folded and every kept trace exported."""
+    tracing = server.server.monitor.tracing
+
+    async def drain() -> None:
+        server.server.monitor.drain()
+
+    server.call(drain())
+    assert tracing.flush()
+    return tracing
 
 
 def _v1_record(rng: np.random.Generator, start: int, path: str) -> RequestRecord:

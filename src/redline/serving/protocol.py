@@ -497,22 +497,3 @@ def _param_value(param: Any) -> Any:
     which = param.WhichOneof("parameter_choice")
     return getattr(param, which) if which else None
 
-
-def fill_grpc_response(resp: Any, outputs: dict[str, np.ndarray], raw: bool) -> None:
-    """Fill a ``ModelInferResponse`` with outputs, raw or as typed contents."""
-    # raw_output_contents holds one entry per output or none; FP16 has no typed field.
-    raw = raw or any(a.dtype == np.float16 for a in outputs.values())
-    for name, array in outputs.items():
-        datatype = v2_datatype(array.dtype)
-        tensor = resp.outputs.add()
-        tensor.name = name
-        tensor.datatype = datatype
-        tensor.shape.extend(array.shape)
-        if raw:
-            resp.raw_output_contents.append(array_to_wire(array))
-        elif datatype == "BYTES":
-            tensor.contents.bytes_contents.extend(
-                x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel()
-            )
-        else:
-            getattr(tensor.contents, GRPC_CONTENTS_FIELD[datatype]).extend(array.ravel().tolist())
