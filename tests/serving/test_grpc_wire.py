@@ -123,3 +123,25 @@ def test_typed_float_contents_count_must_match_shape() -> None:
     req.inputs[0].shape.extend([2, 4])
     with pytest.raises(InvalidInput, match="6 values but its shape"):
         decode_grpc(req)
+
+
+def test_unpacked_float_contents_decode_as_packed_ones() -> None:
+    """A client may send a repeated float unpacked (one key per element; parsers must accept
+    it): the packed-bytes read still sees every value, in order."""
+    values = np.array([1.5, -0.0, np.inf, 3.25, np.nan, 7.0], np.float32)
+    unpacked = b"".join(b"\x35" + v.tobytes() for v in values)  # field 6, wire type 5
+    contents = pb.InferTensorContents.FromString(unpacked)
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="FP32", shape=[2, 3]).contents.CopyFrom(contents)
+    decoded = decode_grpc(pb.ModelInferRequest.FromString(req.SerializeToString())).inputs["x"]
+    assert decoded.tobytes() == values.reshape(2, 3).tobytes()
+
+
+def test_unknown_fields_in_contents_do_not_shift_the_values() -> None:
+    """Fields this schema does not know (a newer client's) arrive before the floats here."""
+    values = np.array([0.5, 2.0, -3.0], np.float32)
+    wire = b"\xa0\x01\x07" + b"\x32\x0c" + values.tobytes()  # field 20 = 7, then fp32_contents
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 3]).contents.MergeFromString(wire)
+    decoded = decode_grpc(pb.ModelInferRequest.FromString(req.SerializeToString())).inputs["x"]
+    assert decoded.tobytes() == values.reshape(1, 3).tobytes()
