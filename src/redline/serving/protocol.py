@@ -399,25 +399,31 @@ def encode_rest(
 
 # ---------------------------------------------------------------------------- gRPC
 def decode_grpc(req: Any) -> InferRequest:
-    """Decode a ``ModelInferRequest`` (raw_input_contents or typed contents)."""
-    if not req.inputs:
+    """Decode a ``ModelInferRequest`` (raw_input_contents or typed contents).
+
+    Each protobuf field is read once (a repeated field's access costs ~0.15 µs on upb)."""
+    tensors = req.inputs
+    if not tensors:
         raise InvalidInput("request needs at least one input tensor")
     raw = req.raw_input_contents
-    if raw and any(t.HasField("contents") for t in req.inputs):
-        raise InvalidInput(
-            "the request has both raw_input_contents and typed contents; send each input's "
-            "data one way only"
-        )
-    if raw and len(raw) != len(req.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries but the request has {len(req.inputs)} "
-            "inputs; send one entry per input, in order"
-        )
+    n_raw = len(raw)
+    if n_raw:
+        for tensor in tensors:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    "the request has both raw_input_contents and typed contents; send each "
+                    "input's data one way only"
+                )
+        if n_raw != len(tensors):
+            raise InvalidInput(
+                f"raw_input_contents has {n_raw} entries but the request has {len(tensors)} "
+                "inputs; send one entry per input, in order"
+            )
     inputs: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
-    for i, tensor in enumerate(req.inputs):
+    for i, tensor in enumerate(tensors):
         name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
-        if raw:
+        if n_raw:
             array = array_from_bytes(name, datatype, shape, raw[i])
         else:
             array = _array_from_contents(name, datatype, shape, tensor.contents)
@@ -425,13 +431,16 @@ def decode_grpc(req: Any) -> InferRequest:
             raise InvalidInput(f"input '{name}' appears twice")
         inputs[name] = array
         datatypes[name] = datatype
-    request = InferRequest(inputs, datatypes, raw_outputs=bool(raw))
-    if req.id:
-        request.id = req.id
-    if req.parameters:
-        request.parameters = {k: _param_value(v) for k, v in req.parameters.items()}
-    if req.outputs:
-        request.outputs = [o.name for o in req.outputs]
+    request = InferRequest(inputs, datatypes, raw_outputs=n_raw > 0)
+    rid = req.id
+    if rid:
+        request.id = rid
+    parameters = req.parameters
+    if parameters:
+        request.parameters = {k: _param_value(v) for k, v in parameters.items()}
+    outputs = req.outputs
+    if outputs:
+        request.outputs = [o.name for o in outputs]
     return request
 
 
