@@ -132,6 +132,8 @@ async def measure(model: Path, rounds: int, calls: int) -> dict[str, dict[str, f
 
 
 def _serialize(response: Any) -> bytes:
+    """As the service's serializer (``grpc_wire.serialize``), written here so that trees from
+    before ``grpc_wire`` can be measured too."""
     return response if type(response) is bytes else response.SerializeToString()  # type: ignore[no-any-return]
 
 

@@ -1,14 +1,14 @@
 """A V2 ``ModelInferResponse`` written as protobuf wire bytes, for the gRPC hot path.
 
 Why: building the response as a protobuf object (a message, a tensor per output, its shape and
-contents set field by field) and then serializing it cost ~5 µs of a ~36 µs gRPC request in one
-process, and about three times that inside a loaded server, where the bare grpc.aio floor pays
-almost nothing (docs/performance.md). The wire format of this one message is small and fixed
-(``proto/grpc_service.proto``), so the servicer writes the bytes itself and the service's
-serializer passes bytes through. The common contents are written directly -- raw tensors,
-packed FP32/FP64, small non-negative integers as one byte each -- and anything else (other
-integers, BYTES) has protobuf serialize that tensor's contents message, so the bytes always
-parse to the message the protobuf API would have built (``tests/serving/test_grpc_wire.py``).
+contents set field by field) and then serializing it was the largest single share of redline's
+own work on a gRPC request (16 % of ``ModelInfer`` under cProfile; docs/performance.md). The
+wire format of this one message is small and fixed (``proto/grpc_service.proto``), so the
+servicer writes the bytes itself and the service's serializer passes bytes through. The common
+contents are written directly -- raw tensors, packed FP32/FP64, small non-negative integers as
+one byte each -- and anything else (other integers, BYTES) has protobuf serialize that tensor's
+contents message, so the bytes always parse to the message the protobuf API would have built
+(``tests/serving/test_grpc_wire.py``).
 """
 
 from __future__ import annotations
@@ -18,25 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from redline.models.datatypes import NUMPY_TO_V2, array_to_wire, v2_datatype
+from redline.models.datatypes import array_to_wire, v2_datatype
 from redline.proto import grpc_service_pb2 as pb
+from redline.serving.protocol import GRPC_CONTENTS_FIELD, PACKED_FIXED
 
 # Keys (field number << 3 | wire type 2, length-delimited) of the fields written here.
 _MODEL_NAME, _MODEL_VERSION, _ID, _OUTPUTS, _RAW = b"\x0a", b"\x12", b"\x1a", b"\x2a", b"\x32"
 _NAME, _DATATYPE, _SHAPE, _CONTENTS = b"\x0a", b"\x12", b"\x1a", b"\x2a"
-# InferTensorContents: the key of each datatype's packed field.
-_PACKED_KEY = {
-    "BOOL": b"\x0a", "INT8": b"\x12", "INT16": b"\x12", "INT32": b"\x12", "INT64": b"\x1a",
-    "UINT8": b"\x22", "UINT16": b"\x22", "UINT32": b"\x22", "UINT64": b"\x2a",
-    "FP32": b"\x32", "FP64": b"\x3a",
-}
-_FIXED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "FP64": np.dtype("<f8")}
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
+# InferTensorContents: the key of each datatype's packed field, from the schema itself.
+_CONTENT_FIELDS = pb.InferTensorContents.DESCRIPTOR.fields_by_name
+_PACKED_KEY = {datatype: bytes((_CONTENT_FIELDS[field].number << 3 | 2,))
+               for datatype, field in GRPC_CONTENTS_FIELD.items() if datatype != "BYTES"}
 _VARINT_1 = [bytes((i,)) for i in range(128)]
 
 
@@ -74,7 +66,7 @@ def _contents(datatype: str, array: np.ndarray) -> bytes:
     """The serialized ``InferTensorContents`` of ``array`` as ``datatype``."""
     if not array.size:
         return b""
-    fixed = _FIXED.get(datatype)
+    fixed = PACKED_FIXED.get(datatype)
     if fixed is not None:
         return _field(_PACKED_KEY[datatype], array.astype(fixed, copy=False).tobytes())
     if datatype != "BYTES" and array.dtype.kind in "biu":
@@ -86,7 +78,7 @@ def _contents(datatype: str, array: np.ndarray) -> bytes:
         elif array.dtype.kind == "b" or (array.min() >= 0 and array.max() < 128):
             return _field(_PACKED_KEY[datatype], array.astype(np.uint8).tobytes())
     contents = pb.InferTensorContents()
-    values = getattr(contents, _CONTENTS_FIELD[datatype])
+    values = getattr(contents, GRPC_CONTENTS_FIELD[datatype])
     if datatype == "BYTES":
         values.extend(x if isinstance(x, bytes) else str(x).encode("utf-8")
                       for x in array.ravel())
@@ -109,7 +101,7 @@ def infer_response(model: str, version: str, request_id: str | None,
         parts.append(_field(_ID, request_id.encode()))
     raws = []
     for name, array in outputs.items():
-        datatype = NUMPY_TO_V2.get(array.dtype) or v2_datatype(array.dtype)
+        datatype = v2_datatype(array.dtype)
         head = _tensor_head(name, datatype, array.shape)
         if raw:
             parts.append(_field(_OUTPUTS, head))

@@ -49,8 +49,9 @@ GRPC_CONTENTS_FIELD = {
 
 
 _NO_PARAMETERS: dict[str, Any] = {}
-# Typed contents whose packed wire form is the array's little-endian bytes.
-_PACKED_FIXED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "FP64": np.dtype("<f8")}
+# Typed contents whose packed wire form is the array's little-endian bytes (decoded here,
+# written by grpc_wire).
+PACKED_FIXED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "FP64": np.dtype("<f8")}
 
 
 class InferRequest:
@@ -459,7 +460,7 @@ def _array_from_contents(name: str, datatype: str, shape: list[int], contents: A
                 f"input '{name}' is declared {datatype} but its data is in '{field.name}'; "
                 f"put it in '{field_name}'"
             )
-    fixed = _PACKED_FIXED.get(datatype)
+    fixed = PACKED_FIXED.get(datatype)
     if fixed is not None:
         # Packed floats are the array's own little-endian bytes on the wire: read them from
         # the field's serialization (a third of numpy reading the repeated field element by

@@ -52,8 +52,8 @@ class LatencyWindow:
 
     def estimate(self) -> float:
         """The current p99 in seconds (0 when there is no recent run): old samples drop out."""
-        samples = self._ended
-        if samples and samples[0] < self._clock() - self.window_s:
+        ended = self._ended
+        if ended and ended[0] < self._clock() - self.window_s:
             self._recompute()
         return self.p99
 
@@ -69,10 +69,10 @@ class LatencyWindow:
 
     def _recompute(self) -> None:
         self._since = 0
-        samples, seconds = self._ended, self._seconds
+        ended, seconds = self._ended, self._seconds
         horizon = self._clock() - self.window_s
-        while samples and samples[0] < horizon:
-            samples.popleft()
+        while ended and ended[0] < horizon:
+            ended.popleft()
             seconds.popleft()
         self.p99 = _p99(seconds)
 
