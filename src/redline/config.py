@@ -60,7 +60,10 @@ class BatchingSettings:
     max_queue_size: int = 1024
     adaptive: bool = False  # AIMD on the batch size against the model's slo_ms
     adaptive_target: float = 0.5  # fraction of slo_ms the slowest request of a batch may use
-    inline_max_us: int = 50  # runs predicted shorter than this happen on the event loop
+    # Runs predicted shorter than this happen on the event loop: below a thread hop's own cost
+    # (>= 100 µs of a request's latency here) and below a one-row 3x1024 MLP (~210 µs), which
+    # gains from batching (docs/performance.md, "The inline limit").
+    inline_max_us: int = 120
 
 
 @dataclass

@@ -247,3 +247,38 @@ async def test_queue_delay_holds_a_partial_batch_once_concurrency_is_seen(
     await asyncio.gather(first, *rest)
     assert handle.stats.batches == before + 1, "the late requests did not join the held batch"
     await handle.retire(1)
+
+
+async def test_inline_estimate_recovers_after_a_burst(repo: ModelRepository) -> None:
+    """A burst of slow thread runs (GIL waits counted in their timing) pushed the estimate past
+    ``inline_max_us``; with only thread runs to measure, idle one-row requests stayed queued for
+    good (95 % of one-row gRPC runs on a served forest). Probes bring the inline path back."""
+    from redline.serving.batcher import PROBE_EVERY
+
+    handle = handle_for(repo, "affine", inline_max_us=20_000)
+    batcher, cost = handle.batcher, handle.batcher.cost
+    x = np.ones((1, 4), np.float32)
+    assert batcher.run_now({"x": x}, 1) is not None  # a tiny run: inline
+    # The burst: runs timed at 30 ms (above the 20 ms limit, within the probing range).
+    for _ in range(40):
+        cost.observe(1, 0.030)
+    assert cost.predict(1) > 0.020
+    outcomes = [batcher.run_now({"x": x}, 1) is not None for _ in range(PROBE_EVERY * 6)]
+    assert not outcomes[0], "the inflated estimate should first send requests to the queue"
+    assert any(outcomes[:PROBE_EVERY]), "no probe within the first PROBE_EVERY requests"
+    assert cost.predict(1) < 0.020, "the estimate did not come back under the limit"
+    assert all(outcomes[-PROBE_EVERY:]), "idle one-row requests stayed off the inline path"
+    await handle.retire(1)
+
+
+async def test_a_long_model_is_never_probed_inline(repo: ModelRepository) -> None:
+    """Probes stay near the limit: a run predicted far beyond it never blocks the loop."""
+    from redline.serving.batcher import PROBE_EVERY, PROBE_RANGE
+
+    handle = handle_for(repo, "slow", inline_max_us=50)
+    batcher = handle.batcher
+    assert batcher.cost.predict(1) > PROBE_RANGE * 50e-6  # tens of ms against 200 µs
+    x = np.ones((1, 384), np.float32)
+    assert all(batcher.run_now({"x": x}, 1) is None for _ in range(PROBE_EVERY * 3))
+    assert handle.stats.served == 0
+    await handle.retire(1)
