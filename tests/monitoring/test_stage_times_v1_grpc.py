@@ -119,6 +119,31 @@ def test_common_v1_requests_are_counted_timed_and_slow_logged_without_records(
         assert r["total_us"] >= sum(r["stages_us"].values()) - 4  # µs rounded down, per stage
 
 
+def test_v1_requests_in_the_windows_sample_reach_the_windows_without_records(
+        tmp_path: Path, fed: type[_Fed]) -> None:
+    """A request sampled for the drift/quality windows leaves its arrays beside its flat row:
+    the windows see every one of them, the monitor's feed gets no record (it got one each)."""
+    server = _serve(tmp_path, rows_per_s=1_000_000.0)  # every request is in the sample
+    rng = np.random.default_rng(5)
+    try:
+        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+            seen_before = http.get("/v1/models/fraud/drift").json()["versions"][0]["window"]
+            fed_before = fed.n
+            for _ in range(300):
+                assert http.post(PREDICT, json=_body(rng)).status_code == 200
+            common_fed = fed.n - fed_before
+            window = http.get("/v1/models/fraud/drift").json()["versions"][0]["window"]
+            before = metric_samples(http.get("/metrics").text)
+            assert http.post(PREDICT, json=_body(rng)).status_code == 200
+            delta, _ = read_back(http, before)
+    finally:
+        server.stop()
+    assert common_fed <= 2, common_fed
+    assert window["seen"] - seen_before["seen"] == 300, (seen_before, window)
+    assert delta("redline_requests_total", api="v1", model="fraud", version="1",
+                 transport="rest", path="primary", status="ok") == 1  # counted from its row
+
+
 def test_the_v1_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: Path) -> None:
     server = _serve(tmp_path, ratio=0.2)
     rng = np.random.default_rng(1)

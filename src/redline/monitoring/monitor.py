@@ -199,6 +199,9 @@ class ServerMonitor:
             if flat:
                 self.fold_times(api, transport, model, version, flat)
                 done += len(flat) // times.width
+            samples = times.take_samples()
+            if samples:
+                self.windows.fold_samples(model, version, samples)
         return done
 
     async def drain_in_slices(self) -> int:
@@ -223,6 +226,9 @@ class ServerMonitor:
                 left -= len(flat) // times.width
                 done += len(flat) // times.width
                 await asyncio.sleep(0)
+            samples = times.take_samples()
+            if samples:
+                self.windows.fold_samples(model, version, samples)
         return done
 
     def use_trace_exporter(self, exporter: Any) -> Any:

@@ -28,11 +28,14 @@ class StageTimesBuffer:
     ``sample_ratio``, independently, as one random draw per request would give, for one integer
     decrement a request instead of a draw."""
 
-    __slots__ = ("times", "slow_ns", "countdown", "sample_ratio", "width")
+    __slots__ = ("times", "samples", "slow_ns", "countdown", "sample_ratio", "width")
 
     def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0,
                  width: int = FIELDS) -> None:
         self.times: list[int] = []
+        # The monitoring windows' sample among these requests (``/v1``): inputs, outputs,
+        # inputs, ... -- the arrays alone, so a sampled request needs no record either.
+        self.samples: list[object] = []
         self.width = width
         self.slow_ns = slow_ns
         self.sample_ratio = sample_ratio
@@ -51,6 +54,13 @@ class StageTimesBuffer:
         """New tracing settings (tracing switched on): the countdown starts over."""
         self.slow_ns, self.sample_ratio = slow_ns, sample_ratio
         self.countdown = self.gap()
+
+    def take_samples(self) -> list[object]:
+        """The windows' sampled arrays so far (inputs, outputs, ...), oldest first."""
+        samples = self.samples
+        if samples:
+            self.samples = []
+        return samples
 
     def take(self, limit: int | None = None) -> list[int]:
         """Up to ``limit`` requests' integers, oldest first (on the loop's thread, as the

@@ -84,6 +84,19 @@ class ModelWindows:
         if piece:
             append(piece)
 
+    def fold_samples(self, model: str, version: str, samples: list[Any]) -> None:
+        """Sampled arrays of one version's common requests (``inputs, outputs, ...`` from its
+        flat stage-times buffer): ok, primary, no request id, as the serving side sends."""
+        append = self._pending.append
+        piece: list[Any] = []
+        for i in range(0, len(samples) - 1, 2):
+            piece += (model, version, "", samples[i], samples[i + 1])
+            if len(piece) == PIECE * FIELDS:
+                append(piece)
+                piece = []
+        if piece:
+            append(piece)
+
     # ------------------------------------------------------------------ the tick
     def absorb(self) -> int:
         """Move pending records into the windows (and their predictions into a shared join);
