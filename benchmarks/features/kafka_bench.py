@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import socket
 import subprocess
 import tempfile
@@ -118,27 +119,36 @@ def member(kind: str, views: str, bootstrap: str, url: str, topic: str, group: s
     ready.set()
     settle_heap()  # as the ingest loop (``run_source``) does
     first = last = 0.0
+    cpu_first = cpu_last = 0.0  # this process's CPU (librdkafka's threads included)
     n = 0
     idle_since = time.perf_counter()
     while time.perf_counter() - idle_since < 8.0:
         got = poll()
         if got:
             now = time.perf_counter()
-            first = first or now
-            last = now
+            if not first:
+                first, cpu_first = now, time.process_time()
+            last, cpu_last = now, time.process_time()
             n += got
             idle_since = now
     if kind != "bare":
         tail = src.flush()  # normally 0: an empty poll already flushed the last write
         if tail:
             n += tail
-            last = time.perf_counter()
+            last, cpu_last = time.perf_counter(), time.process_time()
         src.close()
-    out.put((first, last, n))
+    out.put((first, last, n, cpu_last - cpu_first))
 
 
-def run(kind: str, views: str, procs: int, bootstrap: str, url: str, n: int, tag: str
-        ) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(kind: str, views: str, procs: int, bootstrap: str, url: str, n: int, tag: str,
+        servers: dict[str, int]) -> dict[str, Any]:
+    """One consumer group of ``procs`` members over ``n`` events; with the cores each part used
+    while they ran (``servers``: name -> pid of Redis and the broker, read from /proc)."""
     ctx = mp.get_context("spawn")
     topic = f"bench-{tag}"
     out = ctx.Queue()
@@ -151,15 +161,27 @@ def run(kind: str, views: str, procs: int, bootstrap: str, url: str, n: int, tag
     for e in events:
         e.wait(120)
     time.sleep(1.0)  # let a rebalance triggered by the last member settle
-    produce(bootstrap, topic, n)
+    cpu_before = {name: cpu_seconds(pid) for name, pid in servers.items()}
+    producer_before, t0 = time.process_time(), time.perf_counter()
+    produce(bootstrap, topic, n)  # the members consume meanwhile
+    producer_cpu = time.process_time() - producer_before
     res = [out.get(timeout=600) for _ in ps]
+    # Redis's and the broker's CPU over the run: from the first event produced to the results,
+    # less the members' 8 s idle wait at the end (which adds a little idle polling: an upper
+    # bound).
+    span = max(1e-3, time.perf_counter() - t0 - 8.0)
+    cpu_used = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in servers.items()}
     for p in ps:
         p.join(30)
     first = min(r[0] for r in res if r[2])
     last = max(r[1] for r in res)
     total = sum(r[2] for r in res)
-    return {"events": total, "seconds": round(last - first, 2),
-            "events_per_s": round(total / (last - first))}
+    seconds = last - first
+    cores = {"members": round(sum(r[3] for r in res) / seconds, 2),
+             **{name: round(cpu / span, 2) for name, cpu in cpu_used.items()},
+             "producer": round(producer_cpu / span, 2)}
+    return {"events": total, "seconds": round(seconds, 2),
+            "events_per_s": round(total / seconds), "cores": cores}
 
 
 def redis_floor(url: str, n: int, updates_per_event: int) -> dict[str, Any]:
@@ -184,17 +206,28 @@ def main() -> None:
     args = ap.parse_args()
     rproc, url = start_redis()
     kproc, bootstrap = start_tansu()
+    servers = {"redis": rproc.pid, "broker": kproc.pid}
     results: dict[str, Any] = {}
     try:
         n = args.events
-        results["floor_bare_consumer_decode"] = run("bare", "1", 1, bootstrap, url, n, "bare")
+        results["floor_bare_consumer_decode"] = run("bare", "1", 1, bootstrap, url, n, "bare",
+                                                    servers)
         for views, name in (("1", "1_view_6_features"), ("5", "5_views_40_features")):
             defs = one_view() if views == "1" else forty_features()
             ups = sum(len(v.layout().groups) for v in defs.views.values())
             results[f"floor_redis_pipeline_{name}"] = redis_floor(url, n, ups)
             for procs in [int(p) for p in args.procs.split(",")]:
                 results[f"redline_kafka_{name}_{procs}_proc"] = run(
-                    "redline", views, procs, bootstrap, url, n, f"{views}v{procs}p")
+                    "redline", views, procs, bootstrap, url, n, f"{views}v{procs}p", servers)
+            one = results.get(f"redline_kafka_{name}_1_proc")
+            if one is not None:
+                # What more processes can give here at most: the cores of the machine over the
+                # cores one process's run kept busy (itself, Redis, the broker, the producer),
+                # when it is CPU-bound.
+                used = sum(one["cores"].values())
+                results[f"scaling_bound_{name}"] = {
+                    "cores_one_process_used": round(used, 2), "cores": os.cpu_count(),
+                    "most_speedup_possible": round((os.cpu_count() or 1) / used, 2)}
         print(json.dumps(results, indent=1))
     finally:
         kproc.kill()

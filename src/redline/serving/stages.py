@@ -214,8 +214,8 @@ class FlatTimes(FlatSeries):
     series' buffer and the record can be dropped; False when something needs the record -- a
     request id (a label may join it), a caller ``traceparent``, the trace head sample (drawn
     here: ``record.trace_keep``), slowness -- or no lone observer keeps stage times. A request
-    in the windows' sample leaves its arrays beside its row (``samples``), not its record: as a
-    record it cost ~8x a row through the records' fold (docs/performance.md, Observability)."""
+    in the windows' sample leaves its arrays beside its row (``samples``), not its record, which
+    the records' fold would walk through the metrics, the slow log and the windows."""
 
     __slots__ = ("_row",)
 
