@@ -250,9 +250,9 @@ async def test_queue_delay_holds_a_partial_batch_once_concurrency_is_seen(
 
 
 async def test_inline_estimate_recovers_after_a_burst(repo: ModelRepository) -> None:
-    """A burst of slow thread runs (GIL waits counted in their timing) pushed the estimate past
-    ``inline_max_us``; with only thread runs to measure, idle one-row requests stayed queued for
-    good (95 % of one-row gRPC runs on a served forest). Probes bring the inline path back."""
+    """A burst of slow thread runs (GIL waits counted in their timing) pushes the estimate past
+    ``inline_max_us``; with only thread runs to measure it, idle one-row requests would stay
+    queued for good. Probes bring the inline path back."""
     from redline.serving.batcher import PROBE_EVERY
 
     handle = handle_for(repo, "affine", inline_max_us=20_000)

@@ -199,9 +199,7 @@ class ServerMonitor:
             if flat:
                 self.fold_times(api, transport, model, version, flat)
                 done += len(flat) // times.width
-            samples = times.take_samples()
-            if samples:
-                self.windows.fold_samples(model, version, samples)
+            self._fold_samples(model, version, times)
         return done
 
     async def drain_in_slices(self) -> int:
@@ -226,10 +224,14 @@ class ServerMonitor:
                 left -= len(flat) // times.width
                 done += len(flat) // times.width
                 await asyncio.sleep(0)
-            samples = times.take_samples()
-            if samples:
-                self.windows.fold_samples(model, version, samples)
+            self._fold_samples(model, version, times)
         return done
+
+    def _fold_samples(self, model: str, version: str, times: StageTimesBuffer) -> None:
+        """The windows' sampled arrays a flat buffer holds (``/v1``) into the windows."""
+        samples = times.take_samples()
+        if samples:
+            self.windows.fold_samples(model, version, samples)
 
     def use_trace_exporter(self, exporter: Any) -> Any:
         """Export spans to ``exporter`` (a ``tracing.SpanSink``: ``send(bytes)`` of an OTLP

@@ -125,7 +125,7 @@ class Batcher:
         if predicted > self._inline_max_s:
             # Case: predicted too long for the loop. A run on the worker thread is timed with
             # its wait for the GIL afterwards, so under load the estimate can climb past the
-            # limit and stay there on thread runs alone (seen: 95 % of one-row runs queued).
+            # limit and, with thread runs alone to measure it, stay there.
             # One declined idle request in PROBE_EVERY, when near the limit, runs here and is
             # timed, so the estimate comes back by itself once the runs are short again.
             self._declined += 1
