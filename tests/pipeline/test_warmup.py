@@ -5,6 +5,7 @@ are merged, the private app answered every model)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any
@@ -211,3 +212,49 @@ def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
         on.append(first_over_later(config, 0.01, 30))
         off.append(first_over_later(config, 0.01, 30, "off"))
     assert statistics.median(on) < statistics.median(off), (on, off)
+
+
+def _warm_by_hand(srv: Any, caplog: Any) -> int:
+    server = srv.server
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="redline"):
+        return int(srv.call(warm_request_path(server.registry, server.pipeline, srv.settings,
+                                              bool(server.observers), RedlineHttpProtocol)))
+
+
+def test_warm_up_answers_every_request_of_a_monitored_server(serve: Any, repo_path: Any,
+                                                             defs_path: Any,
+                                                             caplog: Any) -> None:
+    """With monitoring on (the default), every warm-up request, ``/v1`` ones sampled for the
+    drift windows included, answers 200: no error line, no traceback, both models warm."""
+    settings = make_settings(repo_path, defs_path)
+    settings.runtime.warmup_batch_sizes = [1, 4]
+    assert settings.monitoring.enabled
+    srv = serve(settings)
+    assert _warm_by_hand(srv, caplog) == 2
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert problems == [], [r.getMessage() for r in problems]
+    warm = [r.getMessage() for r in caplog.records if "request path warm" in r.getMessage()]
+    assert len(warm) == 1 and " to 2 models" in warm[0]
+
+
+def test_a_failed_warm_up_request_is_one_error_line_naming_its_model(
+        serve: Any, repo_path: Any, defs_path: Any, caplog: Any) -> None:
+    """Warm-up batches of 4 rows where ``pipeline.max_instances`` is 2: ``cards``' 4-row
+    ``/v1`` requests answer 400. That is one error line naming the model, the path and the
+    answer's message; the model is not counted warm, and the ``request path warm`` line counts
+    the answered requests only."""
+    settings = make_settings(repo_path, defs_path)
+    settings.pipeline.max_instances = 2
+    settings.runtime.warmup_batch_sizes = [1, 4]
+    srv = serve(settings)
+    assert _warm_by_hand(srv, caplog) == 1  # cards_small (V2 only) is warm; cards is not
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "model cards:" in errors[0] and "/v1/models/cards/predict answered 400" in errors[0]
+    assert "max_instances" in errors[0] or "instances" in errors[0]
+    assert not any(r.exc_info for r in caplog.records)
+    warm = [r.getMessage() for r in caplog.records if "request path warm" in r.getMessage()]
+    # two models x three V2 bodies (JSON, JSON naming outputs, binary) x ten rounds, and the
+    # ten one-row /v1 bodies; the ten 4-row ones were refused
+    assert "warm: 70 requests to 1 models" in warm[0], warm

@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 import uvicorn
 
-from redline.serving.stages import NEVER
+from redline.serving.stages import NEVER, RequestRecord, StageTimes
 
 log = logging.getLogger("redline.serving")
 
@@ -83,18 +83,20 @@ class _Quiet:
     """An observer that keeps nothing: the private app takes the observed code path (records,
     stages, the flat stage times of common requests) when the real one does."""
 
-    def request_finished(self, record: Any) -> None:
+    def request_finished(self, record: RequestRecord) -> None:
         return None
 
-    def stage_times(self, api: str, transport: str, model: str, version: str) -> _Unread:
+    def stage_times(self, api: str, transport: str, model: str, version: str) -> StageTimes:
         return _Unread()
 
 
 class _Unread:
-    """Stage times nobody reads (a twin's, dropped with it after the warm-up)."""
+    """Stage times nobody reads (a twin's, dropped with it after the warm-up); returned as a
+    :class:`StageTimes`, so the type checker holds it to everything the request path uses."""
 
     def __init__(self) -> None:
         self.times: list[int] = []
+        self.samples: list[Any] = []
         self.slow_ns = self.countdown = NEVER
 
     def gap(self) -> int:
@@ -112,7 +114,8 @@ class _Listener(uvicorn.Server):
 async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observed: bool,
                             protocol: Any) -> int:
     """Send the private app real requests for every loaded model (see the module doc); returns
-    how many models answered. Never raises: a failure only leaves that path cold (logged).
+    how many models answered every request 200. Never raises: a failure only leaves that path
+    cold (a request that does not answer 200 is an error line naming its model, once).
 
     Runs before the server's listeners open, so no real request can arrive meanwhile: a
     rollout's router is set aside for its duration (its random draws and sticky keys are the
@@ -138,14 +141,19 @@ async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
         return 0
     await _connect_store(pipeline)
     try:
-        answered, sent = await _send_privately(registry, pipeline, settings, observed,
-                                               protocol, requests)
+        answered, refused = await _send_privately(registry, pipeline, settings, observed,
+                                                  protocol, requests)
     except Exception as exc:  # noqa: BLE001 - never a reason not to serve
         log.warning("request-path warm-up failed, first requests may be slower: %s", exc)
         return 0
+    for model, (path, status, reason) in refused.items():
+        log.error("warm-up of model %s: POST %s answered %d (%s); its first requests will "
+                  "meet a cold path, and real ones may fail the same way", model, path, status,
+                  reason)
+    warm = {model for model in answered if model not in refused}
     log.info("request path warm: %d requests to %d models, %d entities read, %.0f ms",
-             sent, len(answered), primed, (time.perf_counter() - t0) * 1e3)
-    return len(answered)
+             sum(answered.values()), len(warm), primed, (time.perf_counter() - t0) * 1e3)
+    return len(warm)
 
 
 # ---------------------------------------------------------------------- the requests
@@ -232,9 +240,10 @@ def v1_body(pipeline: Any, handle: Any, rows: int = 1, k: int = 0) -> bytes | No
 # ---------------------------------------------------------------------- the private listener
 async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed: bool,
                           protocol: Any, requests: list[tuple[str, bytes, int]]
-                          ) -> tuple[set[str], int]:
+                          ) -> tuple[dict[str, int], dict[str, tuple[str, int, str]]]:
     """Send each request its number of times (once only when it is slower than
-    ``SLOW_WARMUP_S``); returns the models that answered 200 and how many requests were sent."""
+    ``SLOW_WARMUP_S``); returns how many requests each model answered 200, and each model's
+    first other answer as (path, status, the error body's message)."""
     from redline.serving.app import RestApp
     from redline.serving.predict import MemorySessionStore, PredictPipeline
     from redline.serving.stages import Observers
@@ -257,8 +266,8 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
                             log_level="warning", proxy_headers=False, server_header=False)
     listener = _Listener(config)
     task = asyncio.get_running_loop().create_task(listener.serve(sockets=[sock]))
-    answered: set[str] = set()
-    sent = 0
+    answered: dict[str, int] = {}
+    refused: dict[str, tuple[str, int, str]] = {}
     try:
         while not listener.started and not task.done():
             await asyncio.sleep(0.001)
@@ -270,12 +279,11 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
                 for _ in range(times):
                     began = time.perf_counter()
                     writer.write(raw)
-                    status = await _read_response(reader)
-                    sent += 1
+                    status, body = await _read_response(reader)
                     if status == 200:
-                        answered.add(model)
-                    else:
-                        log.debug("warm-up request to %s answered %s", model, status)
+                        answered[model] = answered.get(model, 0) + 1
+                    elif model not in refused:
+                        refused[model] = (_request_path(raw), status, _error_message(body))
                     if time.perf_counter() - began > SLOW_WARMUP_S:
                         break
         finally:
@@ -286,10 +294,11 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
         sock.close()
         if shadow is not None:
             shadow.features.close()  # its own thread and Redis connection; the store stays open
-    return answered, sent
+    return answered, refused
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.1 response."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split()[1])
@@ -297,8 +306,22 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     for line in lines[1:]:
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
-    await reader.readexactly(length)
-    return status
+    return status, await reader.readexactly(length)
+
+
+def _request_path(raw: bytes) -> str:
+    return raw.split(b" ", 2)[1].decode("latin-1")
+
+
+def _error_message(body: bytes) -> str:
+    """The V2 error body's message, else the body's start."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return str(doc["error"])
+    return body[:200].decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------------- the shared store
