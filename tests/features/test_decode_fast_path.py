@@ -220,3 +220,31 @@ def test_edge_values_equal_the_general_functions() -> None:
     events += [{k: v for k, v in _GOOD.items() if k != drop} for drop in _GOOD]
     for with_id in (False, True):
         _check(events, with_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.floats(NOW - 600_000, NOW + 1000), st.integers(NOW - 600_000, NOW + 1000)))
+def test_a_timestamp_in_a_string_is_read_as_the_same_number(ts: float) -> None:
+    """One rule: an event time sent as a JSON number, as that number's text in a JSON string,
+    or as a flat map's text (a Redis Stream field) is the same event time."""
+    forms = [orjson.dumps({**_GOOD, "ts": ts}),
+             orjson.dumps({**_GOOD, "ts": orjson.dumps(ts).decode()}),
+             _flat({**_GOOD, "ts": ts})]
+    for raw in forms:
+        got = EventDecoder(_defs(None)).decode([raw], NOW)
+        assert not got.rejected, (raw, got.rejected[0].reason)
+        assert got.event_ts == [int(ts // 1)], raw
+
+
+def test_a_fractional_timestamp_string_is_accepted_like_its_number() -> None:
+    arrival = 1_790_000_000_005
+    number = EventDecoder(_defs(None)).decode(
+        [orjson.dumps({**_GOOD, "ts": 1790000000000.75})], arrival)
+    text = EventDecoder(_defs(None)).decode(
+        [orjson.dumps({**_GOOD, "ts": "1790000000000.75"})], arrival)
+    assert not number.rejected and not text.rejected, text.rejected
+    assert number.event_ts == text.event_ts == [1_790_000_000_000]
+    assert number.ops == text.ops
+    for bad in ("1790000000000.75x", "nan", "inf", "1e400", "1.2.3"):
+        got = EventDecoder(_defs(None)).decode([orjson.dumps({**_GOOD, "ts": bad})], arrival)
+        assert got.rejected and "must be epoch milliseconds or ISO-8601" in got.rejected[0].reason

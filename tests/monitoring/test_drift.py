@@ -94,4 +94,47 @@ def test_prediction_drift_against_the_first_live_window(profile: dict) -> None:
     monitor.add(None, rng.beta(2, 5, 2000))
     assert not monitor.report()["prediction"]["drift"]
     monitor.add(None, rng.beta(5, 2, 2000))
-    assert monitor.report()["prediction"]["drift"]
+    r = monitor.report()
+    assert r["prediction"]["drift"]
+    # the verdict names what drifted, the model's own output included
+    assert r["drift"] and r["drifted"] == ["prediction"]
+
+
+def test_redline_drift_headline_names_a_drifting_prediction(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``redline drift``'s headline and ``drifted`` list name the prediction its table shows."""
+    import json
+    import time
+
+    import httpx
+
+    from redline.cli import main
+    from tests.monitoring.served import start, training_data, v2_body
+
+    server = start(tmp_path / "repo")
+    try:
+        rng = np.random.default_rng(5)
+        with httpx.Client(base_url=server.http, timeout=30,
+                          headers={"x-redline-budget-ms": "5000"}) as http:
+            for _ in range(10):  # the first 1,000 predictions: the prediction's baseline
+                assert http.post("/v2/models/fraud/infer",
+                                 json=v2_body(training_data(rng, 100))).status_code == 200
+            deadline = time.monotonic() + 30
+            while http.get("/v1/models/fraud/drift").json()["versions"][0]["prediction"] is None:
+                assert time.monotonic() < deadline, "the prediction's baseline was not taken"
+                time.sleep(0.1)
+            for _ in range(10):  # larger amounts: higher scores
+                x = training_data(rng, 100)
+                x[:, 0] += 4
+                assert http.post("/v2/models/fraud/infer", json=v2_body(x)).status_code == 200
+        out = tmp_path / "drift.json"
+        try:
+            main(["drift", "-m", "fraud", "--url", server.http, "--json-out", str(out)])
+        except SystemExit as exc:
+            assert exc.code in (0, None)
+        report = json.loads(out.read_text())["versions"][0]
+        assert report["prediction"]["drift"] and report["drift"]
+        assert report["drifted"][-1] == "prediction" and "amount" in report["drifted"]
+        headline = " ".join(capsys.readouterr().out.split("(window")[0].split())
+        assert headline.endswith("DRIFT: " + ", ".join(report["drifted"])), headline
+    finally:
+        server.stop()

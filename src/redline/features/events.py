@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -96,16 +97,21 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 MIN_TS_MS = -62_135_596_800_000  # 0001-01-01: the range ISO-8601 and datetime share
 MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999
+# A number with a fraction or an exponent, as JSON writes one (a leading "+" or "." allowed)
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def to_ms(value: Any) -> int | None:
     """Event time in epoch milliseconds, the same way on every path and under any pandas: an
-    integer, an integral-or-not float (floored), a numeric string, an ISO-8601 string (no zone:
-    UTC), or a ``datetime`` (pandas ``Timestamp`` included); ``None`` when it is none of those or
+    integer, an integral-or-not float (floored), a numeric string (read as the same number would
+    be in JSON: an integer exactly, else as a float, floored), an ISO-8601 string (no zone: UTC),
+    or a ``datetime`` (pandas ``Timestamp`` included); ``None`` when it is none of those or
     outside years 1-9999.
 
     >>> to_ms(1700000000123), to_ms("1700000000123"), to_ms("2023-11-14T22:13:20.123Z")
     (1700000000123, 1700000000123, 1700000000123)
+    >>> to_ms(1790000000000.75), to_ms("1790000000000.75"), to_ms("1.79e12")
+    (1790000000000, 1790000000000, 1790000000000)
     """
     ms: int | None = None
     if isinstance(value, bool):
@@ -121,6 +127,8 @@ def to_ms(value: Any) -> int | None:
         try:
             ms = int(text)
         except ValueError:
+            if _DECIMAL.fullmatch(text):  # a fraction or an exponent: the float JSON would give
+                return to_ms(float(text))
             try:
                 dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
             except ValueError:

@@ -423,6 +423,8 @@ class DriftMonitor:
                 _calibrate_all([self.prediction_ref], self.predictions.capacity)
                 self._prediction_calibrated = True
         drifted = [f["feature"] for f in features if f["drift"]]
+        if prediction is not None and prediction["drift"]:
+            drifted.append(prediction["feature"])  # "prediction": the model's own output
         report = {
             "model": self.model, "version": self.version,
             "window": {"rows": int(rows.shape[0]), "capacity": self.window.capacity,
@@ -430,7 +432,7 @@ class DriftMonitor:
                        "min_rows": self.min_rows, "skipped_rows": self.skipped},
             "reference": "training profile" if self.references else None,
             "features": features, "prediction": prediction,
-            "drifted": drifted, "drift": bool(drifted or (prediction and prediction["drift"])),
+            "drifted": drifted, "drift": bool(drifted),
         }
         self.last_report = report
         return report
