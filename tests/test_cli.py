@@ -158,15 +158,28 @@ def tiny_onnx() -> bytes:
     return bytes(model.SerializeToString())
 
 
-def test_legacy_positional_model_still_works(capsys, tmp_path) -> None:
+def test_a_model_name_without_m_is_refused_with_the_usage(capsys, tmp_path) -> None:
     model = tmp_path / "m.onnx"
     model.write_bytes(tiny_onnx())
     repo = str(tmp_path / "repo")
-    assert run(capsys, "models", "add", "bc", str(model), "-r", repo)[0] == 0
+    # the name where SOURCE is expected: refused, nothing stored
+    code, _, err = run(capsys, "models", "add", "fraud", str(model), "-r", repo)
+    assert code == 2 and "`redline models add -m NAME SOURCE`" in err
+    assert not (tmp_path / "repo" / "fraud").exists()
+    code, _, err = run(capsys, "models", "add", str(model), "-r", repo)
+    assert code == 2 and "-m/--model NAME" in err
     assert run(capsys, "models", "add", "-m", "bc", str(model), "-r", repo)[0] == 0
-    assert "production -> version 1" in run(capsys, "models", "promote", "bc", "1", "-r", repo)[1]
+    code, _, err = run(capsys, "models", "promote", "-m", "bc", "1", "-r", repo)
+    assert code == 2 and "--version" in err
     code, out, _ = run(capsys, "models", "promote", "-m", "bc", "--version", "1", "-r", repo)
-    assert code == 0 and "already points at version 1; nothing changed" in out
+    assert code == 0 and "production -> version 1" in out
+
+
+def test_the_top_level_help_teaches_the_one_shape(capsys) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    adds = [line for line in out.splitlines() if "models add" in line]
+    assert adds and all(" -m " in line for line in adds)
 
 
 def test_ingest_http_old_port_option_still_works() -> None:

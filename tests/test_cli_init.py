@@ -74,3 +74,27 @@ def test_init_refuses_an_existing_project(tmp_path: Path, capsys) -> None:
         main(["init", str(tmp_path)])
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith("error [invalid_input]: ")
+
+
+def test_init_never_overwrites_a_file_and_lists_what_exists(tmp_path: Path, capsys,
+                                                             monkeypatch) -> None:
+    # a clone of redline: its own README and the demo's project folder
+    (tmp_path / "README.md").write_text("the repository's own readme\n")
+    (tmp_path / ".redline" / "models").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["init"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "README.md" in err and ".redline" in err and "--force" in err
+    assert (tmp_path / "README.md").read_text() == "the repository's own readme\n"
+    assert not (tmp_path / "redline.yaml").exists()  # nothing written at all
+
+
+def test_init_force_overwrites_the_scaffold_files_only(tmp_path: Path, capsys) -> None:
+    (tmp_path / "README.md").write_text("old\n")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    main(["init", str(tmp_path), "--force", "--users", "3"])
+    assert "A redline project made by `redline init`" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    assert (tmp_path / "redline.yaml").is_file()

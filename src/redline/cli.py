@@ -119,7 +119,7 @@ def cli() -> None:
 
     \b
     Typical flow:
-      redline models add fraud model.onnx        # register a model (or convert one)
+      redline models add -m fraud model.onnx     # register a model (or convert one)
       redline predict --model fraud --input '[[...]]'
       redline serve                              # HTTP :8000, gRPC :8001
       redline bench --url http://127.0.0.1:8000 --model fraud --rate 500

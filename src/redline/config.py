@@ -104,6 +104,9 @@ class ServerSettings:
     drain_timeout_s: float = 10.0
     # after SIGTERM, answer not-ready but keep serving this long before closing the listeners
     drain_grace_s: float = 0.0
+    # ready only when every model in the repository serves (as Triton's --strict-readiness);
+    # false: ready once every model that could load did (the others answer 503, with why)
+    strict_readiness: bool = True
 
 
 @dataclass

@@ -5,6 +5,10 @@ Rules the pages follow (and this runner enforces):
 * Every fenced block has a language. ``bash`` and ``python`` blocks run; ``text``, ``json``,
   ``yaml`` and the like are shown, not run. A fence without a language is an error (is it a
   command or an output?).
+* ``<!-- answer-of: METHOD PATH [BODY_FILE] -->`` on the line right before a ```json block says
+  the block is the answer of that request to the demo's server (``BODY_FILE`` relative to the
+  project root); test_docs.py sends it and checks that the shown answer has the real one's keys,
+  at every depth, so a renamed or dropped field cannot live on in a page.
 * ``<!-- not-run: reason -->`` on the line right before a fence skips that one block; the reason
   is required. Keep such blocks few: only what truly cannot run here (Kubernetes, a cloud, a long
   benchmark, ``make demo`` itself).
@@ -42,6 +46,7 @@ SHOWN_LANGS = {"text", "json", "yaml", "toml", "ini", "dockerfile", "proto", "pr
                "mermaid", "jsonl", "output", "log", "sh-session", "none", "python-repl"}
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)\s*(.*)$")
 NOT_RUN = re.compile(r"^<!--\s*not-run(?::\s*(.*?))?\s*-->\s*$")
+ANSWER_OF = re.compile(r"^<!--\s*answer-of:\s*([A-Z]+)\s+(/\S*)(?:\s+(\S+))?\s*-->\s*$")
 SERVER_PORTS = re.compile(r"(?:127\.0\.0\.1|localhost)?:(8000|8001)\b")
 BLOCK_TIMEOUT_S = 60.0
 
@@ -52,6 +57,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     text: str
     not_run: str | None = None  # the reason, when marked
+    answer_of: tuple[str, str, str | None] | None = None  # (method, path, body file), when marked
 
 
 @dataclass
@@ -95,8 +101,26 @@ def parse(page: Path) -> tuple[list[Block], list[str]]:
                             "(shown)")
         elif lang not in RUN_LANGS and lang not in SHOWN_LANGS and lang not in ("sh", "shell"):
             problems.append(f"{start + 1}: unknown fence language ```{lang}")
-        blocks.append(Block(lang, start + 1, "\n".join(body), reason))
+        answer = ANSWER_OF.match(prev)
+        answer_of = (answer.group(1), answer.group(2), answer.group(3)) if answer else None
+        if answer and lang != "json":
+            problems.append(f"{start + 1}: `<!-- answer-of -->` marks a ```json block only")
+        blocks.append(Block(lang, start + 1, "\n".join(body), reason, answer_of))
     return blocks, problems
+
+
+def key_paths(doc: object, prefix: str = "") -> set[str]:
+    """Every key of a JSON document as a dotted path (``timings_us.total``); a list counts by
+    the keys of its first item."""
+    paths: set[str] = set()
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            paths.add(path)
+            paths |= key_paths(value, path)
+    elif isinstance(doc, list) and doc:
+        paths |= key_paths(doc[0], f"{prefix}[]")
+    return paths
 
 
 def map_ports(text: str, ports: dict[int, int]) -> str:

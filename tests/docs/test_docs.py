@@ -8,13 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 
 from tests.conftest import RedisServer, free_port
-from tests.docs.runner import parse, run_page
+from tests.docs.runner import Block, key_paths, parse, run_page
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
@@ -106,3 +109,70 @@ def test_page_runs_as_written(page: Path, demo_project: Path, docs_redis: RedisS
     scratch.mkdir()
     failures = run_page(page, rel, cwd, env, ports, scratch)
     assert not failures, "\n\n".join(failures)
+
+
+def shown_answers() -> list[object]:
+    out: list[object] = []
+    for page in PAGES:
+        rel = str(page.relative_to(ROOT))
+        for block in parse(page)[0]:
+            if block.answer_of is not None:
+                out.append(pytest.param(rel, block, id=f"{rel}:{block.line}"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The demo's server as the README starts it, on a free port."""
+    copy = tmp_path_factory.mktemp("answers") / "project"
+    shutil.copytree(demo_project, copy, symlinks=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDLINE_")}
+    env.update({"PYTHONPATH": str(copy / "src"), "REDLINE_SERVER__HTTP_PORT": str(port)})
+    log = (copy / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--no-grpc",
+                             "--config", ".redline/demo/redline.yaml"], cwd=copy, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (copy / "server.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the demo server did not become ready"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rel", "block"), shown_answers())
+def test_a_shown_answer_has_the_real_answers_keys(rel: str, block: Block, demo_server: str,
+                                                 demo_project: Path) -> None:
+    assert block.answer_of is not None
+    method, path, body_file = block.answer_of
+    body = (demo_project / body_file).read_bytes() if body_file else None
+    try:
+        shown = key_paths(orjson.loads(block.text))
+    except orjson.JSONDecodeError as exc:
+        pytest.fail(f"{rel}:{block.line}: the shown answer is not one JSON document: {exc}")
+    # A few answers: a key that only some carry (a stage a request may skip, such as a queue
+    # wait) may be shown or not; a key every answer carries must be shown, and nothing else.
+    answers = []
+    for _ in range(3):
+        real = httpx.request(method, demo_server + path, content=body, timeout=30)
+        assert real.status_code == 200, f"{rel}:{block.line}: {method} {path}: {real.text}"
+        answers.append(key_paths(real.json()))
+    always, sometimes = set.intersection(*answers), set.union(*answers)
+    missing, extra = always - shown, shown - sometimes
+    assert not missing and not extra, (
+        f"{rel}:{block.line}: the answer shown for {method} {path} differs from the real one: "
+        f"shown but never answered {sorted(extra)}, always answered but not shown "
+        f"{sorted(missing)}; a real answer: {real.text}")

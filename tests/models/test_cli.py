@@ -37,6 +37,7 @@ def test_add_list_show_promote_rollback_remove(capsys, tmp_path, model_file, bre
         capsys,
         "models",
         "add",
+        "-m",
         "bc",
         str(model_file),
         "-r",
@@ -47,22 +48,24 @@ def test_add_list_show_promote_rollback_remove(capsys, tmp_path, model_file, bre
         str(tmp_path / "sample.npz"),
     )
     assert code == 0 and "added bc version 1" in out
-    assert run(capsys, "models", "add", "bc", str(model_file), "-r", r)[0] == 0
+    assert run(capsys, "models", "add", "-m", "bc", str(model_file), "-r", r)[0] == 0
     code, out, _ = run(capsys, "models", "list", "-r", r, "--json")
     listed = json.loads(out)
     assert listed == [
         {"name": "bc", "versions": [1, 2], "aliases": {}, "policy": "latest:1", "live": [2]}
     ]
-    code, out, _ = run(capsys, "models", "show", "bc", "1", "-r", r, "--verify")
+    code, out, _ = run(capsys, "models", "show", "-m", "bc", "--version", "1", "-r", r,
+                       "--verify")
     shown = json.loads(out.split("sha256 verified")[0])
     assert shown["class_labels"] == [0, 1] and shown["task"] == "classification"
     assert "30 features profiled" in shown["input_profile"]
-    assert "production -> version 1" in run(capsys, "models", "promote", "bc", "1", "-r", r)[1]
-    assert "production -> version 2" in run(capsys, "models", "promote", "bc", "2", "-r", r)[1]
-    assert "rolled back to version 1" in run(capsys, "models", "rollback", "bc", "-r", r)[1]
-    assert "live versions [1, 2]" in run(capsys, "models", "policy", "bc", "latest:2", "-r", r)[1]
-    assert "removed bc version 2" in run(capsys, "models", "remove", "bc", "2", "-r", r)[1]
-    code, _, err = run(capsys, "models", "remove", "bc", "1", "-r", r)
+    bc = ("-m", "bc", "-r", r)
+    assert "production -> version 1" in run(capsys, "models", "promote", *bc, "--version", "1")[1]
+    assert "production -> version 2" in run(capsys, "models", "promote", *bc, "--version", "2")[1]
+    assert "rolled back to version 1" in run(capsys, "models", "rollback", *bc)[1]
+    assert "live versions [1, 2]" in run(capsys, "models", "policy", *bc, "latest:2")[1]
+    assert "removed bc version 2" in run(capsys, "models", "remove", *bc, "--version", "2")[1]
+    code, _, err = run(capsys, "models", "remove", "-m", "bc", "--version", "1", "-r", r)
     assert code == 2 and "error [repository_conflict]" in err and "target of alias" in err
 
 
@@ -75,6 +78,7 @@ def test_predict_accepts_rows_named_inputs_and_feature_objects(
         capsys,
         "models",
         "add",
+        "-m",
         "bc",
         str(model_file),
         "-r",
@@ -118,7 +122,7 @@ def test_predict_accepts_rows_named_inputs_and_feature_objects(
 )
 def test_predict_errors_are_one_clear_line(capsys, tmp_path, model_file, args, message):
     r = str(tmp_path / "repo")
-    run(capsys, "models", "add", "bc", str(model_file), "-r", r)
+    run(capsys, "models", "add", "-m", "bc", str(model_file), "-r", r)
     code, _, err = run(capsys, *args, "-r", r)
     assert code == 2 and message in err and "Traceback" not in err
 
@@ -131,12 +135,13 @@ def test_pickle_needs_explicit_trust_and_converts(capsys, tmp_path, breast_cance
     joblib.dump(est, tmp_path / "clf.joblib")
     np.savez(tmp_path / "sample.npz", X=x[:100])
     r = str(tmp_path / "repo")
-    code, _, err = run(capsys, "models", "add", "bc", str(tmp_path / "clf.joblib"), "-r", r)
+    code, _, err = run(capsys, "models", "add", "-m", "bc", str(tmp_path / "clf.joblib"), "-r", r)
     assert code == 2 and "--trust-pickle" in err and "runs whatever code" in err
     code, out, err = run(
         capsys,
         "models",
         "add",
+        "-m",
         "bc",
         str(tmp_path / "clf.joblib"),
         "-r",
@@ -152,7 +157,7 @@ def test_pickle_needs_explicit_trust_and_converts(capsys, tmp_path, breast_cance
 def test_corrupt_model_file_is_named(capsys, tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"\x00garbage")
-    code, _, err = run(capsys, "models", "add", "bc", str(bad), "-r", str(tmp_path / "r"))
+    code, _, err = run(capsys, "models", "add", "-m", "bc", str(bad), "-r", str(tmp_path / "r"))
     assert code == 2 and "broken.onnx is not a valid ONNX model" in err
 
 
@@ -177,7 +182,7 @@ def test_add_refuses_a_nan_default_into_a_model_that_rejects_nan(capsys, tmp_pat
     cfg.write_text(f"features:\n  definitions: {defs}\n")
     r = str(tmp_path / "repo")
     names = ",".join([*(f"x{i}" for i in range(28)), "v:count_1h", "v:amount_mean_1h"])
-    add = ("models", "add", "bc", str(model_file), "-r", r, "--config", str(cfg),
+    add = ("models", "add", "-m", "bc", str(model_file), "-r", r, "--config", str(cfg),
            "--feature-names", names)
     code, out, err = run(capsys, *add)
     assert code != 0 and "added" not in out
@@ -191,5 +196,5 @@ def test_add_refuses_a_nan_default_into_a_model_that_rejects_nan(capsys, tmp_pat
     code, out, _ = run(capsys, *add)
     assert code == 0 and "added bc version 2" in out
     # plain inputs never meet a feature's default
-    plain = ("models", "add", "bc", str(model_file), "-r", r, "--config", str(cfg))
+    plain = ("models", "add", "-m", "bc", str(model_file), "-r", r, "--config", str(cfg))
     assert run(capsys, *plain)[0] == 0

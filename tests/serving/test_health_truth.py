@@ -99,3 +99,47 @@ def test_unreachable_store_is_logged_and_degraded_but_ready(
             assert c.get("/v2/health/ready").status_code == 200
     finally:
         server.stop()
+
+
+def _broken_and_healthy(tmp_path: Path) -> ModelRepository:
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("good", affine_model(scale=1.0))
+    repo.add_onnx("broken", affine_model(scale=2.0))
+    model_file = repo.version_dir("broken", 1) / "model.onnx"
+    model_file.write_bytes(model_file.read_bytes()[:-16] + b"\0" * 16)  # sha256 no longer matches
+    return repo
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_model_that_cannot_load_is_named_with_why_and_the_fix(
+        tmp_path: Path, strict: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Strict readiness: not ready while one model cannot load, and the body and the log say
+    which and why; without it the server is ready and serves the models that loaded."""
+    caplog.set_level(logging.INFO, logger="redline.serving")
+    s = settings()
+    s.server.strict_readiness = strict
+    s.server.grpc_enabled = True
+    server = ServerThread(s, _broken_and_healthy(tmp_path)).start()
+    try:
+        with httpx.Client(base_url=server.http, timeout=10) as c:
+            r = c.get("/v2/health/ready")
+            assert r.status_code == (503 if strict else 200), r.text
+            doc = r.json()
+            assert doc["ready"] is (not strict)
+            [problem] = doc["models_not_ready"]
+            assert problem["model"] == "broken" and problem["state"] == "UNAVAILABLE"
+            assert "version 1" in problem["reason"] and "sha256" in problem["reason"]
+            assert "redline models add -m broken" in problem["fix"]
+            assert "strict_readiness" in problem["fix"]
+            assert c.get("/v2/models/good/ready").status_code == 200
+            assert c.get("/v2/models/broken/ready").status_code == 503
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.server.grpc_port}")
+        assert client.is_server_ready() is (not strict)
+        client.close()
+    finally:
+        server.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    named = [m for m in errors if m.startswith("model broken is not ready")]
+    assert len(named) == 1 and "sha256" in named[0] and "To fix:" in named[0]

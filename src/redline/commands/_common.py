@@ -58,16 +58,23 @@ def store_options(func: F) -> F:
 
 def take_model(model: str | None, args: tuple[str, ...] | list[str],
                usage: str) -> tuple[str, list[str]]:
-    """The model from ``-m/--model``, or from the older positional form (``NAME`` first).
+    """The model from ``-m/--model NAME``, the one shape every command takes.
 
-    Returns the name and the positional arguments left after it.
+    A model named without ``-m`` is refused rather than read as something else: it would land
+    where a file or a version is expected. Returns the name and the positional arguments.
     """
     rest = list(args)
-    if model:
-        return model, rest
+    if not model:
+        raise click.UsageError(f"name the model with -m/--model NAME: `{usage}`")
+    return model, rest
+
+
+def take_version(version: str | None, rest: list[str], usage: str) -> str | None:
+    """The version from ``--version V``; a bare positional one is refused with the usage."""
     if rest:
-        return rest[0], rest[1:]
-    raise click.UsageError(f"name the model with -m/--model NAME, e.g. `{usage}`")
+        raise click.UsageError(
+            f"unexpected argument(s) {' '.join(rest)}; pass a version with --version: `{usage}`")
+    return version
 
 
 def no_more(rest: list[str], usage: str) -> None:

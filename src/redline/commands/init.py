@@ -24,6 +24,10 @@ TEMPLATES = {
     "train.py": "train.py.tmpl",
     "README.md": "README.md.tmpl",
 }
+DATA_FILES = ("data/events.jsonl", "data/labels.jsonl")
+# The model repository and the feature registry the scaffold's redline.yaml names; one that is
+# there already belongs to another project (the demo's, in a clone of redline).
+PROJECT_FOLDER = ".redline"
 HOUR_MS = 3_600_000
 
 
@@ -36,32 +40,35 @@ HOUR_MS = 3_600_000
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the generated events (the same seed, the same files).")
 @click.option("--force", is_flag=True,
-              help="Write into a folder that already has a redline.yaml (overwrites the scaffold's "
-                   "files, leaves others alone).")
+              help="Overwrite the scaffold's files where they already exist (others are left "
+                   "alone).")
 def init(folder: str, model: str, users: int, seed: int, force: bool) -> None:
     """Create a redline project in FOLDER (default: here) that `redline serve` runs at once.
 
     It writes redline.yaml, features.py (per-user features), data/events.jsonl and
     data/labels.jsonl (two days of purchases), train.py (point-in-time training set, a model,
-    registration) and a README.
+    registration) and a README. It never overwrites a file: when any of them (or a .redline
+    project folder) exists already it lists them and stops, unless --force.
 
     \b
     Examples:
       redline init shop && cd shop
       redline serve &                 # serves the features at once
       python train.py                 # adds the model; the running server loads it
-      redline init . --model churn --users 200
+      redline init churn --model churn --users 200
     """
     root = Path(folder)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", model):
         raise InvalidInput(f"--model {model!r}: use letters, digits, '_', '-' and '.'")
     if users < 1:
         raise InvalidInput("--users must be at least 1")
-    if (root / "redline.yaml").exists() and not force:
-        raise InvalidInput(f"{root / 'redline.yaml'} already exists: this is a project already "
-                           "(pass --force to write the scaffold's files anyway)")
     if root.exists() and not root.is_dir():
         raise InvalidInput(f"{root} exists and is not a folder")
+    taken = existing_paths(root)
+    if taken and not force:
+        raise InvalidInput(
+            f"{root} already has {', '.join(taken)}: redline init never overwrites a file; name "
+            "a new folder (redline init my-project) or pass --force to overwrite them")
     root.mkdir(parents=True, exist_ok=True)
     name = root.resolve().name
     package = resources.files("redline.commands") / "templates" / "project"
@@ -77,6 +84,12 @@ def init(folder: str, model: str, users: int, seed: int, force: bool) -> None:
                f"README.md, data/ ({len(events)} events, {len(labels)} labels)")
     where = "" if folder == "." else f"cd {folder} && "
     click.echo(f"next: {where}redline serve   (then, in another shell: python train.py)")
+
+
+def existing_paths(root: Path) -> list[str]:
+    """The scaffold's paths that already exist under ``root``, the project folder included."""
+    names = [*TEMPLATES, *DATA_FILES, PROJECT_FOLDER]
+    return [name for name in names if (root / name).exists()]
 
 
 def purchases(users: int, seed: int, days: float = 2.0) -> tuple[list[dict], list[dict]]:

@@ -18,6 +18,7 @@ from redline.commands._common import (
     repository_option,
     settings_and_repo,
     take_model,
+    take_version,
 )
 from redline.errors import InvalidInput
 
@@ -108,8 +109,11 @@ def add(
     name, rest = take_model(model, args, usage)
     if not rest:
         raise click.UsageError(f"name the model file to add: `{usage}`")
-    source, rest = rest[0], rest[1:]
-    no_more(rest, usage)
+    if len(rest) > 1:
+        raise click.UsageError(
+            f"one SOURCE file, got {' '.join(rest)} (the model's name goes after -m, not "
+            f"before the file): `{usage}`")
+    source = rest[0]
     if not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")
     number: int | None = None
@@ -258,8 +262,7 @@ def show(
 
     usage = "redline models show -m NAME [--version V]"
     name, rest = take_model(model, args, usage)
-    version = version_opt or (rest.pop(0) if rest else None)
-    no_more(rest, usage)
+    version = take_version(version_opt, rest, usage)
 
     _, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
@@ -294,8 +297,7 @@ def remove(
 
     usage = "redline models remove -m NAME --version V"
     name, rest = take_model(model, args, usage)
-    version = version_opt or (rest.pop(0) if rest else None)
-    no_more(rest, usage)
+    version = take_version(version_opt, rest, usage)
     if version is None:
         raise click.UsageError(f"name the version to remove: `{usage}`")
 
@@ -330,8 +332,7 @@ def promote(
 
     usage = "redline models promote -m NAME --version V"
     name, rest = take_model(model, args, usage)
-    version = version_opt or (rest.pop(0) if rest else None)
-    no_more(rest, usage)
+    version = take_version(version_opt, rest, usage)
     if version is None:
         raise click.UsageError(f"name the version to promote: `{usage}`")
     repo = ModelRepository(settings_and_repo(config_path, repository)[1])

@@ -155,7 +155,7 @@ class ModelRepository:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptModel(
                 f"metadata file {path} is unreadable ({exc}); remove the version with "
-                f"`redline models remove {name} {number}` and add it again"
+                f"`redline models remove -m {name} --version {number}` and add it again"
             ) from exc
 
     def verify(self, name: str, version: int | str | None = None) -> ModelMetadata:

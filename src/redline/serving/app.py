@@ -592,8 +592,13 @@ class RestApp:
         return HttpResponse.json({"live": True})
 
     async def _ready(self, request: HttpRequest) -> HttpResponse:
-        ready = not self.draining and self.registry.all_ready()
+        models_ready, not_ready = self.registry.readiness()
+        ready = not self.draining and models_ready
         doc: dict[str, Any] = {"ready": ready}
+        if not_ready:  # each model that does not serve, why, and what to do
+            doc["models_not_ready"] = not_ready
+        if self.draining:
+            doc["reason"] = "draining: the server is shutting down"
         health = getattr(self, "health_details", None)  # serving/store_health.py, when set
         if health is not None:
             doc.update(health())

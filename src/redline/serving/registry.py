@@ -11,6 +11,11 @@ with the reason (``failures``, shown by the repository index) and the old versio
 When nothing else serves a model (a fresh start with a tampered latest version under the default
 ``latest: 1`` policy), the newest intact version older than the wanted one is loaded and served,
 with an error in the log, so one bad file never takes a model down while a good one is on disk.
+
+Readiness (``readiness``): with ``server.strict_readiness`` (the default, as Triton's
+``--strict-readiness``) the server is ready when every model in the repository serves; without
+it, when every model that could load did. Either way a model that is not ready is named, with
+why and what to do, in the not-ready answer and once in the log.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class ModelRegistry:
         # missing-value checks); a failure is a load failure: logged, not ready, with its reason.
         self.admit: Callable[[ModelHandle], None] | None = None
         self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
+        self._logged_not_ready: dict[str, str] = {}  # model -> the reason last logged
+        self._entry_errors: dict[str, str] = {}  # model -> why its repository entry is unreadable
+        self._applied: set[str] = set()  # models a sync has tried to load
 
     # ------------------------------------------------------------------ request path
     def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle:
@@ -137,7 +145,55 @@ class ModelRegistry:
         return list(self._versions.get(name, []))
 
     def all_ready(self) -> bool:
-        return all(name in self._default or name in self.unloaded for name in self._versions)
+        """Whether the server is ready, by ``server.strict_readiness`` (see ``readiness``)."""
+        return self.readiness()[0]
+
+    def readiness(self) -> tuple[bool, list[dict[str, str]]]:
+        """(ready, the models that are not ready: name, reason, fix). Strict: any such model
+        makes the server not ready; otherwise only one still loading (not yet tried) does."""
+        problems: list[dict[str, str]] = []
+        waiting = False
+        for name in self._versions:
+            if name in self._default or name in self.unloaded:
+                continue
+            problem = self._not_ready(name)
+            problems.append(problem)
+            waiting = waiting or problem["state"] == "LOADING"
+        strict = self.settings.server.strict_readiness
+        return not (waiting or (strict and problems)), problems
+
+    def _not_ready(self, name: str) -> dict[str, str]:
+        if name not in self._applied:
+            return {"model": name, "state": "LOADING", "reason": "not loaded yet",
+                    "fix": "wait: its versions are loading"}
+        reasons = [f"version {v}: {why}" for (n, v), why in sorted(self.failures.items())
+                   if n == name]
+        if name in self._entry_errors:
+            reasons.insert(0, self._entry_errors[name])
+        reason = "; ".join(reasons) or "no version of it is live (see its version policy)"
+        return {"model": name, "state": "UNAVAILABLE", "reason": reason,
+                "fix": ("remove the cause above, then add a fixed version (`redline models add "
+                        f"-m {name} ...`) or reload it (admin API: POST "
+                        f"/v2/repository/models/{name}/load), or remove the model from the "
+                        "repository; with server.strict_readiness: false the server is ready "
+                        "without it and serves the other models")}
+
+    def log_readiness(self) -> None:
+        """An ERROR line for each model that newly is not ready (and why), once per reason."""
+        _, problems = self.readiness()
+        now = {p["model"]: p["reason"] for p in problems if p["state"] != "LOADING"}
+        strict = self.settings.server.strict_readiness
+        for problem in problems:
+            name = problem["model"]
+            if problem["state"] == "LOADING" or self._logged_not_ready.get(name) == now[name]:
+                continue
+            log.error("model %s is not ready: %s. To fix: %s. %s", name, problem["reason"],
+                      problem["fix"], "The server answers not ready until it is "
+                      "(server.strict_readiness: true)." if strict else "The server is ready "
+                      "without it (server.strict_readiness: false).")
+        for name in set(self._logged_not_ready) - set(now):
+            log.info("model %s is ready", name)
+        self._logged_not_ready = now
 
     # ------------------------------------------------------------------ control path
     async def sync(self, names: list[str] | None = None) -> None:
@@ -148,11 +204,14 @@ class ModelRegistry:
                 await self._apply(name, plan)
             if names is None:
                 for gone in set(self._versions) - set(plans):
+                    self._applied.discard(gone)
+                    self._entry_errors.pop(gone, None)
                     self._versions.pop(gone, None)
                     self._aliases.pop(gone, None)
                     self._default.pop(gone, None)
                     for handle in self._handles.pop(gone, {}).values():
                         self._retire(handle)
+            self.log_readiness()
 
     def _plan(self, names: list[str] | None) -> dict[str, _Plan]:
         repo = self.repository
@@ -176,9 +235,13 @@ class ModelRegistry:
     async def _apply(self, name: str, plan: _Plan) -> None:
         self._versions[name] = plan.versions
         self._aliases[name] = plan.aliases
+        self._applied.add(name)
         if plan.error is not None:
-            log.warning("model %s: cannot read its repository entry: %s", name, plan.error)
+            if self._entry_errors.get(name) != plan.error:
+                log.warning("model %s: cannot read its repository entry: %s", name, plan.error)
+            self._entry_errors[name] = plan.error
             return
+        self._entry_errors.pop(name, None)
         if name in self.unloaded:
             return
         current = self._handles.get(name, {})
