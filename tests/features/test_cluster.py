@@ -61,6 +61,87 @@ def test_fraud_example_reads_two_entities_of_many_rows_on_a_cluster(redis_cluste
     assert len({red.client.nodes_manager.get_node_from_slot(s).name for s in slots}) == 3
 
 
+class _Monitor:
+    """``MONITOR`` on each node: the commands clients send it (a script's own calls left
+    out), until :meth:`stop`."""
+
+    def __init__(self, ports: list[int]) -> None:
+        import threading
+
+        import redis as redis_py
+
+        self.ports = ports
+        self.sent: dict[int, list[str]] = {p: [] for p in ports}
+        self._stoppers = [redis_py.Redis(port=p) for p in ports]
+        for stopper in self._stoppers:
+            stopper.ping()  # connected before the watch starts: its handshake is not seen
+        self._threads = []
+        for port in ports:
+            ready = threading.Event()
+            thread = threading.Thread(target=self._watch, args=(redis_py.Redis(port=port),
+                                                                port, ready), daemon=True)
+            thread.start()
+            assert ready.wait(10)
+            self._threads.append(thread)
+
+    def _watch(self, node, port: int, ready) -> None:  # type: ignore[no-untyped-def]
+        with node.monitor() as m:
+            ready.set()
+            while True:
+                cmd = m.next_command()
+                if cmd["command"] == "ECHO monitor-stop":
+                    return
+                if cmd["client_type"] != "lua":
+                    self.sent[port].append(cmd["command"].split()[0].upper() + (
+                        " " + cmd["command"].split()[1].upper()
+                        if cmd["command"].upper().startswith("SCRIPT") else ""))
+
+    def stop(self) -> dict[int, list[str]]:
+        for stopper in self._stoppers:
+            stopper.echo("monitor-stop")
+            stopper.close()
+        for thread in self._threads:
+            thread.join(10)
+        return self.sent
+
+
+def test_a_cluster_read_is_one_pipeline_of_evalsha_per_shard(redis_cluster) -> None:
+    """Every node a read reaches gets its script calls and nothing else (no SCRIPT EXISTS
+    first: one round trip); a node that lost its scripts is answered by a load and a retry."""
+    import redis as redis_py
+
+    defs = load_definitions(FRAUD)
+    events, arrivals = _fraud_events(300)
+    red = RedisStore(redis_cluster.url, cluster=True, timeout_ms=10_000)
+    Ingestor(defs, red).ingest(events, arrivals)
+    views = [defs.view(v) for v in ("card_activity", "merchant_activity", "merchant_risk")]
+    reader = red.reader(views)
+    ids = {"card": [f"card{i}" for i in range(40)], "merchant": [f"m{i % 25}" for i in range(40)]}
+    now = arrivals[-1] + 1
+    # the scripts loaded where they run; the values (exact: the test above) to read again
+    want, want_missing = reader.read(ids, now, dtype=np.float64)
+    assert not want_missing.all()
+    for flushed in (False, True):
+        if flushed:
+            for port in redis_cluster.ports:
+                with redis_py.Redis(port=port) as node:
+                    node.script_flush()  # as a restarted node: every script lost
+        monitor = _Monitor(redis_cluster.ports)
+        got, missing = reader.read(ids, now, dtype=np.float64)
+        sent = monitor.stop()
+        assert (missing == want_missing).all()
+        assert np.allclose(got, want, rtol=1e-9, equal_nan=True)
+        for commands in sent.values():
+            calls = commands.count("EVALSHA")
+            assert calls > 0, sent
+            if not flushed:
+                assert set(commands) == {"EVALSHA"}, sent  # one pipeline, nothing before it
+            else:  # each call NOSCRIPT, each script loaded once, each call made again
+                loads = commands.count("SCRIPT LOAD")
+                assert set(commands) == {"EVALSHA", "SCRIPT LOAD"} and 0 < loads <= 2, sent
+                assert commands[:calls // 2] == ["EVALSHA"] * (calls // 2), sent
+
+
 def test_stream_ingest_at_a_cluster_node_without_the_flag_is_a_clear_error(redis_cluster) -> None:
     import os
     import subprocess

@@ -242,11 +242,9 @@ class _ClusterRead:
         def run(node_name: str) -> list[tuple[int, list[int], bytes]]:
             todo = by_node[node_name]
             node = client.get_node(node_name=node_name)
-            pipe = node.redis_connection.pipeline(transaction=False)
-            for gi, _slot, rows in todo:
-                self.scripts[gi](keys=_row_keys(self.parts[gi], cols, rows, self.cache),
-                                 args=args[gi], client=pipe)
-            replies = pipe.execute()
+            calls = [(self.scripts[gi], _row_keys(self.parts[gi], cols, rows, self.cache),
+                      args[gi]) for gi, _slot, rows in todo]
+            replies = _evalsha_pipeline(node.redis_connection, calls)
             return [(gi, rows, rep) for (gi, _s, rows), rep in zip(todo, replies, strict=True)]
 
         try:
@@ -277,6 +275,32 @@ class _ClusterRead:
                         out[r, 1 + width + j] = vals[pos]
                         pos += 1
         return out
+
+
+def _evalsha_pipeline(conn: redis.Redis, calls: Sequence[tuple[Script, list[str], list[Any]]]
+                      ) -> list[Any]:
+    """The script calls in one pipeline on one node: one round trip. EVALSHA is sent straight
+    away (a redis-py ``Script`` in a pipeline asks ``SCRIPT EXISTS`` first, a round trip more);
+    a node that lost a script (restarted, flushed) answers NOSCRIPT, and those calls are made
+    again once the script is loaded there."""
+    def send(which: Sequence[int]) -> list[Any]:
+        pipe = conn.pipeline(transaction=False)
+        for i in which:
+            script, keys, argv = calls[i]
+            pipe.evalsha(script.sha, len(keys), *keys, *argv)
+        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+    replies = send(range(len(calls)))
+    lost = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+    if lost:
+        for script in {id(calls[i][0]): calls[i][0] for i in lost}.values():
+            conn.script_load(script.script)
+        for i, reply in zip(lost, send(lost), strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def store_keys(batch: UpdateBatch) -> tuple[list[str], list[int], list[int], list[int]]:
