@@ -31,6 +31,12 @@ demo: $(VENV)/.demo-installed
 test: $(VENV)/.dev-installed services
 	$(PY) -m pytest -q
 
+# The comparisons of docs/performance.md, run and written into its tables (about ten minutes on
+# 2 cores). BENCH_ARGS="--peers KIT --peers-venv VENV" adds the peer kit's MLServer; see
+# `$(PY) benchmarks/run_all.py --help` for the Feast comparison and the rest.
+bench: $(VENV)/.dev-installed services
+	PYTHONPATH=src:. $(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import redis
@@ -80,3 +81,20 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
     return {"p50_us": round(float(p50), 1), "p90_us": round(float(p90), 1),
             "p99_us": round(float(p99), 1)}
+
+
+def redis_floor(url: str, n: int, updates_per_event: int) -> dict[str, Any]:
+    """The raw write floor: a redis-py pipeline of plain HSETs, one per tile update, with no
+    decode, aggregation or exactly-once bookkeeping."""
+    c = redis.Redis.from_url(url)
+    value = b"x" * 104
+    writes = n * updates_per_event
+    t0 = time.perf_counter()
+    for start in range(0, writes, 5000):
+        p = c.pipeline(transaction=False)
+        for i in range(start, min(writes, start + 5000)):
+            p.hset(f"floor:{i % 10000}", str(i % 17), value)
+        p.execute()
+    dt = time.perf_counter() - t0
+    return {"hset_per_s": round(writes / dt), "events_per_s": round(n / dt),
+            "tile_updates_per_event": updates_per_event}

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Same-run comparison of online reads: Feast's Redis online store (the peer kit) and redline.
 #
-#   FEAST_PYTHON=<kit venv>/bin/python FEAST_REPO=<kit repo dir> \
+#   REDLINE_PEER_KIT=<copy of the peer kit> FEAST_PYTHON=<kit venv>/bin/python \
+#   FEAST_REPO=<kit repo dir> \
 #     bash benchmarks/features/compare_feast.sh [OUT_DIR]
 #
-# The kit (../shared/peers/feast/, its own virtual environment, never a redline dependency)
+# The kit (the peer kit's feast/, shared/peers/; its own virtual environment, never a redline
+# dependency)
 # must be set up first with its setup.sh and make_repo.py; its Redis keeps serving Feast's keys.
 # redline's read_bench starts its own redis-server and compares against the 5xHMGET floor.
 set -euo pipefail
 : "${FEAST_PYTHON:?set FEAST_PYTHON to the python of the Feast kit's virtual environment}"
 : "${FEAST_REPO:?set FEAST_REPO to the Feast repo the kit's make_repo.py wrote}"
+: "${REDLINE_PEER_KIT:?set REDLINE_PEER_KIT to a copy of the peer kit (shared/peers/)}"
 OUT=${1:-benchmarks/features/results}
-KIT="$(cd "$(dirname "$0")/../../../shared/peers/feast" && pwd)"
+KIT="$REDLINE_PEER_KIT/feast"
 mkdir -p "$OUT"
 PIN0=""; command -v taskset >/dev/null && PIN0="taskset -c 0"
 $PIN0 "$FEAST_PYTHON" "$KIT/bench_inprocess.py" "$FEAST_REPO" 2000 "$OUT/feast_inprocess.json" \

@@ -1,9 +1,11 @@
 """Ingest throughput of ONE process into Redis, and freshness at a paced rate.
 
     .venv/bin/python -m benchmarks.features.ingest_bench [--events 200000] [--rates 50000,25000]
+        [--no-freshness]
 
 * throughput: a stream pre-filled with N events is drained by one StreamConsumer (consumer
-  group, exactly-once Lua apply + XACK per batch); events/s = N / drain time.
+  group, exactly-once Lua apply + XACK per batch); events/s = N / drain time; against the raw
+  write floor in the same run (a redis-py pipeline of plain HSETs, one per tile update).
 * freshness: a producer process XADDs at each of --rates events/s (event time = send time) while the
   consumer runs; freshness = time the batch became visible in Redis - event time, p50/p99.
 """
@@ -18,7 +20,7 @@ import time
 import orjson
 import redis
 
-from benchmarks.features.common import forty_features, start_redis
+from benchmarks.features.common import forty_features, redis_floor, start_redis
 from redline.features import (
     Entity,
     EventSource,
@@ -95,6 +97,7 @@ def main() -> None:
     ap.add_argument("--rates", default="50000,25000", help="paced rates for freshness")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--no-freshness", action="store_true", help="throughput and floors only")
     args = ap.parse_args()
     proc, url = start_redis()
     results: dict[str, object] = {}
@@ -105,11 +108,15 @@ def main() -> None:
             fill(url, stream, args.events)
             dt = drain(defs, url, stream, args.events, args.batch)
             ops = len(defs.views) and sum(len(v.layout().groups) for v in defs.views.values())
+            floor = redis_floor(url, args.events, ops)
+            results[f"floor_redis_pipeline_{name}"] = floor
             results[f"throughput_{name}"] = {"events": args.events, "seconds": round(dt, 2),
                                              "events_per_s": round(args.events / dt),
-                                             "tile_updates_per_event": ops}
+                                             "tile_updates_per_event": ops,
+                                             "vs_floor": round(args.events / dt
+                                                               / floor["events_per_s"], 3)}
         # freshness at paced rates, single view
-        for rate in [int(r) for r in args.rates.split(",")]:
+        for rate in [] if args.no_freshness else [int(r) for r in args.rates.split(",")]:
             stream = f"bench:fresh:{rate}"
             defs = one_view()
             cons = StreamConsumer(defs, RedisStore(url, timeout_ms=5000), stream=stream,

@@ -29,9 +29,8 @@ import time
 from typing import Any
 
 import orjson
-import redis
 
-from benchmarks.features.common import forty_features, start_redis
+from benchmarks.features.common import forty_features, redis_floor, start_redis
 from benchmarks.features.ingest_bench import one_view, payload
 from benchmarks.serving.compare import cpu_seconds
 
@@ -195,21 +194,6 @@ def run(kind: str, views: str, procs: int, bootstrap: str, url: str, n: int, tag
              "producer": round(producer_cpu / span, 2)}
     return {"events": total, "seconds": round(seconds, 2),
             "events_per_s": round(total / seconds), "cores": cores}
-
-
-def redis_floor(url: str, n: int, updates_per_event: int) -> dict[str, Any]:
-    c = redis.Redis.from_url(url)
-    value = b"x" * 104
-    writes = n * updates_per_event
-    t0 = time.perf_counter()
-    for start in range(0, writes, 5000):
-        p = c.pipeline(transaction=False)
-        for i in range(start, min(writes, start + 5000)):
-            p.hset(f"floor:{i % 10000}", str(i % 17), value)
-        p.execute()
-    dt = time.perf_counter() - t0
-    return {"hset_per_s": round(writes / dt), "events_per_s": round(n / dt),
-            "tile_updates_per_event": updates_per_event}
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Trains both models, registers them in a scratch repository and runs the real CLI on each, with
 the training rows as tuning data (--train-data) and held-out rows for every reported number.
 Every candidate is measured in the same interleaved run as the original, so the speed-ups are
-ratios under identical conditions. Targets (issue 6): int8 >= 1.5x faster at batch 32 on the
+ratios under identical conditions. Targets: int8 >= 1.5x faster at batch 32 on the
 MLP within 1% accuracy; a distilled student >= 10x faster per row than the forest at batch 32
 within 1% accuracy.
 

@@ -5,12 +5,12 @@ backfilled with a week of transactions, ``redline serve`` (one process) reads fe
 and redline's open-loop load generator (``redline.bench``, in this process) measures:
 
 * closed loop, one client: p50/p99 and throughput;
-* open loop at 500 req/s (the issue's comparison point);
+* open loop at 500 req/s (the rate the Feast comparison uses);
 * the highest open-loop rate with p99 <= 5 ms (rate search).
 
     .venv/bin/python benchmarks/pipeline/bench_v1.py [--cards 2000] [--duration 5]
 
-Prints one JSON document. The FastAPI + Feast + ONNX Runtime peer (``../shared/peers/feast/``) is
+Prints one JSON document. The FastAPI + Feast + ONNX Runtime peer (the peer kit's ``feast/``) is
 not started by this script; see docs/performance.md for how the comparison was made.
 """
 

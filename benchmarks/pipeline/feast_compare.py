@@ -1,10 +1,11 @@
 """redline vs FastAPI + Feast + ONNX Runtime on the same features, store and model, in one run.
 
-The workload is the Feast peer's (``../shared/peers/feast/``): 100,000 cards, 5 feature views of
-8 float features each in Redis, one request = read the 40 features of one card + run the same
-100-tree gradient-boosting ONNX model. redline serves it as feature views of ``last`` values (one
-event per card carries the 40 values), read by its pipeline in one Lua call; Feast reads its own
-materialized hashes (a pipeline of 5 HMGETs) inside the peer's FastAPI app.
+The workload is the Feast peer's (the peer kit's ``feast/``, ``shared/peers/``): 100,000 cards,
+5 feature views of 8 float features each in Redis, one request = read the 40 features of one
+card + run the same 100-tree gradient-boosting ONNX model. redline serves it as feature views of
+``last`` values (one event per card carries the 40 values), read by its pipeline in one Lua
+call; Feast reads its own materialized hashes (a pipeline of 5 HMGETs) inside the peer's FastAPI
+app.
 
 Both servers (and the do-nothing floor) are started at once, each pinned to CPU 0 with its own
 redis-server pinned to CPU 1, where the load generator (redline's open-loop ``redline.bench``, the
@@ -13,18 +14,18 @@ between the targets (A B B A ...) and each side's slices are merged into one lat
 so noise from other work on this shared machine lands on every side alike instead of on
 whichever ran second.
 
-The same conditions for every target, in every slice (since 2026-12-01 16:30 UTC):
+The same conditions for every target, in every slice:
 
 * The targets not being measured are **stopped** (``SIGSTOP``, their redis-server too) and
   continued for their own slices: an idle server still wakes (redline's monitoring tick, Redis's
   cron), and it shares CPU 0 with the one being measured.
 * The load generator waits for each send time on a ``timerfd`` (``LoadSpec.precise_timer``)
-  instead of spinning: it held CPU 1 ~100% of every slice before, now ~10-20%.
+  instead of spinning, so it leaves CPU 1 to the redis-servers (a spinning one held it).
 * ``--sched fifo`` (the default): the measured server, its redis-server and the load generator
   run ``SCHED_FIFO`` (server and Redis priority 50, the generator 40 so a Redis reply goes first),
-  the nearest thing on a shared two-core machine to a core of their own: other sessions'
-  processes can no longer hold CPU 0 while the woken server waits (the largest part of the tail
-  in the runs before, docs/performance.md "the /v1 tail"). ``--sched none`` measures as before.
+  the nearest thing on a shared two-core machine to a core of their own: other processes
+  cannot hold CPU 0 while the woken server waits for it. ``--sched none`` leaves the default
+  scheduler.
   Every target, the floor included, gets the same policy and priorities.
 * ``--idle-poll`` (the default): ``/dev/cpu_dma_latency`` is held at 0 for the run, so an idle
   CPU polls instead of halting. This machine is a VM whose halted vCPU costs a host round trip
@@ -33,8 +34,8 @@ The same conditions for every target, in every slice (since 2026-12-01 16:30 UTC
   needs. The usual low-latency setting (tuned's ``latency-performance``); it applies to the
   whole machine, so to every target alike.
 
-Setup of the peer (its own venv, never a redline dependency): follow
-``../shared/peers/feast/README.md`` (``setup.sh``, ``make_repo.py``, ``train_model.py``), then
+Setup of the peer (its own venv, never a redline dependency): follow the peer kit's
+``feast/README.md`` (``setup.sh``, ``make_repo.py``, ``train_model.py``), then
 
     .venv/bin/python benchmarks/pipeline/feast_compare.py \\
         --feast-python <peer venv>/bin/python --feast-app-dir <copy of the peer kit> \\
@@ -250,8 +251,7 @@ def compare(targets: list[Target], duration: float, cases: set[str] | None = Non
     """``cases``: which of c1, c8, open_500 and ladder to run (all by default); ``rounds``:
     interleaved slices per side and case (the duration is split over them); ``wait``: how the
     open-loop generator waits for a send time: ``timer`` (a timerfd, the default), ``yield``
-    (spin, yielding the CPU every turn: runs 2026-12-01 13:00-16:30 UTC) or ``hog`` (spin
-    holding the CPU: runs before 13:00 UTC)."""
+    (spin, yielding the CPU every turn) or ``hog`` (spin holding the CPU)."""
     slice_s = max(1.0, duration / rounds)
     y: dict[str, object] = {"timer": {"precise_timer": True},
                             "yield": {"spin_yield": True}, "hog": {"spin_yield": False}}[wait]
@@ -456,12 +456,12 @@ def main() -> None:
                         help="interleaved slices per side and case (default 4)")
     parser.add_argument("--wait", choices=("timer", "yield", "hog"), default="timer",
                         help="how the open-loop generator waits for a send time: a timerfd "
-                        "(default), spinning and yielding every turn (runs 13:00-16:30 UTC "
-                        "2026-12-01) or spinning without yielding (runs before 13:00 UTC)")
+                        "(default), spinning and yielding every turn, or spinning without "
+                        "yielding")
     parser.add_argument("--sched", choices=("fifo", "nice", "none"), default="fifo",
                         help="fifo (default): every measured server, its redis-server and the "
                         "load generator run SCHED_FIFO, alike for every target; none: the "
-                        "default scheduler, as in runs before 2026-12-01 16:30 UTC")
+                        "default scheduler")
     parser.add_argument("--idle-poll", action=argparse.BooleanOptionalAction, default=True,
                         help="hold /dev/cpu_dma_latency at 0 (idle CPUs poll, no halt) for "
                         "the run (default on)")

@@ -7,8 +7,8 @@ people's work, while the server process's CPU time per request barely moves. All
 at once (pinned to CPU 0, the load tool to CPU 1) and are measured in short alternating runs,
 so noise hits each alike; the median over rounds is reported.
 
-Usage (from the repository root; ``$KIT`` is a scratch copy of ../shared/peers/ where its
-setup.sh and train.py ran, ``$KIT_VENV`` the venv setup.sh made)::
+Usage (from the repository root; ``$KIT`` is a scratch copy of the peer kit (``shared/peers/``)
+where its setup.sh and train.py ran, ``$KIT_VENV`` the venv setup.sh made)::
 
     git archive <rev> src | tar -x -C "$BEFORE"      # optional: an older redline to compare
     .venv/bin/python benchmarks/serving/ab_cpu.py --kit "$KIT" --kit-venv "$KIT_VENV" \

@@ -4,7 +4,7 @@ Why: served, a gRPC request's CPU swings with the machine, and grpc.aio's own wo
 times the handler's) hides the handler's share. Here the servicer's ``ModelInfer`` is called
 directly with a stub context (no sockets, no completion queue), after the service's own
 deserializer, and its answer serialized as the service does; beside it the bare grpc.aio peer's
-handler (``../shared/peers/raw_grpc.py``: decode, run, raw outputs) on the same model. Rounds
+handler (the gRPC floor's shape: decode, run, raw outputs) on the same model. Rounds
 alternate; the median process CPU time a call is reported for typed ``fp32_contents`` requests
 (what the peers' load generator sends) and ``raw_input_contents`` (what ``redline bench``
 sends), for redline with monitoring on (as ``redline serve`` runs) and off. Another tree:

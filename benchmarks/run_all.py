@@ -1,0 +1,440 @@
+"""Run every comparison that needs no extra setup and rewrite docs/performance.md's tables.
+
+    make bench                                   # or: python benchmarks/run_all.py
+    python benchmarks/run_all.py --areas serving,offline --dry-run
+
+Each area runs its benchmark (the benchmarks interleave redline with its floor or peer
+themselves), renders one table with the command, date, commit and machine, and the spread over
+rounds, and replaces the text between ``<!-- bench:AREA:start -->`` and ``<!-- bench:AREA:end
+-->`` in the page. The summary printed at the end is the same tables, then one line per target:
+met or not, and by how much. An area whose peer is missing (MLServer and Feast come from the
+peer kit, ``shared/peers/``) says how to set it up and leaves its table as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script, the repository root may not be on the path
+from benchmarks.bench_page import (  # noqa: E402
+    Target,
+    number,
+    replace_block,
+    spread,
+    table,
+    targets_table,
+)
+
+PAGE = ROOT / "docs" / "performance.md"
+PY = sys.executable
+DEFAULT_AREAS = ("serving", "feature-reads", "ingest", "offline", "monitoring")
+PEER_AREAS = ("mlserver", "v1")
+
+
+@dataclass
+class Outcome:
+    """What an area produced: the page's block and its targets, or why it did not run."""
+
+    area: str
+    body: str = ""
+    targets: list[Target] = field(default_factory=list)
+    skipped: str = ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--areas", default=",".join(DEFAULT_AREAS),
+                    help="comma-separated areas: " + ", ".join((*DEFAULT_AREAS, *PEER_AREAS))
+                    + " (the peer areas join by themselves when --peers is given)")
+    ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
+                    help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
+                    "train.py ran (env REDLINE_PEER_KIT)")
+    ap.add_argument("--peers-venv", type=Path, default=_env_path("REDLINE_PEER_VENV"),
+                    help="the virtual environment the kit's setup.sh made (env REDLINE_PEER_VENV)")
+    ap.add_argument("--feast-python", type=Path, default=None,
+                    help="the Feast peer's interpreter (the kit's feast/README.md)")
+    ap.add_argument("--feast-repo", type=Path, default=None, help="the Feast peer's repository")
+    ap.add_argument("--feast-model", type=Path, default=None, help="the Feast peer's model.onnx")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per area (default 3)")
+    ap.add_argument("--page", type=Path, default=PAGE)
+    ap.add_argument("--machine", default="shared 2-core VM, noisy: read the ratios",
+                    help="how the page's tables describe the machine")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    ap.add_argument("--no-write", action="store_true", help="print the tables, leave the page")
+    args = ap.parse_args(argv)
+    wanted = [a.strip() for a in args.areas.split(",") if a.strip()]
+    if args.peers and args.areas == ap.get_default("areas"):
+        wanted += list(PEER_AREAS)
+    unknown = [a for a in wanted if a not in AREAS]
+    if unknown:
+        ap.error(f"unknown area(s) {', '.join(unknown)}: choose from {', '.join(AREAS)}")
+    args.wanted = wanted
+    if args.dry_run:
+        for area in wanted:
+            why = _missing(area, args)
+            print(f"{area}: {'skipped. ' + why if why else _shown(AREAS[area][0](args), args)}")
+        return 0
+    for stale in ("serving.json", "monitoring.json"):
+        _scratch(stale).unlink(missing_ok=True)
+    outcomes: list[Outcome] = []
+    for area in wanted:
+        plan, render = AREAS[area]
+        command = plan(args)
+        why = _missing(area, args)
+        if why:
+            outcomes.append(Outcome(area, skipped=why))
+            print(f"== {area}: skipped. {why}", flush=True)
+            continue
+        print(f"== {area}: {_shown(command, args)}", flush=True)
+        started = time.monotonic()
+        try:
+            outcome = render(args, command, _collect(area, args, command))
+        except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
+            outcome = Outcome(area, skipped=f"the run failed ({exc}); its table is unchanged")
+        outcome.area = area
+        outcomes.append(outcome)
+        print(f"   {time.monotonic() - started:.0f} s", flush=True)
+    _report(outcomes)
+    if not args.no_write:
+        page = args.page.read_text()
+        for outcome in outcomes:
+            if outcome.body:
+                page = replace_block(page, outcome.area, outcome.body)
+        args.page.write_text(page)
+    return 0
+
+
+# --------------------------------------------------------------------------- the areas
+def _serving_plan(args: argparse.Namespace) -> list[str]:
+    cmd = [PY, "benchmarks/serving/compare.py", "--rounds", str(args.rounds), "--duration", "2",
+           "--warmup", "0.5", "--out", str(_scratch("serving.json"))]
+    if args.peers and args.peers_venv and "mlserver" in args.wanted:
+        cmd += ["--kit", str(args.peers), "--kit-venv", str(args.peers_venv), "--mlserver"]
+    return cmd
+
+
+def _serving(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    result = runs[0]
+    targets = []
+    for key, entry in result["ratios"].items():
+        if "target" in entry:
+            op, bound = entry["target"].split(" ", 1)
+            targets.append(Target(_RATIO_NAMES.get(key, key), op, float(bound), entry["ratio"],
+                                  spread=f"{number(entry['min'])}–{number(entry['max'])}"))
+    rows = [[_SERVER_NAMES.get(c["server"], c["server"]), c["protocol"], str(c["concurrency"]),
+             f"{c['rps']:,.0f} ({c['rps_min']:,.0f}–{c['rps_max']:,.0f})", number(c["p50_ms"]),
+             f"{number(c['p99_ms'])} ({number(c['p99_ms_min'])}–{number(c['p99_ms_max'])})",
+             number(c["server_cpu_us_per_req"])]
+            for c in sorted(result["cells"], key=lambda c: (c["concurrency"], c["protocol"],
+                                                            c["server"]))
+            if c["server"] != "mlserver"]
+    lines = [_stamp(args, command), "", *targets_table(targets), "",
+             *table(["server", "protocol", "c", "req/s (min–max)", "p50 ms", "p99 ms (min–max)",
+                     "server CPU µs/req"], rows)]
+    return Outcome("serving", "\n".join(lines), targets)
+
+
+def _mlserver(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    """MLServer rides in the serving run (``--mlserver``); this renders its rows."""
+    result = runs[0]
+    cells = {(c["server"], c["protocol"], c["concurrency"]): c for c in result["cells"]}
+    rows = []
+    for server in ("mlserver", "fastapi", "raw_asgi", "redline"):
+        row = [_SERVER_NAMES.get(server, server)]
+        for c in (1, 8, 32):
+            cell = cells.get((server, "json", c))
+            row.append(f"{cell['rps']:,.0f}, {number(cell['p50_ms'])} / {number(cell['p99_ms'])}"
+                       if cell else "—")
+        rows.append(row)
+    lines = [_stamp(args, command), "", *table(
+        ["server (REST JSON)", "c=1 req/s, p50 / p99 ms", "c=8 req/s, p50 / p99 ms",
+         "c=32 req/s, p50 / p99 ms"], rows)]
+    return Outcome("mlserver", "\n".join(lines))
+
+
+def _reads_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "benchmarks.features.read_bench", "--calls", "1000", "--pin"]
+
+
+def _reads(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    cases = [("floor: 5 HMGETs, one entity", "floor_5hmget_x1", "floor_5hmget_x1"),
+             ("redline on Redis, computed, one entity", "redline_redis_computed_x1",
+              "floor_5hmget_x1"),
+             ("redline on Redis, cached, one entity", "redline_redis_cached_x1",
+              "floor_5hmget_x1"),
+             ("floor: 50 HMGETs, ten entities", "floor_5hmget_x10", "floor_5hmget_x10"),
+             ("redline on Redis, computed, ten entities", "redline_redis_computed_x10",
+              "floor_5hmget_x10"),
+             ("redline on Redis, cached, ten entities", "redline_redis_cached_x10",
+              "floor_5hmget_x10")]
+    rows = []
+    for label, key, floor in cases:
+        p99 = [r[key]["p99_us"] for r in runs]
+        vs = [r[key]["p99_us"] / r[floor]["p99_us"] for r in runs]
+        rows.append([label, spread([r[key]["p50_us"] for r in runs]), spread(p99),
+                     spread(vs) + "x"])
+    one = [r["redline_redis_computed_x1"]["p99_us"] / r["floor_5hmget_x1"]["p99_us"]
+           for r in runs]
+    ten = [r["redline_redis_computed_x10"]["p99_us"] for r in runs]
+    targets = [Target("one entity p99 vs the floor", "<=", 2.0, statistics.median(one),
+                      spread=_range(one)),
+                   Target("ten entities p99", "<=", 500.0, statistics.median(ten), unit=" µs",
+                          spread=_range(ten))]
+    lines = [_stamp(args, command, rounds=len(runs)), "",
+             *table(["read, µs (median, min–max over rounds)", "p50", "p99", "p99 vs the floor"],
+                    rows), "", *targets_table(targets)]
+    return Outcome("feature-reads", "\n".join(lines), targets)
+
+
+def _ingest_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "benchmarks.features.ingest_bench", "--events", "40000", "--no-freshness"]
+
+
+def _ingest(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    rows, targets = [], []
+    for name, label, bound in (("1_view_6_features", "1 view", 50_000.0),
+                               ("5_views_40_features", "5 views / 40 features", 30_000.0)):
+        floor = [r[f"floor_redis_pipeline_{name}"]["events_per_s"] for r in runs]
+        rate = [r[f"throughput_{name}"]["events_per_s"] for r in runs]
+        ups = runs[0][f"throughput_{name}"]["tile_updates_per_event"]
+        rows.append([f"floor: `HSET` pipeline, {ups} updates an event ({label})", spread(floor),
+                     "1.00x"])
+        rows.append([f"redline, Redis Streams, {label}, 1 process", spread(rate),
+                     spread([r[f"throughput_{name}"]["vs_floor"] for r in runs]) + "x"])
+        targets.append(Target(f"ingest, {label}, one process", ">=", bound,
+                              statistics.median(rate), unit=" ev/s", spread=_range(rate)))
+    lines = [_stamp(args, command, rounds=len(runs)), "",
+             *table(["case (median, min–max over rounds)", "events/s", "vs the raw `HSET` floor"],
+                    rows), "", *targets_table(targets)]
+    return Outcome("ingest", "\n".join(lines), targets)
+
+
+def _offline_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "benchmarks.features.offline_bench", "--events", "300000", "--labels",
+            "30000", "--entities", "3000"]
+
+
+def _offline(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    first = runs[0]
+    rows = [[f"{first['events']:,} / {first['labels']:,}",
+             spread([r["floor_merge_asof_s"] for r in runs]) + " s",
+             spread([r["redline_columns_s"] for r in runs]) + " s",
+             spread([r["ratio_vs_floor"] for r in runs]) + "x"]]
+    lines = [_stamp(args, command, rounds=len(runs)), "",
+             *table(["events / labels", "`merge_asof` floor (median, min–max)", "redline",
+                     "redline vs floor"], rows)]
+    return Outcome("offline", "\n".join(lines))
+
+
+def _monitoring_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "benchmarks/observability/overhead.py", "--configs", "tracing_default",
+            "--rounds", str(max(args.rounds, 8)), "--requests", "300", "--min-seconds", "0.4",
+            "--json-out", str(_scratch("monitoring.json"))]
+
+
+def _monitoring(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    result = runs[0]
+    mode = next(key.split("/")[0] for key in result if key.endswith("/off/v2")
+                or key.endswith("/off/v1"))
+    rows, targets = [], []
+    for api, label in (("v2", "V2 REST"), ("v1", "`/v1`")):
+        off, on = result.get(f"{mode}/off/{api}"), result.get(f"{mode}/tracing_default/{api}")
+        if not off or not on:
+            continue
+        ratios = [b / a for a, b in zip(off["round_p50_us"], on["round_p50_us"], strict=True)
+                  if a and b]
+        diffs = [b - a for a, b in zip(off["round_p99_us"], on["round_p99_us"], strict=True)]
+        pooled = on["p99_us"] - off["p99_us"]
+        cpu_off = result[f"{mode}/off/cpu"]["server_cpu_us_per_request"]
+        cpu_on = result[f"{mode}/tracing_default/cpu"]["server_cpu_us_per_request"]
+        rows.append([label, spread(ratios) + "x", f"{pooled:+.1f} (rounds: {spread(diffs)})",
+                     f"{number(cpu_off)} → {number(cpu_on)} (both APIs)"])
+        targets += [Target(f"{label} p50 vs off", "<=", 1.05, statistics.median(ratios),
+                           spread=_range(ratios)),
+                    Target(f"{label} p99 − off", "<=", 50.0, pooled, unit=" µs",
+                           spread=_range(diffs))]
+    lines = [_stamp(args, command, rounds=max(args.rounds, 8)), "",
+             *table(["API", "metrics + 1% tracing: p50 vs off (median, min–max of rounds)",
+                     "p99 − off, µs (pooled; rounds)", "server CPU µs/req, off → on"], rows),
+             "", *targets_table(targets)]
+    return Outcome("monitoring", "\n".join(lines), targets)
+
+
+def _v1_plan(args: argparse.Namespace) -> list[str]:
+    kit = args.peers or Path("KIT")
+    return [PY, "benchmarks/pipeline/feast_compare.py", "--feast-python",
+            str(args.feast_python or "FEAST_PYTHON"), "--feast-app-dir", str(kit / "feast"),
+            "--feast-repo", str(args.feast_repo or "FEAST_REPO"), "--model",
+            str(args.feast_model or "MODEL"), "--cases", "open_500,ladder", "--rounds", "10",
+            "--duration", "30"]
+
+
+def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    out = runs[0]
+    sides = out["open_500"]
+    names = {"redline": "redline", "feast": "FastAPI + Feast + ONNX Runtime",
+             "floor": "do-nothing floor"}
+    rows = [[names.get(label, label), number(s["p50_ms"]), number(s["p99_ms"]),
+             number(s["p99_ms"] / s["p50_ms"]) + "x"] for label, s in sides.items()]
+    red, feast = sides["redline"], sides["feast"]
+    targets = [Target("Feast's p99 over redline's at 500 req/s", ">=", 4.0,
+                      feast["p99_ms"] / red["p99_ms"]),
+               Target("redline p99 over its own p50", "<=", 3.0, red["p99_ms"] / red["p50_ms"])]
+    top = out.get("max_rate_p99_le_5ms", {})
+    if top.get("feast"):
+        targets.append(Target("highest rate with p99 ≤ 5 ms, redline over Feast", ">=", 5.0,
+                              top["redline"] / top["feast"]))
+    lines = [_stamp(args, command, rounds=10), "",
+             *table(["500 req/s open loop", "p50 ms", "p99 ms", "p99 / own p50"], rows), "",
+             *targets_table(targets)]
+    return Outcome("v1", "\n".join(lines), targets)
+
+
+Render = Callable[[argparse.Namespace, list[str], list[dict]], Outcome]  # type: ignore[type-arg]
+AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
+    "serving": (_serving_plan, _serving),
+    "feature-reads": (_reads_plan, _reads),
+    "ingest": (_ingest_plan, _ingest),
+    "offline": (_offline_plan, _offline),
+    "monitoring": (_monitoring_plan, _monitoring),
+    "mlserver": (_serving_plan, _mlserver),
+    "v1": (_v1_plan, _v1),
+}
+
+_RATIO_NAMES = {
+    "rest_json_c1_p50_vs_nginx": "REST JSON c=1 p50 vs nginx",
+    "rest_json_c1_p99_vs_nginx": "REST JSON c=1 p99 vs nginx",
+    "rest_json_c8_rps_vs_fastapi": "REST JSON c=8 req/s vs FastAPI",
+    "rest_json_c8_rps_vs_raw_asgi": "REST JSON c=8 req/s vs bare ASGI",
+    "rest_json_c8_p99_vs_fastapi": "REST JSON c=8 p99 vs FastAPI",
+    "mlp_c32_rps_vs_fastapi": "MLP c=32 req/s vs FastAPI",
+    "grpc_c8_rps_vs_raw_grpc": "gRPC c=8 req/s vs bare grpc.aio",
+}
+_SERVER_NAMES = {
+    "nginx": "nginx (canned answer)", "raw_asgi": "bare ASGI + ONNX Runtime",
+    "fastapi": "FastAPI + ONNX Runtime", "raw_grpc": "bare grpc.aio + ONNX Runtime",
+    "redline": "**redline**", "fastapi_mlp": "FastAPI + ONNX Runtime, MLP 3x1024",
+    "redline_mlp": "**redline**, MLP 3x1024", "mlserver": "MLServer",
+}
+
+
+# Areas whose benchmark interleaves its own rounds and writes its result to a file.
+_RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
+                 "monitoring": "monitoring.json"}
+
+
+# --------------------------------------------------------------------------- helpers
+def _collect(area: str, args: argparse.Namespace, command: list[str]) -> list[dict]:  # type: ignore[type-arg]
+    """The benchmark's results: one JSON document per round (the serving, monitoring and
+    Feast benchmarks run their rounds themselves and give one)."""
+    name = _RESULT_FILES.get(area)
+    if name:
+        path = _scratch(name)
+        if not path.exists():  # MLServer's rows come from the serving run
+            _run(command)
+        return [json.loads(path.read_text())]
+    if area == "v1":
+        return [json.loads(_run(command))]
+    return [json.loads(_run(command)) for _ in range(args.rounds)]
+
+
+def _missing(area: str, args: argparse.Namespace) -> str:
+    """Why an area cannot run here, with what to do; empty when it can."""
+    if area == "mlserver" and not (args.peers and args.peers_venv):
+        return ("MLServer comes from the peer kit (shared/peers/): copy it to a scratch folder, "
+                "run its setup.sh and train.py there, then pass --peers KIT --peers-venv VENV")
+    if area == "v1" and not (args.peers and args.feast_python and args.feast_repo
+                             and args.feast_model):
+        return ("the Feast peer comes from the peer kit (shared/peers/feast/README.md: setup.sh, "
+                "make_repo.py, train_model.py in a scratch copy), then pass --peers KIT "
+                "--feast-python PY --feast-repo REPO --feast-model MODEL")
+    return ""
+
+
+def _run(command: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-2000:])
+        raise subprocess.CalledProcessError(done.returncode, command[:3])
+    return done.stdout
+
+
+def _stamp(args: argparse.Namespace, command: list[str], rounds: int | None = None) -> str:
+    """The line above a table: command, date, commit, machine."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "src"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    load = os.getloadavg()[0]
+    shown = f"`{_shown(command, args)}`"
+    if rounds:
+        shown += f" ({rounds} round{'s' if rounds > 1 else ''})"
+    return (f"`make bench`: {shown} · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · "
+            f"commit {commit}{' + local changes' if dirty else ''} · {os.cpu_count()} cores, "
+            f"{args.machine} (load average {load:.1f})")
+
+
+def _shown(command: list[str], args: argparse.Namespace) -> str:
+    """The command as the page prints it: no machine paths."""
+    names = {PY: "python", str(args.peers): "$KIT", str(args.peers_venv): "$KIT_VENV",
+             str(args.feast_python): "$FEAST_PYTHON", str(args.feast_repo): "$FEAST_REPO",
+             str(args.feast_model): "$FEAST_MODEL"}
+    parts = []
+    skip = False
+    for part in command:
+        if skip:
+            skip = False
+            continue
+        if part in ("--out", "--json-out"):
+            skip = True
+            continue
+        for path, name in names.items():
+            if path != "None":
+                part = part.replace(path, name)
+        parts.append(part)
+    return " ".join(parts)
+
+
+def _scratch(name: str) -> Path:
+    folder = Path(tempfile.gettempdir()) / f"redline-bench-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    return folder / name
+
+
+def _range(values: list[float]) -> str:
+    return f"{number(min(values))}–{number(max(values))}"
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def _report(outcomes: list[Outcome]) -> None:
+    print()
+    for outcome in outcomes:
+        print(f"## {outcome.area}\n")
+        print(outcome.body or f"skipped: {outcome.skipped}")
+        print()
+    print("Targets:")
+    for outcome in outcomes:
+        for target in outcome.targets:
+            print(f"  {outcome.area}: {target.name} {target.op} {number(target.bound)}"
+                  f"{target.unit}: {number(target.value)}{target.unit}, {target.verdict()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""`make bench` rewrites only what lies between an area's markers, and the same results twice
+give the same page."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks import run_all
+from benchmarks.bench_page import PageError, Target, areas, replace_block
+
+PAGE = """# Performance
+
+Prose a person wrote, kept as it is.
+
+<!-- bench:offline:start -->
+an old table
+<!-- bench:offline:end -->
+
+More prose.
+
+<!-- bench:feature-reads:start -->
+<!-- bench:feature-reads:end -->
+
+The end.
+"""
+
+OFFLINE_RUNS = [
+    {"events": 300000, "labels": 30000, "floor_merge_asof_s": 0.20, "redline_columns_s": 0.18,
+     "ratio_vs_floor": 0.9},
+    {"events": 300000, "labels": 30000, "floor_merge_asof_s": 0.25, "redline_columns_s": 0.30,
+     "ratio_vs_floor": 1.2},
+    {"events": 300000, "labels": 30000, "floor_merge_asof_s": 0.22, "redline_columns_s": 0.22,
+     "ratio_vs_floor": 1.0},
+]
+
+
+def _read(p50: float, p99: float) -> dict[str, float]:
+    return {"p50_us": p50, "p99_us": p99}
+
+
+READ_RUNS = [
+    {"floor_5hmget_x1": _read(100, 200), "redline_redis_computed_x1": _read(150, 300),
+     "redline_redis_cached_x1": _read(90, 180), "floor_5hmget_x10": _read(400, 600),
+     "redline_redis_computed_x10": _read(700, 900), "redline_redis_cached_x10": _read(200, 300)},
+    {"floor_5hmget_x1": _read(110, 250), "redline_redis_computed_x1": _read(160, 600),
+     "redline_redis_cached_x1": _read(95, 190), "floor_5hmget_x10": _read(420, 700),
+     "redline_redis_computed_x10": _read(720, 1000), "redline_redis_cached_x10": _read(210, 310)},
+]
+
+
+def _args() -> argparse.Namespace:
+    return argparse.Namespace(machine="test machine", peers=None, peers_venv=None,
+                              feast_python=None, feast_repo=None, feast_model=None, rounds=3)
+
+
+def _refresh(page: str) -> tuple[str, run_all.Outcome]:
+    args = _args()
+    offline = run_all._offline(args, run_all._offline_plan(args), OFFLINE_RUNS)
+    reads = run_all._reads(args, run_all._reads_plan(args), READ_RUNS)
+    page = replace_block(page, "offline", offline.body)
+    return replace_block(page, "feature-reads", reads.body), reads
+
+
+def test_tables_replace_only_what_lies_between_their_markers() -> None:
+    page, _ = _refresh(PAGE)
+    assert "an old table" not in page
+    outside = [line for line in PAGE.splitlines()
+               if "bench:" not in line and line != "an old table"]
+    for line in outside:
+        assert line in page.splitlines()
+    offline = page.split("<!-- bench:offline:start -->\n")[1].split("<!-- bench:offline:end")[0]
+    assert ("| 300,000 / 30,000 | 0.220 (0.200–0.250) s | 0.220 (0.180–0.300) s | "
+            "1.000 (0.900–1.200)x |") in offline
+    assert areas(page) == ["offline", "feature-reads"]
+
+
+def test_refreshing_twice_with_the_same_results_changes_nothing() -> None:
+    once, _ = _refresh(PAGE)
+    twice, _ = _refresh(once)
+    # the stamp carries the time to the minute: compare without it
+    strip = [line for line in once.splitlines() if not line.startswith("`make bench`")]
+    assert strip == [line for line in twice.splitlines() if not line.startswith("`make bench`")]
+    assert once.count("<!-- bench:offline:start -->") == 1
+
+
+def test_the_targets_say_met_or_not_and_by_how_much() -> None:
+    _, reads = _refresh(PAGE)
+    one, ten = reads.targets
+    # p99 ratios 1.5x and 2.4x: the median 1.95x meets <= 2 by 0.05
+    assert one.met and one.verdict() == "met by 0.050x" and one.spread == "1.500–2.400"
+    # ten entities: 900 and 1,000 µs against 500
+    assert not ten.met and ten.verdict() == "not met by 450.0 µs"
+    assert "| ten entities p99 <= 500.0 µs | 950.0 µs | 900.0–1,000 | not met by 450.0 µs |" in (
+        reads.body)
+
+
+def test_the_command_line_names_no_machine_path() -> None:
+    _, reads = _refresh(PAGE)
+    stamp = reads.body.splitlines()[0]
+    assert "`python -m benchmarks.features.read_bench --calls 1000 --pin` (2 rounds)" in stamp
+    assert "commit " in stamp and "test machine" in stamp
+
+
+@pytest.mark.parametrize(("page", "message"), [
+    ("no markers at all\n", "no bench:offline markers"),
+    ("<!-- bench:offline:start -->\nx\n", "bench:offline:start has no bench:offline:end"),
+    ("<!-- bench:offline:end -->\n", "bench:offline:end without its bench:offline:start"),
+    ("<!-- bench:offline:start -->\n<!-- bench:offline:end -->\n"
+     "<!-- bench:offline:start -->\n<!-- bench:offline:end -->\n", "appears twice"),
+    ("<!-- bench:offline:start -->\n<!-- bench:serving:start -->\n", "inside bench:offline"),
+])
+def test_a_page_with_broken_markers_is_refused_with_what_to_fix(page: str, message: str) -> None:
+    with pytest.raises(PageError, match=message):
+        replace_block(page, "offline", "table")
+
+
+def test_a_target_bound_from_above_and_from_below() -> None:
+    assert Target("c=8 req/s vs FastAPI", ">=", 1.5, 1.615).verdict() == "met by 0.115x"
+    assert Target("c=8 p99 vs FastAPI", "<=", 0.7, 0.738).verdict() == "not met by 0.038x"
+
+
+def test_an_area_without_its_peer_says_how_to_set_it_up() -> None:
+    why = run_all._missing("v1", _args())
+    assert "shared/peers/feast/README.md" in why and "--feast-python" in why
+    assert run_all._missing("offline", _args()) == ""
