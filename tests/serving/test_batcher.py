@@ -61,6 +61,31 @@ async def test_batching_parity_on_random_mixes(repo: ModelRepository) -> None:
         await handle.retire(1)
 
 
+async def test_an_expired_request_s_wait_is_its_queue_stage(repo: ModelRepository) -> None:
+    """A request dropped from the queue when its budget ran out spent that time in the queue
+    stage: its stage times (``/v1``'s flat row, the slow log, the spans) hold the wait."""
+    from redline.serving.stages import QUEUE, V1_STAGES, RequestRecord, perf_ns, v1_times
+
+    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
+    handle.cost.seed(1e-5, 1e-5, 2)  # the estimate is wrong on purpose: admission lets B in
+    x = np.ones((1, 384), np.float32)
+    record = RequestRecord("v1", "rest")
+    deadline = deadline_from_ms(2)
+    a = handle.infer({"x": x})
+    b = handle.infer({"x": x}, deadline, record=record)
+    results = await asyncio.gather(a, b, return_exceptions=True)
+    assert isinstance(results[1], DeadlineExceeded), results[1]
+    record.finish("deadline_exceeded")
+    queued = [(start, end) for stage, start, end in record.spans if stage == QUEUE]
+    assert len(queued) == 1, record.spans
+    start, end = queued[0]
+    assert start >= record.start_ns and end >= deadline * 1e9 and end <= perf_ns()
+    row = v1_times(record)
+    assert row[5 + V1_STAGES.index(QUEUE)] == end - start  # the flat row's queue column
+    assert record.timings_us()["queue"] >= (deadline * 1e9 - start) // 1000
+    await handle.retire(1)
+
+
 async def test_expired_requests_are_dropped_before_the_model(repo: ModelRepository) -> None:
     handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
     handle.cost.seed(1e-5, 1e-5, 2)  # the estimate is wrong on purpose: admission lets B in

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from redline.config import Settings
-from redline.errors import InvalidInput
+from redline.errors import InvalidInput, RedlineError
 from redline.models.datatypes import V2_TO_NUMPY
 from redline.models.runtime import InferenceSession
 from redline.serving.batcher import Batcher
@@ -251,7 +251,11 @@ class ModelHandle:
             return await self.batcher.submit(inputs, rows, deadline, priority)
         t0 = perf_ns()
         batcher = self.batcher
-        outputs = await batcher.submit(inputs, rows, deadline, priority)
+        try:
+            outputs = await batcher.submit(inputs, rows, deadline, priority)
+        except RedlineError:
+            record.add(QUEUE, t0, perf_ns())  # shed or expired in the queue: it never ran
+            raise
         t1 = perf_ns()
         # The batch that resumed this request ran last_run_s; the rest of the wait was queue.
         ran = max(t0, t1 - int(batcher.last_run_s * 1e9))
