@@ -127,7 +127,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
         httpx.get(f"{url}/v2/health/live", timeout=2)
 
 
-def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("busy_port", ["http", "grpc"])
+def test_port_in_use_is_one_clear_line(tmp_path: Path, busy_port: str, workers: str) -> None:
+    """A port another process listens on is the only line ``redline serve`` prints (exit 2),
+    before any model loads (their log lines would come first otherwise), on either port, in
+    this process and behind the worker supervisor."""
     import socket
 
     repo = ModelRepository(tmp_path / "repo")
@@ -136,12 +141,20 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        ports = (["--http-port", str(port), "--grpc-port", "0"] if busy_port == "http"
+                 else ["--http-port", "0", "--grpc-port", str(port)])
         done = subprocess.run(
             [sys.executable, "-m", "redline.cli", "serve", "--repository", str(tmp_path / "repo"),
-             "--http-port", str(port), "--grpc-port", "0", "--no-watch"],
-            capture_output=True, text=True, timeout=60)
+             *ports, "--no-watch"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "REDLINE_SCALING__WORKERS": workers})
     assert done.returncode == 2, done.stderr
-    assert "cannot listen for HTTP" in done.stderr and "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error [config_invalid]: cannot listen for "
+                               f"{busy_port.upper() if busy_port == 'http' else 'gRPC'} on "
+                               f"127.0.0.1:{port}")
+    assert f"--{busy_port}-port" in lines[0]
 
 
 def test_one_port_for_http_and_grpc_is_refused(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
     from redline.serving.server import RedlineServer
 
     server = RedlineServer(settings)
+    server.claim_ports()  # a port in use is one line now, not after the preload and the models
     from redline.scaling.rollout import install
 
     install(server)  # canary/shadow rollouts (redline rollout start)

@@ -41,7 +41,13 @@ from redline.serving.deadline import (
     parse_budget,
     parse_priority,
 )
-from redline.serving.edge import as_redline_error, error_body, http_error
+from redline.serving.edge import (
+    as_redline_error,
+    error_body,
+    http_error,
+    http_headers,
+    repeated,
+)
 from redline.serving.fastjson import JsonFastPath
 from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata, triton_config
@@ -527,7 +533,7 @@ class RestApp:
             if route.method != method:
                 allowed.append(route.method)
                 continue
-            headers = dict(scope["headers"])
+            headers = http_headers(scope["headers"])
             if route.admin:
                 self._check_admin(headers)
             declared = headers.get(b"content-length")
@@ -659,7 +665,7 @@ class _Queued:
 
 def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[Any, ...]:
     """(declared length, binary header length, budget, priority, traceparent) from an
-    infer's headers."""
+    infer's headers; a budget or ``traceparent`` sent twice is refused."""
     declared = header_length = budget = priority = traceparent = None
     for key, value in headers:
         which = _INFER_HEADERS.get(key)
@@ -672,10 +678,14 @@ def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[Any, ...]:
                 raise InvalidInput("Inference-Header-Content-Length must be an integer")
             header_length = int(value)
         elif which == 2:
+            if budget is not None:
+                raise repeated("x-redline-budget-ms")
             budget = value
         elif which == 3:
             priority = value
         else:
+            if traceparent is not None:
+                raise repeated("traceparent")
             traceparent = value
     return declared, header_length, budget, priority, traceparent
 

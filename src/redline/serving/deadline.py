@@ -16,6 +16,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import orjson
+
 from redline.errors import DeadlineExceeded, InvalidBudget, InvalidInput
 
 BUDGET_HEADER = b"x-redline-budget-ms"
@@ -82,8 +84,9 @@ def parse_budget(value: bytes | str | float | int | None, source: str, *, defaul
 
     ``value`` is what the client sent (a header or metadata string, a JSON or protobuf number,
     a gRPC deadline in milliseconds); ``None`` means it sent none, and the model's SLO applies.
-    Negative, zero, NaN, infinite, absurdly large and non-numeric values are refused with an
-    :class:`InvalidBudget` naming ``source``, identically on every API and transport.
+    Negative, zero, NaN, infinite, absurdly large and non-numeric values (in a JSON body, a
+    string, list or object too) are refused with an :class:`InvalidBudget` naming ``source``,
+    identically on every API and transport.
     """
     if value is None:
         return Budget(start, default_ms, FROM_SLO)
@@ -91,9 +94,11 @@ def parse_budget(value: bytes | str | float | int | None, source: str, *, defaul
         ms = math.nan  # JSON true/false is not a number of milliseconds
     elif isinstance(value, int | float):
         ms = float(value)
+    elif source == FROM_BODY or not isinstance(value, bytes | str):
+        ms = math.nan  # a JSON field is a number: a string, list or object there is a mistake
     else:
         try:
-            ms = float(value)  # bytes or str; float() also reads other scripts' decimal digits
+            ms = float(value)  # a header's text; float() also reads other scripts' digits
         except ValueError:
             ms = math.nan
     if source == FROM_GRPC_DEADLINE:
@@ -109,8 +114,16 @@ def parse_budget(value: bytes | str | float | int | None, source: str, *, defaul
 
 def _show(value: object) -> str:
     text = value.decode("latin-1", "replace") if isinstance(value, bytes) else value
-    shown = repr(text)
+    shown = repr(text) if isinstance(text, str | int | float) else _json(text)
     return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _json(value: object) -> str:
+    """A JSON value as the client wrote it (a list or an object sent as a budget)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return type(value).__name__
 
 
 def parse_priority(value: bytes | str | int | None) -> int:

@@ -21,6 +21,11 @@ JSON_HEADER = (b"content-type", b"application/json")
 TRACEPARENT = "traceparent"
 BUDGET_KEY = "x-redline-budget-ms"
 PRIORITY_KEY = "x-redline-priority"
+AUTHORIZATION = "authorization"
+# Headers (gRPC metadata) that decide a request's access, budget or trace: sent twice they are
+# ambiguous (proxies and servers disagree on which one wins), so the request is refused.
+SINGLE_HEADERS = frozenset((AUTHORIZATION, BUDGET_KEY, TRACEPARENT))
+_SINGLE_HTTP = frozenset(name.encode() for name in SINGLE_HEADERS)
 
 
 def error_body(message: str, code: str | None = None) -> bytes:
@@ -79,11 +84,34 @@ async def grpc_abort(context: Any, exc: RedlineError,
     await context.abort(getattr(grpc.StatusCode, exc.grpc_status), exc.message)
 
 
+def repeated(name: str) -> InvalidInput:
+    """The error for a request that sends a :data:`SINGLE_HEADERS` header more than once."""
+    return InvalidInput(f"the header '{name}' is sent more than once; send it once (which one "
+                        "counts is ambiguous, so the request is refused)")
+
+
+def http_headers(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """An HTTP request's (lower-case) headers as a dict, refusing a repeated
+    :data:`SINGLE_HEADERS` one (any other repeated header: the last one counts)."""
+    headers = dict(raw)
+    if len(headers) != len(raw):  # some header came twice: only ours matter
+        seen: set[bytes] = set()
+        for key, _ in raw:
+            if key in seen and key in _SINGLE_HTTP:
+                raise repeated(key.decode("latin-1"))
+            seen.add(key)
+    return headers
+
+
 def grpc_metadata(context: Any, keys: Collection[str]) -> dict[str, str]:
-    """The values of ``keys`` (a frozenset on hot paths) in a call's invocation metadata
-    (first one wins)."""
+    """The values of ``keys`` (a frozenset on hot paths) in a call's invocation metadata; a
+    key of :data:`SINGLE_HEADERS` sent twice is refused (``InvalidInput``)."""
     found: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
-        if key in keys and key not in found:
+        if key in keys:
+            if key in found:
+                if key in SINGLE_HEADERS:
+                    raise repeated(key)
+                continue  # first one wins
             found[key] = value if isinstance(value, str) else value.decode("latin-1")
     return found

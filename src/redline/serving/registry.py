@@ -112,6 +112,9 @@ class ModelRegistry:
             raise ModelNotReady(f"model '{name}' has no version loaded yet{reason}")
         if _is_number(version) and int(version) not in known:
             raise VersionNotFound(f"model '{name}' has no version {version} (versions: {known})")
+        if not version.isascii():  # never a version or an alias, whatever digits it shows
+            raise VersionNotFound(f"model '{name}' has no version '{version}': versions are "
+                                  f"ASCII numbers (versions: {known}) or aliases")
         if not _is_number(version):
             try:
                 self.repository.resolve(name, version)

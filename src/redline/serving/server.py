@@ -85,10 +85,26 @@ class RedlineServer:
         self.http_socket: socket.socket | None = None
         self.asgi: Any = self.app
         self.grpc_interceptors: list[Any] = []  # e.g. the worker's load meter
+        self._listen: socket.socket | None = None  # the HTTP port, taken by claim_ports()
+        self._claimed = False
+
+    def claim_ports(self) -> None:
+        """Take the HTTP port and check the gRPC one, before anything slow: a port in use is
+        one clear ``ConfigError`` at once, not after the models load. ``serve()`` calls it
+        when nobody did earlier (``redline serve`` does, before the store's preload)."""
+        if self._claimed:
+            return
+        server = self.settings.server
+        if self.http_socket is None:
+            self._listen = _bind(server.host, server.http_port)
+        if server.grpc_enabled:
+            _probe_grpc(server.host, server.grpc_port)
+        self._claimed = True
 
     async def serve(self, install_signals: bool = True) -> None:
         """Load models, serve until ``stop()`` or a signal, then drain."""
         server = self.settings.server
+        self.claim_ports()
         await self.registry.sync()
         if self.monitor is not None:
             # Drift thresholds of every loaded version, calibrated before the ports open: its
@@ -116,7 +132,8 @@ class RedlineServer:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        sock = self.http_socket or _bind(server.host, server.http_port)
+        sock = self.http_socket or self._listen
+        assert sock is not None  # (claim_ports bound it)
         self.http_port = sock.getsockname()[1]
         grpc_server = None
         if server.grpc_enabled:
@@ -206,6 +223,23 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _probe_grpc(host: str, port: int) -> None:
+    """Refuse a gRPC port another socket listens on (this server's HTTP port included), the
+    way binding it later would, but now. Port 0 is any free port: nothing to check."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as gRPC binds: a port left in TIME_WAIT is free, one with a listener is not
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen for gRPC on {host}:{port}: {exc.strerror}; choose another "
+                "--grpc-port (0 = any free port) or --no-grpc") from None
 
 
 def run(settings: Settings, repository: ModelRepository | None = None) -> None:
