@@ -258,7 +258,7 @@ def _monitoring(args: argparse.Namespace, command: list[str], runs: list[dict]) 
         pooled = on["p99_us"] - off["p99_us"]
         cpu_off = result[f"{mode}/off/cpu"]["server_cpu_us_per_request"]
         cpu_on = result[f"{mode}/tracing_default/cpu"]["server_cpu_us_per_request"]
-        rows.append([label, spread(ratios) + "x", f"{pooled:+.1f} (rounds: {spread(diffs)})",
+        rows.append([label, spread(ratios) + "x", f"{pooled:+.1f}; rounds {spread(diffs)}",
                      f"{number(cpu_off)} → {number(cpu_on)} (both APIs)"])
         targets += [Target(f"{label} p50 vs off", "<=", 1.05, statistics.median(ratios),
                            spread=_range(ratios)),
@@ -266,7 +266,8 @@ def _monitoring(args: argparse.Namespace, command: list[str], runs: list[dict]) 
                            spread=_range(diffs))]
     lines = [_stamp(args, command, rounds=max(args.rounds, 8)), "",
              *table(["API", "metrics + 1% tracing: p50 vs off (median, min–max of rounds)",
-                     "p99 − off, µs (pooled; rounds)", "server CPU µs/req, off → on"], rows),
+                     "p99 − off, µs: pooled; rounds (median, min–max)",
+                     "server CPU µs/req, off → on"], rows),
              "", *targets_table(targets)]
     return Outcome("monitoring", "\n".join(lines), targets)
 
