@@ -6,6 +6,9 @@
 #   sudo apt-get install buildah debootstrap
 #   deploy/container/build-without-daemon.sh            # build redline:dev, run it, probe it
 #
+# It runs the image as deploy/kubernetes/serve.yaml does (entrypoint + the manifest's args, env
+# and mounts), with a local redis-server (on PATH) standing in for the cluster's.
+#
 # The Dockerfile starts FROM python:3.11-slim. Where that image cannot be pulled (no route to
 # Docker Hub), a stand-in is made first and stored under the same name: Debian bookworm
 # (debootstrap, from Debian's own mirror) with its python3 (3.11) and pip, `python`/`pip` on the
@@ -45,20 +48,25 @@ fi
 echo "building $IMAGE from the Dockerfile"
 time "${B[@]}" bud --isolation chroot --pull=false --layers=false -t "$IMAGE" -f Dockerfile .
 
-# Run the image's own entrypoint (`redline serve`) with its own user, workdir and environment,
-# a model repository mounted where the Dockerfile says, and probe readiness from outside.
-echo "starting $IMAGE"
-PROJECT=$(mktemp -d "$WORK/project.XXXX")
-REPO="$PROJECT/.redline"
-mkdir -p "$REPO"
-PYTHONPATH=src .venv/bin/python - "$REPO/models" <<'PY'
+# Run the image as the serving pod runs it (deploy/kubernetes/serve.yaml): the bundle's models
+# and features.py copied into the project volume (what the pod's init container does), the
+# ConfigMap's redline.yaml at /etc/redline, the image's own ENTRYPOINT with the manifest's args
+# and env, as the image's non-root user. Only the addresses change: chroot isolation shares this
+# machine's network, so the server listens on 127.0.0.1:$PORT and Redis is a local one.
+echo "starting $IMAGE as deploy/kubernetes/serve.yaml runs it"
+PROJECT=$(mktemp -d "$WORK/project.XXXX")   # a project as `redline init` lays it out
+POD=$(mktemp -d "$WORK/pod.XXXX")
+mkdir -p "$POD/etc/redline" "$POD/srv/redline" "$POD/tmp/redline-metrics"
+PYTHONPATH=src .venv/bin/python - "$PROJECT" <<'PY'
 import sys
+from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from redline.models import ModelRepository
 
+project = Path(sys.argv[1])
 k = numpy_helper.from_array(np.array(2.0, np.float32), "k")
 graph = helper.make_graph(
     [helper.make_node("Mul", ["x", "k"], ["y"])], "affine",
@@ -66,14 +74,54 @@ graph = helper.make_graph(
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])], initializer=[k])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 model.ir_version = 8
-ModelRepository(sys.argv[1]).add_onnx("affine", model.SerializeToString())
+ModelRepository(project / ".redline" / "models").add_onnx("affine", model.SerializeToString())
+(project / "features.py").write_text(
+    "from redline.features import Entity, EventSource, FeatureView, count\n"
+    "user = Entity('user', join_key='user_id')\n"
+    "purchases = EventSource('purchases', user, {'amount': float}, timestamp='ts')\n"
+    "user_activity = FeatureView('user_activity', purchases, [count('1h')])\n")
 PY
-chmod -R a+rwX "$PROJECT"
+# The bundle image's content (its Dockerfile's COPY lines), copied as the init container copies it.
+while read -r word src dst; do
+  [ "$word" = COPY ] || continue
+  mkdir -p "$POD/bundle"; cp -R "$PROJECT/$src" "$POD$dst"
+done <deploy/container/bundle.Dockerfile
+cp -R "$POD/bundle/." "$POD/srv/redline/"
+# The manifest's ConfigMap, args and env; the image's entrypoint.
+PYTHONPATH=src .venv/bin/python - "$POD" >"$WORK/pod.env" <<'PY'
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+docs = [d for p in ("configmap.yaml", "serve.yaml")
+        for d in yaml.safe_load_all(Path("deploy/kubernetes", p).read_text()) if d]
+(config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+for key, value in config["data"].items():
+    Path(sys.argv[1], "etc/redline", key).write_text(value)
+(serve,) = [d for d in docs if d["kind"] == "Deployment"]
+(container,) = serve["spec"]["template"]["spec"]["containers"]
+print("ARGS=(" + " ".join(shlex.quote(a) for a in container["args"]) + ")")
+print("ENVS=(" + " ".join(shlex.quote(f"{e['name']}={e['value']}")
+                          for e in container.get("env", [])) + ")")
+PY
+# shellcheck disable=SC1091
+. "$WORK/pod.env"
+mapfile -t ENTRY < <("${B[@]}" inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d')
+REDIS_PORT=${REDIS_PORT:-16379}
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$WORK/redis.pid" --logfile "$WORK/redis.log"
+ENV_ARGS=()
+for e in "${ENVS[@]}"; do ENV_ARGS+=(--env "$e"); done
+chmod -R a+rwX "$POD"
 ctr=$("${B[@]}" from "$IMAGE")
-# chroot isolation shares this machine's network: the server listens on 127.0.0.1:$PORT here.
-setsid "${B[@]}" run --isolation chroot -v "$REPO:/srv/redline/.redline" \
-  --env REDLINE_SERVER__HTTP_PORT=$PORT --env REDLINE_SERVER__GRPC_ENABLED=false \
-  --env REDLINE_SCALING__WORKERS=1 "$ctr" -- redline serve >"$WORK/serve.log" 2>&1 &
+echo "running: ${ENTRY[*]} ${ARGS[*]}"
+setsid "${B[@]}" run --isolation chroot -v "$POD/etc/redline:/etc/redline" \
+  -v "$POD/srv/redline:/srv/redline" -v "$POD/tmp/redline-metrics:/tmp/redline-metrics" \
+  "${ENV_ARGS[@]}" --env REDLINE_SERVER__HTTP_PORT="$PORT" --env REDLINE_SERVER__GRPC_ENABLED=false \
+  --env REDLINE_FEATURES__REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
+  "$ctr" -- "${ENTRY[@]}" "${ARGS[@]}" >"$WORK/serve.log" 2>&1 &
 runner=$!
 ok=0
 for _ in $(seq 1 120); do
@@ -101,4 +149,5 @@ kill -TERM -- "-$runner" 2>/dev/null || true   # only if it did not stop by itse
 wait "$runner" 2>/dev/null || true
 tail -1 "$WORK/serve.log"
 "${B[@]}" rm "$ctr" >/dev/null
+kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true
 [ "$ok" = 1 ] || { echo "not ready; the server said:"; tail -20 "$WORK/serve.log"; exit 1; }

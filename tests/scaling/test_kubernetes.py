@@ -1,16 +1,26 @@
 """deploy/kubernetes validated offline: built-in kinds against the Kubernetes schemas
-(kubernetes-validate, strict: unknown fields fail), KEDA's CRD structurally, and the wiring
-between them (selectors, probes, ports, scale targets, the embedded redline.yaml)."""
+(kubernetes-validate, strict: unknown fields fail), KEDA's CRD structurally, the wiring
+between them (selectors, probes, ports, scale targets, the embedded redline.yaml), KEDA's query
+against the HPA's in promtool, and each pod run as the kubelet would run it (``podrun.py``)."""
 
 from __future__ import annotations
 
+import math
+import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from redline.config import load_settings
+from redline.models import ModelRepository
+from tests.conftest import RedisServer, free_port
+from tests.scaling.podrun import DOCKERFILE, PodLayout, argv, deployment, read_image
+from tests.serving.helpers import affine_model
 
 HERE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 K8S_VERSION = "1.33.0"
@@ -85,7 +95,10 @@ def test_the_pieces_fit_together(tmp_path: Path) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    # An exec sleep (``preStop.sleep`` needs Kubernetes 1.30+) that the image can run.
+    pre_stop = container["lifecycle"]["preStop"]
+    assert "sleep" not in pre_stop and pre_stop["exec"]["command"][0] == "sleep"
+    assert int(pre_stop["exec"]["command"][1]) > 0
     assert container["resources"]["requests"]["cpu"]
     services = {s["metadata"]["name"]: s for s in by_kind("Service")}
     assert services["redline"]["spec"]["selector"].items() <= labels.items()
@@ -104,9 +117,143 @@ def test_the_pieces_fit_together(tmp_path: Path) -> None:
     settings = load_settings(path)
     assert settings.features.store == "redis"  # workers and replicas share state
     assert settings.server.http_port == ports["http"] and settings.server.grpc_port == ports["grpc"]
-    assert settings.server.drain_timeout_s + 5 < grace
+    assert settings.server.drain_timeout_s + int(pre_stop["exec"]["command"][1]) < grace
     assert "redline-redis" in settings.features.redis_url
     assert services["redline-redis"]["spec"]["ports"][0]["port"] == 6379
     ingest = deployments["redline-ingest"]["spec"]["template"]["spec"]["containers"][0]
-    assert ingest["args"][:2] == ["ingest", "kafka"]
+    image = read_image(DOCKERFILE)
+    assert argv(image, ingest)[:3] == ["redline", "ingest", "kafka"]
+    assert argv(image, container)[:2] == ["redline", "serve"]
     assert settings.features.kafka_group
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.fail("promtool is missing: run `bash tools/services.d/40-promtool.sh`")
+    return found
+
+
+def test_keda_scales_like_the_hpa_it_mirrors(tmp_path: Path) -> None:
+    """Three pods, two models each (so two ``redline_model_loaded`` series per pod): KEDA's
+    query, which it divides by the replicas itself (AverageValue), asks for the replicas the HPA
+    asks for from the adapter's per-pod sums. promtool evaluates both queries."""
+    (scaled,) = by_kind("ScaledObject")
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger.get("metricType", "AverageValue") == "AverageValue"
+    threshold = float(trigger["metadata"]["threshold"])
+    (hpa,) = by_kind("HorizontalPodAutoscaler")
+    target = float(hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"])
+    assert threshold == target
+    (adapter,) = [c for c in by_kind("ConfigMap")
+                  if c["metadata"]["name"] == "redline-prometheus-adapter"]
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    depths = {("redline-a", "fraud"): 9, ("redline-a", "rank"): 3, ("redline-b", "fraud"): 14,
+              ("redline-b", "rank"): 2, ("redline-c", "fraud"): 7, ("redline-c", "rank"): 1}
+    series = []
+    for (pod, model), depth in depths.items():
+        where = f'namespace="default", pod="{pod}", model="{model}"'
+        series.append({"series": f"redline_queue_depth{{{where}}}", "values": f"{depth}x5"})
+        series.append({"series": f"redline_model_loaded{{{where}, version=\"1\"}}",
+                       "values": "1x5"})
+    per_pod = {p: sum(d for (q, _), d in depths.items() if q == p) for p, _ in depths}
+    hpa_query = rule["metricsQuery"].replace("<<.Series>>", "redline_queue_depth").replace(
+        "<<.LabelMatchers>>", 'namespace="default"').replace("<<.GroupBy>>", "pod")
+    keda_total = sum(depths.values())
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": trigger["metadata"]["query"], "eval_time": "2m",
+             "exp_samples": [{"labels": "{}", "value": keda_total}]},
+            {"expr": hpa_query, "eval_time": "2m",
+             "exp_samples": [{"labels": f'{{pod="{p}"}}', "value": v}
+                             for p, v in per_pod.items()]}]}]}
+    path = tmp_path / "keda.test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    replicas = len(per_pod)
+    # The HPA: ceil(replicas * mean(per pod) / target); KEDA: ceil(query / threshold).
+    hpa_wants = math.ceil(replicas * (sum(per_pod.values()) / replicas) / target)
+    keda_wants = math.ceil(keda_total / threshold)
+    assert keda_wants == hpa_wants == 9
+
+
+def project_folder(root: Path) -> Path:
+    """A project as ``redline init`` lays it out: .redline/models and features.py."""
+    ModelRepository(root / ".redline" / "models").add_onnx("affine", affine_model())
+    (root / "features.py").write_text(
+        "from redline.features import Entity, EventSource, FeatureView, count\n"
+        "user = Entity('user', join_key='user_id')\n"
+        "purchases = EventSource('purchases', user, {'amount': float}, timestamp='ts')\n"
+        "user_activity = FeatureView('user_activity', purchases, [count('1h')])\n")
+    return root
+
+
+def lay_out_pod(tmp_path: Path, name: str, redis: RedisServer) -> PodLayout:
+    pod = deployment(name)["spec"]["template"]["spec"]
+    layout = PodLayout(tmp_path / "pod", pod, hosts={
+        "redline-redis:6379": f"127.0.0.1:{redis.port}", "kafka:9092": f"127.0.0.1:{free_port()}"})
+    layout.fill_bundle(project_folder(tmp_path / "project"))
+    layout.run_init_containers()
+    return layout
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.terminate()
+    try:
+        return proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_serving_pod_starts_and_answers(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The serve Deployment's pod as the kubelet runs it: the bundle copied in by the init
+    container, then the image's ENTRYPOINT with the manifest's args, env and mounts; its
+    readiness probe answers 200 and the bundle's model infers."""
+    layout = lay_out_pod(tmp_path, "redline", redis_server)
+    http_port, grpc_port = free_port(), free_port()
+    log = tmp_path / "serve.log"
+    proc = layout.start("redline", {"REDLINE_SERVER__HTTP_PORT": str(http_port),
+                                    "REDLINE_SERVER__GRPC_PORT": str(grpc_port)}, log)
+    (container,) = deployment("redline")["spec"]["template"]["spec"]["containers"]
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{http_port}{probe}", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        answer = httpx.post(f"http://127.0.0.1:{http_port}/v2/models/affine/infer", json={
+            "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                        "data": [1, 2, 3, 4]}]}, timeout=5)
+        assert answer.status_code == 200, answer.text
+        # Metrics merge across the pod's workers in the mounted PROMETHEUS_MULTIPROC_DIR.
+        assert any(layout.path("/tmp/redline-metrics").iterdir())
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+
+
+def test_the_ingest_pod_starts_and_consumes(tmp_path: Path, redis_server: RedisServer) -> None:
+    """The ingest Deployment's pod: the image's ENTRYPOINT with ``ingest kafka ...`` reaches
+    its running state (definitions loaded from the bundle, Redis answered) and stays up."""
+    layout = lay_out_pod(tmp_path, "redline-ingest", redis_server)
+    log = tmp_path / "ingest.log"
+    proc = layout.start("ingest", {}, log)
+    try:
+        deadline = time.monotonic() + 60
+        while "on kafka topic card-events group redline-ingest" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
