@@ -42,6 +42,12 @@ def backends(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
     return lambda: RedisBackend(redis.url)
 
 
+def outcome(states: list[Any], ids: list[str], labels: list[float]
+            ) -> tuple[int, list[str], int, int]:
+    got = join_labels(states, ids, labels)
+    return got.joined, got.unmatched, got.late, got.duplicate
+
+
 def monitor(backend: Any, capacity: int = 100_000, window: int = 5000) -> QualityMonitor:
     return QualityMonitor("m", "1", "classification", {"roc_auc": 0.9}, capacity, 3600.0,
                           window, 0.05, backend.state("m", "1", capacity, 3600.0, window))
@@ -59,9 +65,10 @@ def test_two_workers_join_and_report_the_same_figures(backends: Factory) -> None
     a.flush()
     b.flush()
     # Labels reach the "other" worker: a's predictions are labelled through b and vice versa.
-    assert join_labels([qb.state], ids[:1500], y[:1500].tolist()) == (1500, [], 0)
-    assert join_labels([qa.state], ids[1500:], y[1500:].tolist()) == (1500, [], 0)
-    assert join_labels([qa.state], ["r0", "nope"], [1.0, 0.0]) == (0, ["r0", "nope"], 0)
+    assert outcome([qb.state], ids[:1500], y[:1500].tolist()) == (1500, [], 0, 0)
+    assert outcome([qa.state], ids[1500:], y[1500:].tolist()) == (1500, [], 0, 0)
+    # r0 has its label (through the other worker): a second one is a duplicate, not a pair
+    assert outcome([qa.state], ["r0", "nope"], [1.0, 0.0]) == (0, ["nope"], 0, 1)
     ra, rb = qa.report(), qb.report()
     for r in (ra, rb):
         assert r["labelled"] == 3000 and r["pending_join"] == 0 and r["joined"] == 3000
@@ -83,15 +90,18 @@ def test_bounds_late_and_unmatched(backends: Factory) -> None:
     assert r["labelled"] == 0 and len(qb.state.snapshot().recent) == 300  # capped
     # r0..r3999 left unlabelled: the last 1000 of them (capacity) are remembered, so their
     # labels count as late; r0 is forgotten too (unmatched), r4999 joins, x was never seen.
-    joined, unmatched, late = join_labels([qb.state], ["r0", "r3000", "r3999", "r4999", "x"],
-                                          [1.0, 1.0, 1.0, 1.0, 0.0])
-    assert (joined, unmatched, late) == (1, ["r0", "x"], 2)
+    got = outcome([qb.state], ["r0", "r3000", "r3999", "r4999", "x"], [1.0, 1.0, 1.0, 1.0, 0.0])
+    assert got == (1, ["r0", "x"], 2, 0)
     assert qa.report()["late_labels"] == 2
     b.count_unmatched("m", 1)
     assert a.unmatched("m") == 1
     # the joined pairs are capped at the window too
-    joined, _, _ = join_labels([qa.state], [f"r{i}" for i in range(4000, 4999)], [1.0] * 999)
+    joined = join_labels([qa.state], [f"r{i}" for i in range(4000, 4999)], [1.0] * 999).joined
     assert joined == 999 and qb.report()["labelled"] == 300
+    # the joined ids are remembered as many as the capacity: a second label is a duplicate
+    # (r4999, r4000..r4998); none of them is counted twice
+    again = outcome([qb.state], ["r4999", "r4000", "r4998"], [0.0] * 3)
+    assert again == (0, [], 0, 3) and qa.report()["joined"] == 1000
 
 
 def test_redis_down_is_a_clear_error_and_predictions_wait(redis_server: RedisServer) -> None:
@@ -109,7 +119,7 @@ def test_redis_down_is_a_clear_error_and_predictions_wait(redis_server: RedisSer
         q.report()
     redis_server.restart()  # empty: what was written is gone, what waited is not
     backend.flush()
-    assert join_labels([q.state], ["c", "a"], [1.0, 0.0]) == (1, ["a"], 0)
+    assert outcome([q.state], ["c", "a"], [1.0, 0.0]) == (1, ["a"], 0, 0)
     assert q.report()["labelled"] == 1
 
 
@@ -155,7 +165,7 @@ def test_predictions_waiting_for_a_down_store_are_bounded_and_counted(
     snap = q.state.snapshot()
     # 2 x capacity + window (25) waited; the 15 before them were dropped, counted as evicted
     assert snap.pending == 10 and snap.evicted == 30
-    assert join_labels([q.state], ["r39", "r29", "r0"], [1.0, 1.0, 1.0]) == (1, ["r0"], 1)
+    assert outcome([q.state], ["r39", "r29", "r0"], [1.0, 1.0, 1.0]) == (1, ["r0"], 1, 0)
 
 
 def test_one_worker_holds_the_alert_lease_until_it_stops_renewing(backends: Factory) -> None:

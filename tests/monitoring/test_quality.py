@@ -78,5 +78,6 @@ def test_a_label_after_its_prediction_left_counts_as_late_not_unmatched() -> Non
     q = QualityMonitor("m", "1", "classification", {}, join_capacity=100)
     q.predicted([f"r{i}" for i in range(300)], np.full(300, 0.5))  # r0..r199 leave
     # the last 100 ids that left are remembered (r100..r199): late; r0 is forgotten: unmatched
-    assert join_labels([q.state], ["r150", "r0", "r299", "x"], [1.0] * 4) == (1, ["r0", "x"], 1)
+    got = join_labels([q.state], ["r150", "r0", "r299", "x"], [1.0] * 4)
+    assert (got.joined, got.unmatched, got.late, got.duplicate) == (1, ["r0", "x"], 1, 0)
     assert q.report()["late_labels"] == 1 and q.report()["evicted"] == 200

@@ -64,3 +64,65 @@ def test_edge_cases_are_sampled_and_labels_flow_into_quality_and_parquet() -> No
                       "request_id": "unsure", "reasons": "uncertain", "a": pytest.approx(0.1),
                       "b": pytest.approx(0.2), "score": 0.55, "label": 1.0, "reviewer": "ana",
                       "labelled_at": done["labelled_at"]}]
+
+
+def test_a_reviewer_s_label_counts_once_and_in_the_labels_metric(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Over HTTP: a reviewer's label on a request labelled already is a duplicate (the
+    labelled count stays); one on a request with no label joins; both are in
+    ``redline_labels_total``, as a second POSTed label is."""
+    import time
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.monitoring.served import ADMIN_TOKEN, start, training_data, v2_body
+
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    server = start(tmp_path / "repo")
+
+    def labels_total() -> dict[str, float]:
+        text = httpx.get(server.http + "/metrics").text
+        return {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "redline_labels_total"}
+
+    try:
+        with httpx.Client(base_url=server.http, timeout=30,
+                          headers={"x-redline-budget-ms": "5000"}) as http:
+            x = training_data(np.random.default_rng(1), 2)
+            x[:, 1] += 60  # far older than any training row: out of range, queued for review
+            for i in range(2):
+                assert http.post("/v2/models/fraud/infer",
+                                 json=v2_body(x[i:i + 1], f"odd{i}")).status_code == 200
+            deadline = time.monotonic() + 30
+            items: dict[str, dict] = {}
+            while set(items) != {"odd0", "odd1"}:
+                assert time.monotonic() < deadline, items
+                items = {i["request_id"]: i
+                         for i in http.get("/v1/review", headers=auth).json()["items"]}
+                time.sleep(0.1)
+            first = http.post("/v1/labels", json={"labels": [{"request_id": "odd0", "label": 1}]})
+            assert first.json()["joined"] == 1
+
+            def labelled() -> int:
+                doc = http.get("/v1/models/fraud/quality").json()
+                return int(doc["versions"][0]["labelled"])
+
+            assert labelled() == 1 and labels_total() == {"joined": 1.0}
+            # the reviewer labels the request that has its label: counted once, as a duplicate
+            assert http.post(f"/v1/review/{items['odd0']['id']}/label", headers=auth,
+                             json={"label": 0}).status_code == 200
+            assert labelled() == 1
+            assert labels_total() == {"joined": 1.0, "duplicate": 1.0}
+            # the reviewer labels one with no label yet: it joins, and is counted
+            assert http.post(f"/v1/review/{items['odd1']['id']}/label", headers=auth,
+                             json={"label": 1}).status_code == 200
+            assert labelled() == 2
+            assert labels_total() == {"joined": 2.0, "duplicate": 1.0}
+            # a second POSTed label of either is a duplicate too, not unmatched
+            again = http.post("/v1/labels", json={"labels": [
+                {"request_id": "odd0", "label": 1}, {"request_id": "odd1", "label": 1}]}).json()
+            assert (again["joined"], again["duplicate"], again["unmatched"]) == (0, 2, 0)
+            assert labelled() == 2
+            assert labels_total() == {"joined": 2.0, "duplicate": 3.0}
+    finally:
+        server.stop()

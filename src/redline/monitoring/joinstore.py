@@ -3,6 +3,8 @@
 A prediction waits for its label under its request id (bounded by ``join_capacity`` and
 ``join_ttl_s``: the oldest go first, and their ids are remembered, ids only and as many, so a
 label that comes after its prediction left is counted *late*, not mistaken for an unknown one).
+The ids of joined predictions are remembered the same way (as many): a second label for one of
+them is a *duplicate*; the first label stands and the pair is counted once.
 A joined (score, label) pair goes into a capped window, and every prediction's score into a
 capped window of recent scores (the CBPE estimate); :class:`~redline.monitoring.quality.
 QualityMonitor` computes its figures from those windows.
@@ -36,7 +38,7 @@ import numpy as np
 
 from redline.errors import ConfigError
 
-JOINED, LATE, UNKNOWN = 1, 2, 0  # the outcome of one label in one version
+JOINED, LATE, UNKNOWN, DUPLICATE = 1, 2, 0, 3  # the outcome of one label in one version
 
 
 @dataclass
@@ -91,6 +93,7 @@ class MemoryJoin:
         self.capacity, self.ttl_s = capacity, ttl_s
         self._pending: OrderedDict[str, tuple[float, float]] = OrderedDict()  # id -> (t, score)
         self._gone: OrderedDict[str, None] = OrderedDict()  # ids that left unlabelled
+        self._done: OrderedDict[str, None] = OrderedDict()  # ids labelled already
         self._labelled: deque[tuple[float, float]] = deque(maxlen=window)
         self._recent: deque[float] = deque(maxlen=window)
         self.joined = self.evicted = self.late = 0
@@ -126,6 +129,11 @@ class MemoryJoin:
                     self._labelled.append((entry[1], float(label)))
                     self.joined += 1
                     out.append(JOINED)
+                    self._done[rid] = None
+                    if len(self._done) > self.capacity:
+                        self._done.popitem(last=False)
+                elif rid in self._done:
+                    out.append(DUPLICATE)
                 elif rid in self._gone:
                     out.append(LATE)
                 else:
@@ -175,13 +183,25 @@ class MemoryBackend:
         return True  # the only process that sees this join
 
 
+@dataclass
+class JoinOutcome:
+    """What became of a batch of labels."""
+
+    joined: int
+    unmatched: list[str]  # ids no version knows
+    late: int  # their predictions had left unlabelled
+    duplicate: int = 0  # their predictions had a label already (the first one stands)
+
+
 def join_labels(states: list[Any], request_ids: list[str], labels: list[float]
-                ) -> tuple[int, list[str], int]:
+                ) -> JoinOutcome:
     """Join labels against the versions in ``states`` (the first version holding an id takes
-    its label); returns (joined, unmatched ids, late). A label no version holds is *late* when
-    a version remembers its prediction leaving (counted there), else unmatched."""
+    its label). A label no version holds is a *duplicate* when a version joined its prediction
+    already, *late* when a version remembers its prediction leaving (counted there), else
+    unmatched."""
     todo = list(range(len(request_ids)))
     late_at: dict[int, Any] = {}
+    duplicate: set[int] = set()
     joined = 0
     for state in states:
         if not todo:
@@ -192,18 +212,23 @@ def join_labels(states: list[Any], request_ids: list[str], labels: list[float]
             if o == JOINED:
                 joined += 1
                 late_at.pop(i, None)
+                duplicate.discard(i)
             else:
                 rest.append(i)
                 if o == LATE:
                     late_at.setdefault(i, state)
+                elif o == DUPLICATE:
+                    duplicate.add(i)
         todo = rest
+    for i in duplicate:
+        late_at.pop(i, None)  # labelled in one version: not late because another let it go
     per_state: dict[int, tuple[Any, int]] = {}
     for state in late_at.values():
         per_state[id(state)] = (state, per_state.get(id(state), (state, 0))[1] + 1)
     for state, n in per_state.values():
         state.count_late(n)
-    unmatched = [request_ids[i] for i in todo if i not in late_at]
-    return joined, unmatched, len(late_at)
+    unmatched = [request_ids[i] for i in todo if i not in late_at and i not in duplicate]
+    return JoinOutcome(joined, unmatched, len(late_at), len(duplicate))
 
 
 def join_backend(settings: Any) -> JoinBackend:

@@ -7,6 +7,8 @@ an abandoned version's keys go by themselves:
   label; at most ``capacity`` and none older than the TTL (the Lua ``EVICT`` moves the oldest out);
 - ``gone`` (zset of ids, at most ``capacity``): ids that left unlabelled, so a late label is
   counted as late;
+- ``done`` (zset of ids, at most ``capacity``): ids joined already, so a second label is a
+  duplicate, not a second pair;
 - ``pairs`` (list of ``"score label"``, capped at the window) and ``recent`` (list of scores,
   capped): what every process computes the same quality figures from;
 - ``counts`` (hash): evicted, joined, late.
@@ -60,16 +62,19 @@ return n
 """
 
 JOIN = """
-local p, t, g, l, c = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local window, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local p, t, g, l, c, d = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local window, ttl, cap, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local out, joined = {}, 0
-for i = 3, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local id = ARGV[i]
   local s = redis.call('HGET', p, id)
   if s then
     redis.call('HDEL', p, id); redis.call('ZREM', t, id)
     redis.call('RPUSH', l, s .. ' ' .. ARGV[i + 1])
+    redis.call('ZADD', d, now, id)
     joined = joined + 1; out[#out + 1] = 1
+  elseif redis.call('ZSCORE', d, id) then
+    out[#out + 1] = 3
   elseif redis.call('ZSCORE', g, id) then
     out[#out + 1] = 2
   else
@@ -79,7 +84,9 @@ end
 if joined > 0 then
   redis.call('LTRIM', l, -window, -1)
   redis.call('HINCRBY', c, 'joined', joined)
-  redis.call('EXPIRE', l, ttl); redis.call('EXPIRE', c, ttl)
+  local over = redis.call('ZCARD', d) - cap
+  if over > 0 then redis.call('ZPOPMIN', d, over) end
+  redis.call('EXPIRE', l, ttl); redis.call('EXPIRE', c, ttl); redis.call('EXPIRE', d, ttl)
 end
 return out
 """
@@ -102,7 +109,7 @@ class RedisJoin:
         self.backend = backend
         tag = f"{PREFIX}:{{{model}:{version}}}"
         self.keys = {k: f"{tag}:{k}" for k in ("pending", "times", "gone", "pairs", "recent",
-                                               "counts")}
+                                               "counts", "done")}
         self.capacity, self.ttl = capacity, max(60, int(ttl_s))
         self.window = window
         self._batches: deque[tuple[int, float, list[str], list[float]]] = deque()
@@ -152,7 +159,7 @@ class RedisJoin:
                 if dropped:
                     pipe.hincrby(k["counts"], "evicted", dropped)
                 self.backend.evict(keys=[k["pending"], k["times"], k["gone"], k["counts"],
-                                         k["pairs"], k["recent"]],
+                                         k["pairs"], k["recent"], k["done"]],
                                    args=[now - self.ttl, self.capacity, self.ttl, now],
                                    client=pipe)
             self.backend.guarded(pipe.execute)
@@ -165,10 +172,10 @@ class RedisJoin:
     # ---------------------------------------------------------------- labels (the routes)
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
         k = self.keys
-        keys = [k["pending"], k["times"], k["gone"], k["pairs"], k["counts"]]
+        keys = [k["pending"], k["times"], k["gone"], k["pairs"], k["counts"], k["done"]]
         out: list[int] = []
         for start in range(0, len(request_ids), LABEL_CHUNK):
-            args: list[Any] = [self.window, self.ttl]
+            args: list[Any] = [self.window, self.ttl, self.capacity, repr(time.time())]
             for rid, label in zip(request_ids[start:start + LABEL_CHUNK],
                                   labels[start:start + LABEL_CHUNK], strict=True):
                 args += [rid, repr(float(label))]

@@ -22,13 +22,15 @@ from typing import Any
 import numpy as np
 
 from redline.errors import StoreUnavailable
-from redline.monitoring.joinstore import JOINED, LATE, UNKNOWN, JoinSnapshot
+from redline.monitoring.joinstore import DUPLICATE, JOINED, LATE, UNKNOWN, JoinSnapshot
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending(mv TEXT, rid TEXT, t REAL, score REAL, PRIMARY KEY(mv, rid));
 CREATE INDEX IF NOT EXISTS pending_t ON pending(mv, t);
 CREATE TABLE IF NOT EXISTS gone(mv TEXT, rid TEXT, t REAL, PRIMARY KEY(mv, rid));
 CREATE INDEX IF NOT EXISTS gone_t ON gone(mv, t);
+CREATE TABLE IF NOT EXISTS done(mv TEXT, rid TEXT, t REAL, PRIMARY KEY(mv, rid));
+CREATE INDEX IF NOT EXISTS done_t ON done(mv, t);
 CREATE TABLE IF NOT EXISTS pairs(id INTEGER PRIMARY KEY AUTOINCREMENT, mv TEXT, score REAL,
                                  label REAL);
 CREATE INDEX IF NOT EXISTS pairs_mv ON pairs(mv, id);
@@ -112,13 +114,17 @@ class SqliteJoin:
 
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
         def run(db: sqlite3.Connection) -> list[int]:
-            mv, out, pairs = self.mv, [], []
+            mv, out, pairs, now = self.mv, [], [], time.time()
             for rid, label in zip(request_ids, labels, strict=True):
                 row = db.execute("DELETE FROM pending WHERE mv = ? AND rid = ? RETURNING score",
                                  (mv, rid)).fetchone()
                 if row is not None:
                     pairs.append((mv, row[0], float(label)))
                     out.append(JOINED)
+                    db.execute("INSERT OR REPLACE INTO done VALUES (?, ?, ?)", (mv, rid, now))
+                elif db.execute("SELECT 1 FROM done WHERE mv = ? AND rid = ?",
+                                (mv, rid)).fetchone():
+                    out.append(DUPLICATE)
                 elif db.execute("SELECT 1 FROM gone WHERE mv = ? AND rid = ?",
                                 (mv, rid)).fetchone():
                     out.append(LATE)
@@ -126,6 +132,11 @@ class SqliteJoin:
                     out.append(UNKNOWN)
             if pairs:
                 self._pairs(db, pairs)
+                over = db.execute("SELECT count(*) FROM done WHERE mv = ?",
+                                  (mv,)).fetchone()[0] - self.capacity
+                if over > 0:
+                    db.execute("DELETE FROM done WHERE rowid IN (SELECT rowid FROM done WHERE "
+                               "mv = ? ORDER BY t LIMIT ?)", (mv, over))
             return out
 
         return self.backend.transaction(run)  # type: ignore[no-any-return]

@@ -456,8 +456,9 @@ class PrometheusExport:
         self.quality_alarm = Gauge("redline_quality_alarm", "1 while realised quality is worse "
                                    "than validation beyond the tolerance.", mv, registry=reg,
                                    multiprocess_mode="livemax")
-        self.labels = Counter("redline_labels", "Labels received, by outcome "
-                              "(joined|unmatched|late: after its prediction left the join).",
+        self.labels = Counter("redline_labels", "Labels received (POST /v1/labels and review), "
+                              "by outcome (joined|unmatched|late: after its prediction left "
+                              "the join|duplicate: its prediction had a label already).",
                               ["outcome"], registry=reg)
         self.trace_dropped = Counter("redline_trace_spans_dropped", "Requests whose spans were "
                                      "dropped because the export queue was full.", registry=reg)

@@ -106,11 +106,27 @@ class QualityMonitor:
 
     def label(self, request_id: str, label: float) -> bool:
         """Join one label; False if no prediction with that id is kept."""
-        return join_labels([self.state], [request_id], [float(label)])[0] == 1
+        return join_labels([self.state], [request_id], [float(label)]).joined == 1
 
     def label_score(self, score: float, label: float) -> None:
         """A label whose prediction is known directly (a reviewed request)."""
         self.state.label_score(score, label)
+
+    def label_reviewed(self, request_id: str, score: float | None, label: float) -> str:
+        """A reviewer's label, counted once: joined under its request id while the prediction
+        waits there; a *duplicate* (not counted) when the request has a label already; else
+        paired with the score the review item kept. Returns the outcome, as
+        ``redline_labels_total`` counts it."""
+        if request_id:
+            got = join_labels([self.state], [request_id], [float(label)])
+            if got.joined:
+                return "joined"
+            if got.duplicate:
+                return "duplicate"
+        if score is None:
+            return "unmatched"
+        self.state.label_score(score, label)
+        return "joined"
 
     @property
     def pending(self) -> int:

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 from redline.errors import InvalidInput, NotFound
+from redline.monitoring.joinstore import JoinOutcome
 
 MAX_LABELS = 10_000
 
@@ -89,29 +90,31 @@ def install_routes(app: Any, monitor: Any) -> None:
             values.append(float(label))
         monitor.drain()  # predictions since the last tick too
         windows = monitor.windows
-        joined = late = 0
+        joined = late = duplicate = 0
         unmatched: list[str] = []
         for model, (ids, values) in by_model.items():
             got = await asyncio.to_thread(_join, windows, model, ids, values)
-            if got[1] and windows.join.shared:
+            if got.unmatched and windows.join.shared:
                 # Another worker may hold these predictions unwritten until its next tick.
                 await asyncio.sleep(monitor.tick_s * 1.5)
-                keep = set(got[1])
+                keep = set(got.unmatched)
                 pairs = [(r, v) for r, v in zip(ids, values, strict=True) if r in keep]
                 again = await asyncio.to_thread(_join, windows, model, [p[0] for p in pairs],
                                                 [p[1] for p in pairs])
-                got = (got[0] + again[0], again[1], got[2] + again[2])
-            joined, late = joined + got[0], late + got[2]
-            unmatched += got[1]
-            if got[1]:
-                await asyncio.to_thread(windows.join.count_unmatched, model, len(got[1]))
+                got = JoinOutcome(got.joined + again.joined, again.unmatched,
+                                  got.late + again.late, got.duplicate + again.duplicate)
+            joined, late, duplicate = joined + got.joined, late + got.late, \
+                duplicate + got.duplicate
+            unmatched += got.unmatched
+            if got.unmatched:
+                await asyncio.to_thread(windows.join.count_unmatched, model, len(got.unmatched))
         monitor.export.labels.labels("joined").inc(joined)
-        if unmatched:
-            monitor.export.labels.labels("unmatched").inc(len(unmatched))
-        if late:
-            monitor.export.labels.labels("late").inc(late)
+        for outcome, n in (("unmatched", len(unmatched)), ("late", late),
+                           ("duplicate", duplicate)):
+            if n:
+                monitor.export.labels.labels(outcome).inc(n)
         return HttpResponse.json({"joined": joined, "unmatched": len(unmatched), "late": late,
-                                  "unmatched_ids": unmatched[:100]})
+                                  "duplicate": duplicate, "unmatched_ids": unmatched[:100]})
 
     async def review_list(request: HttpRequest) -> HttpResponse:
         monitor.drain()
@@ -132,8 +135,10 @@ def install_routes(app: Any, monitor: Any) -> None:
         if q is not None:
             # First into quality (a shared join that is down answers 503 and the item stays
             # queued): the prediction may still wait under its request id; else the pair counts
-            # directly.
-            await asyncio.to_thread(_review_into_quality, q, item, float(doc["label"]))
+            # directly, unless the request has a label already.
+            outcome = await asyncio.to_thread(q.label_reviewed, item["request_id"],
+                                              item["score"], float(doc["label"]))
+            monitor.export.labels.labels(outcome).inc()
         done = await asyncio.to_thread(monitor.review.label, request.params["id"],
                                        doc["label"], doc.get("reviewer"))
         return HttpResponse.json(done)
@@ -183,12 +188,6 @@ def _quality_reports(monitor: Any, name: str, version: str | None) -> list[dict[
 
 
 def _join(windows: Any, model: str | None, ids: list[str], values: list[float]
-          ) -> tuple[int, list[str], int]:
+          ) -> JoinOutcome:
     windows.absorb()  # this worker's latest predictions first
     return windows.label_many(model, ids, values)  # type: ignore[no-any-return]
-
-
-def _review_into_quality(q: Any, item: dict[str, Any], label: float) -> None:
-    if not (item["request_id"] and q.label(item["request_id"], label)):
-        if item["score"] is not None:
-            q.label_score(item["score"], label)

@@ -30,7 +30,7 @@ import numpy as np
 from redline.errors import RedlineError
 from redline.monitoring.drift import DriftMonitor
 from redline.monitoring.handoff import yield_to_loop
-from redline.monitoring.joinstore import JoinBackend, MemoryBackend, join_labels
+from redline.monitoring.joinstore import JoinBackend, JoinOutcome, MemoryBackend, join_labels
 from redline.monitoring.quality import QualityMonitor
 from redline.monitoring.review import ReviewQueue
 
@@ -256,12 +256,12 @@ class ModelWindows:
     # ------------------------------------------------------------------ labels
     def label(self, model: str | None, request_id: str, label: float) -> bool:
         """Join a label to the prediction it belongs to (any version of ``model``)."""
-        return self.label_many(model, [request_id], [label])[0] == 1
+        return self.label_many(model, [request_id], [label]).joined == 1
 
     def label_many(self, model: str | None, request_ids: list[str], labels: list[float]
-                   ) -> tuple[int, list[str], int]:
-        """Join labels to their predictions (any version of ``model``, or of any model):
-        (joined, unmatched ids, late). Raises ``StoreUnavailable`` when a shared join is down."""
+                   ) -> JoinOutcome:
+        """Join labels to their predictions (any version of ``model``, or of any model).
+        Raises ``StoreUnavailable`` when a shared join is down."""
         states = [q.state for key, q in sorted(self.quality.items())
                   if model is None or key[0] == model]
         return join_labels(states, request_ids, labels)
