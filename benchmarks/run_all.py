@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- the areas
 def _serving_plan(args: argparse.Namespace) -> list[str]:
-    cmd = [PY, "benchmarks/serving/compare.py", "--rounds", str(args.rounds), "--duration", "2",
-           "--warmup", "0.5", "--out", str(_scratch("serving.json"))]
+    cmd = [PY, "benchmarks/serving/compare.py", "--rounds", str(args.rounds), "--duration",
+           "1.5", "--warmup", "0.5", "--out", str(_scratch("serving.json"))]
     if args.peers and args.peers_venv and "mlserver" in args.wanted:
         cmd += ["--kit", str(args.peers), "--kit-venv", str(args.peers_venv), "--mlserver"]
     return cmd
@@ -164,7 +164,7 @@ def _mlserver(args: argparse.Namespace, command: list[str], runs: list[dict]) ->
 
 
 def _reads_plan(args: argparse.Namespace) -> list[str]:
-    return [PY, "-m", "benchmarks.features.read_bench", "--calls", "1000", "--pin"]
+    return [PY, "-m", "benchmarks.features.read_bench", "--calls", "600", "--pin"]
 
 
 def _reads(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
@@ -198,7 +198,7 @@ def _reads(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Ou
 
 
 def _ingest_plan(args: argparse.Namespace) -> list[str]:
-    return [PY, "-m", "benchmarks.features.ingest_bench", "--events", "40000", "--no-freshness"]
+    return [PY, "-m", "benchmarks.features.ingest_bench", "--events", "20000", "--no-freshness"]
 
 
 def _ingest(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
