@@ -54,9 +54,10 @@ class Outcome:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--areas", default=",".join(DEFAULT_AREAS),
-                    help="comma-separated areas: " + ", ".join((*DEFAULT_AREAS, *PEER_AREAS))
-                    + " (the peer areas join by themselves when --peers is given)")
+    ap.add_argument("--areas", default=",".join((*DEFAULT_AREAS, *PEER_AREAS)),
+                    help="comma-separated areas (default: all): " + ", ".join(
+                        (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last two need the peer kit and "
+                    "say how to set it up when it is missing")
     ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
                     help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
                     "train.py ran (env REDLINE_PEER_KIT)")
@@ -74,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print the tables, leave the page")
     args = ap.parse_args(argv)
     wanted = [a.strip() for a in args.areas.split(",") if a.strip()]
-    if args.peers and args.areas == ap.get_default("areas"):
-        wanted += list(PEER_AREAS)
     unknown = [a for a in wanted if a not in AREAS]
     if unknown:
         ap.error(f"unknown area(s) {', '.join(unknown)}: choose from {', '.join(AREAS)}")
@@ -136,9 +135,7 @@ def _serving(args: argparse.Namespace, command: list[str], runs: list[dict]) -> 
              f"{c['rps']:,.0f} ({c['rps_min']:,.0f}–{c['rps_max']:,.0f})", number(c["p50_ms"]),
              f"{number(c['p99_ms'])} ({number(c['p99_ms_min'])}–{number(c['p99_ms_max'])})",
              number(c["server_cpu_us_per_req"])]
-            for c in sorted(result["cells"], key=lambda c: (c["concurrency"], c["protocol"],
-                                                            c["server"]))
-            if c["server"] != "mlserver"]
+            for c in sorted(result["cells"], key=_cell_order) if c["server"] != "mlserver"]
     lines = [_stamp(args, command), "", *targets_table(targets), "",
              *table(["server", "protocol", "c", "req/s (min–max)", "p50 ms", "p99 ms (min–max)",
                      "server CPU µs/req"], rows)]
@@ -322,6 +319,17 @@ _RATIO_NAMES = {
     "mlp_c32_rps_vs_fastapi": "MLP c=32 req/s vs FastAPI",
     "grpc_c8_rps_vs_raw_grpc": "gRPC c=8 req/s vs bare grpc.aio",
 }
+_ORDER = [("nginx", "json"), ("raw_asgi", "json"), ("fastapi", "json"), ("redline", "json"),
+          ("redline", "binary"), ("raw_grpc", "grpc"), ("redline", "grpc"),
+          ("fastapi_mlp", "json"), ("redline_mlp", "json")]
+
+
+def _cell_order(cell: dict) -> tuple[int, int]:  # type: ignore[type-arg]
+    """Concurrency first, then each floor before the redline row it is compared with."""
+    key = (cell["server"], cell["protocol"])
+    return cell["concurrency"], _ORDER.index(key) if key in _ORDER else len(_ORDER)
+
+
 _SERVER_NAMES = {
     "nginx": "nginx (canned answer)", "raw_asgi": "bare ASGI + ONNX Runtime",
     "fastapi": "FastAPI + ONNX Runtime", "raw_grpc": "bare grpc.aio + ONNX Runtime",
@@ -343,7 +351,7 @@ def _collect(area: str, args: argparse.Namespace, command: list[str]) -> list[di
     if name:
         path = _scratch(name)
         if not path.exists():  # MLServer's rows come from the serving run
-            _run(command)
+            _run(command, show=True)
         return [json.loads(path.read_text())]
     if area == "v1":
         return [json.loads(_run(command))]
@@ -363,9 +371,14 @@ def _missing(area: str, args: argparse.Namespace) -> str:
     return ""
 
 
-def _run(command: list[str]) -> str:
+def _run(command: list[str], show: bool = False) -> str:
+    """The command's standard output; ``show`` passes its progress through instead (the
+    benchmarks that write their result to a file print a line per measured cell)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if show:
+        subprocess.run(command, cwd=ROOT, env=env, stdout=sys.stderr, check=True)
+        return ""
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.stderr.write(done.stderr[-2000:])

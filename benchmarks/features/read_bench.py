@@ -54,7 +54,8 @@ def main() -> None:
         views = list(defs.views.values())
         now = int(time.time() * 1000)
         evs = events(args.entities, args.per_entity, now)
-        red, mem = RedisStore(url, timeout_ms=1000), MemoryStore()
+        # a generous timeout: loading 2,000 entities can stall on a loaded machine
+        red, mem = RedisStore(url, timeout_ms=10_000), MemoryStore()
         for store in (red, mem):
             ing = Ingestor(defs, store)
             for i in range(0, len(evs), 2000):
