@@ -13,8 +13,8 @@ continued (SIGCONT) after, so one server's background work (its monitor's tick, 
 evaluation, span export) lands in its own latencies and never in another's. Each turn lasts
 at least ``--requests`` requests per API and at least ``--min-seconds`` per API: the monitor
 ticks once a second, so a turn that lasts a fraction of a second would catch the tick by luck
-and the tail would be a lottery (before this, the "off" server's p99 was the noisiest because
-the other servers' ticks ran during its turns). ``--no-stop`` leaves them running (idle) instead,
+and the tail would be a lottery (and with the others running, their ticks would land in the
+measured server's turns). ``--no-stop`` leaves them running (idle) instead,
 to check that the stop and the catch-up after it are not what a difference is made of.
 
 Reported per configuration and API: the median of the per-round p50s, the p99 over all rounds
@@ -23,8 +23,8 @@ between rounds), the pooled p99.9, the number of samples, and the server's CPU t
 (utime + stime from /proc, the most stable figure on a busy machine). Ratios and differences are
 against "off". A round-by-round table pairs each configuration with "off" in the same round (the
 median over its processes) and gives the mean over rounds with a 95 % bootstrap interval: the
-same configuration's p50 ratio moved 0.96-1.16x between runs of one morning, so a bound such as
-+5 % is resolved by a run only when the interval lies on one side of it. A last table repeats
+same configuration's p50 ratio moves by several percent between runs, so a bound such as +5 %
+is resolved by a run only when the interval lies on one side of it. A last table repeats
 the tail over the quiet turns only: those during which other processes used at most
 ``--quiet-share`` of the servers' core (CPU 0's busy time in
 /proc/stat minus the measured server's own), since on a shared machine a neighbour's burst
@@ -34,11 +34,11 @@ moves a turn's p99 by milliseconds, far more than monitoring does.
 guest polling): at concurrency 1 the server's core halts between two requests, and waking a
 halted virtual CPU costs tens of microseconds, more than monitoring does, and by a varying
 amount (the hypervisor's own polling adapts to how long the core stays idle). A server that does
-more after each response keeps its core awake longer and wakes faster: that is why, in every
-earlier run, tracing at 100% had a *lower* p50 than "off". ``--awake qos`` (the default) holds
+more after each response keeps its core awake longer and wakes faster, which can give tracing
+at 100% a *lower* p50 than "off". ``--awake qos`` (the default) holds
 ``/dev/cpu_dma_latency`` at 0 during the measured turns, the Linux PM QoS request latency tools
 such as cyclictest make, so an idle CPU polls instead of halting and the p50 is the server's
-work rather than the wake-up; ``--awake none`` measures as before (the halts included), and
+work rather than the wake-up; ``--awake none`` measures with the halts included, and
 ``--awake both`` alternates the two in every round and reports both (needs root for the QoS
 file; without it the run says so and measures with halts).
 
@@ -530,9 +530,9 @@ def paired_interval(values: list[float], base: list[float], ratio: bool
                     ) -> tuple[float, float, float]:
     """(estimate, low, high): the mean over rounds of ``values`` against ``base`` in the same
     round (a ratio, as a geometric mean, or a difference), with the 95 % bootstrap interval
-    over the rounds that the optimizer's figures carry (``optimize/uncertainty.py``). One
-    run's p50 ratio moved 0.96-1.16x between runs of one morning; the interval says whether a
-    bound such as +5 % is resolved by this run."""
+    over the rounds that the optimizer's figures carry (``optimize/uncertainty.py``). A p50
+    ratio moves by several percent from run to run; the interval says whether a bound such as
+    +5 % is resolved by this run."""
     from redline.optimize.uncertainty import MetricRows, Resamples, interval
 
     a, b = np.asarray(values, float), np.asarray(base, float)
