@@ -45,11 +45,10 @@ def replace_block(page: str, area: str, body: str) -> str:
     if area not in areas(page):
         raise PageError(f"no bench:{area} markers in the page: add "
                         f"'<!-- bench:{area}:start -->' and '<!-- bench:{area}:end -->'")
-    start = f"<!-- bench:{area}:start -->\n"
-    end = f"<!-- bench:{area}:end -->"
-    head, rest = page.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}{body.rstrip()}\n{end}{tail}"
+    start = re.search(rf"^<!-- bench:{re.escape(area)}:start -->\n", page, re.MULTILINE)
+    end = re.search(rf"^<!-- bench:{re.escape(area)}:end -->$", page, re.MULTILINE)
+    assert start is not None and end is not None  # areas() checked both
+    return f"{page[:start.end()]}{body.rstrip()}\n{page[end.start():]}"
 
 
 @dataclass(frozen=True)
