@@ -38,15 +38,15 @@ HEADERS = [(b"host", b"x"), (b"content-type", b"application/json")]
 
 
 def _server(monitoring: bool, root: Path) -> Any:
+    from redline.assembly import build_server
     from redline.config import Settings
-    from redline.serving.server import RedlineServer
 
     settings = Settings()
     settings.server.watch_repository = False
     settings.server.grpc_enabled = False
     settings.monitoring.enabled = monitoring
     settings.runtime.warmup_batch_sizes = [1]
-    return RedlineServer(settings, make_repository(root))
+    return build_server(settings, make_repository(root))
 
 
 V1_PATH = "/v1/models/fraud/predict"

@@ -90,7 +90,7 @@ RUNNER = """
 import json, sys
 from redline.config import Settings
 from redline.models import ModelRepository
-from redline.serving.server import run
+from redline.assembly import run
 cfg = json.loads(sys.argv[1])
 s = Settings()
 s.server.http_port = cfg["port"]

@@ -84,11 +84,11 @@ def _floor(model: Path) -> Any:
 
 
 async def measure(model: Path, rounds: int, calls: int) -> dict[str, dict[str, float]]:
+    from redline.assembly import build_server
     from redline.config import Settings
     from redline.models import ModelRepository
     from redline.proto import grpc_service_pb2 as pb
     from redline.serving.grpc import lenient
-    from redline.serving.server import RedlineServer
 
     floor, features = _floor(model)
     handlers: dict[str, Any] = {"floor": floor}
@@ -101,7 +101,7 @@ async def measure(model: Path, rounds: int, calls: int) -> dict[str, dict[str, f
         settings.server.grpc_enabled = False
         settings.monitoring.enabled = monitored
         settings.runtime.warmup_batch_sizes = [1]
-        server = RedlineServer(settings, ModelRepository(root))
+        server = build_server(settings, ModelRepository(root))
         await server.registry.sync()
         handlers["redline_monitored" if monitored else "redline"] = server.servicer.ModelInfer
         if server.monitor is not None:

@@ -146,9 +146,9 @@ def _serve_in_thread(settings: object) -> tuple[object, threading.Thread]:
     """A real server (REST on an ephemeral port) on its own event loop in a thread."""
     import asyncio
 
-    from redline.serving.server import RedlineServer
+    from redline.assembly import build_server
 
-    server = RedlineServer(settings)  # type: ignore[arg-type]
+    server = build_server(settings)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=lambda: loop.run_until_complete(
         server.serve(install_signals=False)), daemon=True)

@@ -88,7 +88,7 @@ def in_process_pair(tmp: Any, loop: asyncio.AbstractEventLoop) -> dict[bool, Any
     """An unmonitored and a monitored ``RedlineServer`` (by ``monitoring.enabled``), each over
     its own copy of the repository, synced on ``loop`` and not served: their apps and servicers
     are called directly, to compare the monitored path's answers with the plain one's."""
-    from redline.serving.server import RedlineServer
+    from redline.assembly import build_server
 
     servers = {}
     for monitored in (False, True):
@@ -98,7 +98,7 @@ def in_process_pair(tmp: Any, loop: asyncio.AbstractEventLoop) -> dict[bool, Any
         s.monitoring.enabled = monitored
         s.runtime.warmup_batch_sizes = [1]
         s.server.max_body_bytes = 1 << 20
-        server = RedlineServer(s, make_repository(tmp.mktemp(f"m{monitored}")))
+        server = build_server(s, make_repository(tmp.mktemp(f"m{monitored}")))
         loop.run_until_complete(server.registry.sync())
         servers[monitored] = server
     assert servers[True].observers.stage_times is not None  # the flat path is on

@@ -83,10 +83,10 @@ class ServerThread:
     """A real RedlineServer (REST + gRPC on ephemeral ports) on its own loop in a thread."""
 
     def __init__(self, settings: Settings) -> None:
-        from redline.serving.server import RedlineServer
+        from redline.assembly import build_server
 
         self.settings = settings
-        self.server = RedlineServer(settings)
+        self.server = build_server(settings)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from redline.assembly import build_server
 from redline.config import Settings
 from redline.models import ModelRepository
-from redline.serving import RedlineServer
 
 V2_TO_ONNX = {
     "BOOL": TensorProto.BOOL, "INT8": TensorProto.INT8, "INT16": TensorProto.INT16,
@@ -80,7 +80,7 @@ class ServerThread:
     def __init__(self, settings: Settings, repository: ModelRepository) -> None:
         settings.server.http_port = 0
         settings.server.grpc_port = 0
-        self.server = RedlineServer(settings, repository)
+        self.server = build_server(settings, repository)
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)

@@ -69,9 +69,9 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
         run_supervised(settings, {"config": config_path, "options": options,
                                   "log_level": log_level}, count)
         return
-    from redline.serving.server import RedlineServer
+    from redline.assembly import build_server
 
-    server = RedlineServer(settings)
+    server = build_server(settings)
     server.claim_ports()  # a port in use is one line now, not after the preload and the models
     from redline.scaling.rollout import install
 

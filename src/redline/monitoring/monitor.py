@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,10 @@ from redline.monitoring.stage_times import (
     v2_record,
 )
 from redline.monitoring.windows import ModelWindows
+from redline.serving.stages import RequestRecord
+
+if TYPE_CHECKING:
+    from redline.serving.server import RedlineServer
 
 log = logging.getLogger("redline.monitoring")
 
@@ -94,13 +98,13 @@ class RecordFeed:
             self._monitor.tune(times, model)
         return times
 
-    def request_finished(self, record: Any) -> None:
+    def request_finished(self, record: RequestRecord) -> None:
         records = self.records
         records.append(record)
         if len(records) >= FOLD_EVERY:
             self._monitor.fold(self.take())
 
-    def response_traceparent(self, record: Any) -> str | None:
+    def response_traceparent(self, record: RequestRecord) -> str | None:
         tracing = self._monitor.tracing
         return None if tracing is None else tracing.response_traceparent(record)  # type: ignore[no-any-return]
 
@@ -161,7 +165,7 @@ class ServerMonitor:
         self._alert_leader = True
 
     # ------------------------------------------------------------------ wiring
-    def observers(self) -> list[Any]:
+    def observers(self) -> list[RecordFeed]:
         """The request observers: one feed, whose records the tick folds into the rest."""
         return [self.feed]
 
@@ -294,6 +298,12 @@ class ServerMonitor:
                 drift = self.windows.drift.get(key)
                 if drift is not None:
                     drift.wait_calibrated()
+
+    async def models_loaded(self) -> None:
+        """Before the server's ports open: every loaded version's drift thresholds calibrated
+        (on a thread), so the CPU burst does not land on the first requests (versions loaded
+        later calibrate in the background)."""
+        await asyncio.to_thread(self.prepare_loaded, True)
 
     async def run(self) -> None:
         """The tick, until cancelled."""
@@ -583,3 +593,16 @@ def _pipeline_stats(pipeline: Any) -> dict[str, Any]:
         return dict(stats()) if stats is not None else {}
     except Exception:  # noqa: BLE001
         return {}
+
+
+def attach(server: RedlineServer) -> ServerMonitor:
+    """Monitor ``server`` (before it serves): the monitor's observer joins the server's
+    ``Observers``, its routes (``/metrics``, ``/dashboard``...) the REST app, and it starts,
+    ticks and closes with the server."""
+    monitor = ServerMonitor(server.settings, server.registry, server.pipeline)
+    for observer in monitor.observers():
+        server.observers.add(observer)
+    monitor.install(server.app)
+    server.attach(monitor)
+    server.monitor = monitor
+    return monitor

@@ -36,10 +36,10 @@ def main() -> None:
     logging.basicConfig(level=spec.get("log_level", "info").upper(),
                         format=f"%(asctime)s %(levelname)s [worker {spec['slot']}] %(message)s")
     try:
+        from redline.assembly import build_server
         from redline.commands.serve import apply_serve_options, preload_store
         from redline.config import load_settings
         from redline.scaling.loadmeter import AsgiMeter, GrpcMeter, LoadBoard, LoadMeter
-        from redline.serving.server import RedlineServer
 
         settings = load_settings(spec.get("config"))
         apply_serve_options(settings, **spec.get("options", {}))
@@ -49,7 +49,7 @@ def main() -> None:
         if spec.get("state_dir") and not settings.monitoring.quality_path:
             # the pool's shared label join when no Redis holds it (monitoring/joinstore.py)
             settings.monitoring.quality_path = os.path.join(spec["state_dir"], "labels.sqlite")
-        server = RedlineServer(settings)
+        server = build_server(settings)
         from redline.scaling.rollout import install
 
         install(server)

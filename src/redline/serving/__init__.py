@@ -8,9 +8,9 @@ from redline.serving.app import HttpRequest, HttpResponse, RestApp
 from redline.serving.deadline import HIGH, LOW, deadline_from_ms
 from redline.serving.handle import ModelHandle
 from redline.serving.registry import ModelRegistry
-from redline.serving.server import RedlineServer, run
+from redline.serving.server import RedlineServer
 
 __all__ = [
     "HIGH", "LOW", "HttpRequest", "HttpResponse", "ModelHandle", "ModelRegistry",
-    "RedlineServer", "RestApp", "deadline_from_ms", "run",
+    "RedlineServer", "RestApp", "deadline_from_ms",
 ]

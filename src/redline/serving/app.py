@@ -58,6 +58,7 @@ from redline.serving.stages import (
     ENCODE,
     INFERENCE,
     Observers,
+    RequestEnd,
     RequestRecord,
     perf_ns,
 )
@@ -147,6 +148,7 @@ class RestApp:
         # Told about every finished V2 infer request (and /v1 ones, by the /v1 routes); when
         # empty, the V2 path records nothing and costs nothing extra.
         self.observers = observers if observers is not None else Observers()
+        self._end = RequestEnd(self.observers, "v2", "rest")  # a recorded request's last call
         self.max_body = settings.server.max_body_bytes
         self.draining = False
         self._routes: list[_Route] = []
@@ -230,28 +232,27 @@ class RestApp:
         """The infer path with a :class:`RequestRecord`, handed to the observers at the end."""
         record = RequestRecord("v2", "rest")
         try:
-            status, body, headers = await self._infer(scope, receive, path, record)
+            answer = self._ended(record, await self._infer(scope, receive, path, record))
         except Exception as exc:  # noqa: BLE001 - mapped as in __call__
-            status, body, headers = self._failed(exc, path, record)
-        else:
-            record.finish()
-        await self._send(send, status, body, self._traced(record, headers))
-        self.observers.finished(record)
+            answer = self._failed(exc, path, record)
+        await self._send(send, *answer)
 
     def _failed(self, exc: Exception, path: str,
                 record: RequestRecord) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """The answer to a failed observed request, its record finished with the error code."""
-        answer = self._error_answer(exc, "POST", path)
+        """The answer to a failed observed request, its record ended with the error code."""
         error = as_redline_error(exc)  # the code from the error, not parsed back from the body
-        record.finish(error.code if error is not None else "internal")
-        return answer
+        return self._ended(record, self._error_answer(exc, "POST", path),
+                           error.code if error is not None else "internal")
 
-    def _traced(self, record: RequestRecord,
-                headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
-        if traceparent is not None:
-            return [*headers, (_TRACEPARENT, traceparent.encode())]
-        return headers
+    def _ended(self, record: RequestRecord, answer: tuple[int, bytes, list[tuple[bytes, bytes]]],
+               status: str = "ok", end_ns: int | None = None,
+               ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """``answer`` once ``record`` ended (``RequestEnd``), with the trace it names."""
+        traceparent = self._end.finish(record, status, end_ns)
+        if traceparent is None:
+            return answer
+        code, body, headers = answer
+        return code, body, [*headers, (_TRACEPARENT, traceparent.encode())]
 
     def _error_answer(self, exc: Exception, method: str,
                       path: str) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
@@ -328,13 +329,8 @@ class RestApp:
             if type(answer) is _Queued:
                 return self._later(answer, path)
             if record is not None:
-                record.finish()
-        status, payload, out = answer  # type: ignore[misc]
-        if record is None:
-            respond(status, payload, out)
-        else:
-            respond(status, payload, self._traced(record, out))
-            self.observers.finished(record)
+                answer = self._ended(record, answer)  # type: ignore[arg-type]
+        respond(*answer)  # type: ignore[misc]
         return None
 
     def _infer_lean(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
@@ -378,9 +374,7 @@ class RestApp:
             status, payload, out = self._encode_fast(handle, fast, outputs, rid, None)
         except Exception as exc:  # noqa: BLE001 - mapped as in __call__, on a record
             record = _lean_record(handle, rid, rows, t_start, t_dec)
-            status, payload, out = self._failed(exc, path, record)
-            respond(status, payload, self._traced(record, out))
-            self.observers.finished(record)
+            respond(*self._failed(exc, path, record))
             return None
         t_end = perf_ns()
         times = handle.stage_times
@@ -403,11 +397,9 @@ class RestApp:
         # Traced (head sample or slow) or sampled for the windows: a record, as before.
         record = _lean_record(handle, rid, rows, t_start, t_dec)
         record.spans += ((INFERENCE, t_dec, t_inf), (ENCODE, t_inf, t_end))
-        record.end_ns = t_end
         record.trace_keep = keep
         handle.keep_io_on(record, inputs, outputs, t_dec)
-        respond(status, payload, self._traced(record, out))
-        self.observers.finished(record)
+        respond(*self._ended(record, (status, payload, out), end_ns=t_end))
         return None
 
     def _later(self, queued: _Queued, path: str) -> Asgi:
@@ -417,20 +409,16 @@ class RestApp:
         async def finish(scope: Scope, receive: Receive, send: Send) -> None:
             record = queued.record
             try:
-                status, body, headers = await self._infer_queued(queued)
+                answer = await self._infer_queued(queued)
             except Exception as exc:  # noqa: BLE001 - mapped as in __call__
                 if record is None:
-                    status, body, headers = self._error_answer(exc, "POST", path)
+                    answer = self._error_answer(exc, "POST", path)
                 else:
-                    status, body, headers = self._failed(exc, path, record)
+                    answer = self._failed(exc, path, record)
             else:
                 if record is not None:
-                    record.finish()
-            if record is None:
-                await self._send(send, status, body, headers)
-            else:
-                await self._send(send, status, body, self._traced(record, headers))
-                self.observers.finished(record)
+                    answer = self._ended(record, answer)
+            await self._send(send, *answer)
 
         return finish
 

@@ -46,6 +46,7 @@ from redline.serving.stages import (
     INFERENCE,
     FlatSeries,
     Observers,
+    RequestEnd,
     RequestRecord,
     perf_ns,
 )
@@ -93,6 +94,7 @@ class InferenceServicer:
         # Common requests (answered at once: decode, inference, encode) leave their stage
         # times, not a record (serving/stages.py FlatSeries).
         self._flat = FlatSeries(self.observers, "v2", "grpc")
+        self._end = RequestEnd(self.observers, "v2", "grpc")  # a recorded request's last call
         self.draining = False
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC names
@@ -184,7 +186,7 @@ class InferenceServicer:
             if error is None:
                 log.exception("unhandled error in ModelInfer")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
-            trailers: tuple[tuple[str, str], ...] = ()
+            traceparent = None
             if observed:
                 if record is None:
                     record = RequestRecord("v2", "grpc", start_ns)
@@ -194,12 +196,8 @@ class InferenceServicer:
                         record.model, record.version = handle.name, handle.version_str
                     if t_dec:
                         record.add(DECODE, start_ns, t_dec)
-                record.finish(error.code)
-                traceparent = self.observers.traceparent(record)
-                if traceparent is not None:
-                    trailers = ((TRACEPARENT, traceparent),)
-                self.observers.finished(record)
-            await grpc_abort(context, error, trailers)
+                traceparent = self._end.finish(record, error.code)
+            await grpc_abort(context, error, _trailers(traceparent))
         if not observed:
             return resp
         t_end = perf_ns()
@@ -219,12 +217,14 @@ class InferenceServicer:
             record.trace_keep = draw
             handle.keep_io_on(record, inputs, outputs, t_dec)
         record.add(ENCODE, t_inf, t_end)
-        record.finish(end_ns=t_end)
-        traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
+        traceparent = self._end.finish(record, end_ns=t_end)
         if traceparent is not None:
-            context.set_trailing_metadata(((TRACEPARENT, traceparent),))
-        self.observers.finished(record)
+            context.set_trailing_metadata(_trailers(traceparent))
         return resp
+
+
+def _trailers(traceparent: str | None) -> tuple[tuple[str, str], ...]:
+    return () if traceparent is None else ((TRACEPARENT, traceparent),)
 
 
 def _record(handle: ModelHandle, rid: str, meta: dict[str, str], rows: int, start_ns: int,

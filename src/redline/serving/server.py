@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import uvicorn
@@ -44,13 +44,27 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
+class ServerCompanion(Protocol):
+    """Something that lives with a server (its monitoring): ``models_loaded`` once the models
+    are loaded, before the warm-up and the ports; ``run`` as a task while the server serves
+    (cancelled when it drains); ``close`` after the drain."""
+
+    async def models_loaded(self) -> None: ...
+
+    async def run(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class RedlineServer:
     """Owns the registry, both transports and the repository watcher.
 
-    Extension points, for packages that add to the server before ``serve()``:
-    ``observers`` (an :class:`Observers`: ``observers.add(obj)`` and ``obj.request_finished``
-    gets every request's :class:`RequestRecord`, V2 and ``/v1``, REST and gRPC) and
-    ``app.add_route(method, template, handler)`` for more REST routes.
+    Extension points, for packages that add to the server before ``serve()`` (monitoring, a
+    rollout; ``redline.assembly`` builds a server with its monitoring): ``observers`` (an
+    :class:`Observers`: ``observers.add(obj)`` and ``obj.request_finished`` gets every request's
+    :class:`RequestRecord`, V2 and ``/v1``, REST and gRPC), ``app.add_route(method, template,
+    handler)`` for more REST routes, and ``attach(companion)`` for what lives as long as the
+    server (:class:`ServerCompanion`). Serving imports none of them.
     """
 
     def __init__(self, settings: Settings, repository: ModelRepository | None = None,
@@ -66,15 +80,10 @@ class RedlineServer:
         self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
         V1Rest(self.pipeline, self.app).install(self.app)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
-        # Metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
+        self.companions: list[ServerCompanion] = []
+        # The monitoring attached to this server, when it is (``redline.monitoring.attach``):
+        # metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
         self.monitor: Any = None
-        if settings.monitoring.enabled:
-            from redline.monitoring import ServerMonitor
-
-            self.monitor = ServerMonitor(settings, self.registry, self.pipeline)
-            for observer in self.monitor.observers():
-                self.observers.add(observer)
-            self.monitor.install(self.app)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -88,6 +97,10 @@ class RedlineServer:
         self._listen: socket.socket | None = None  # the HTTP port, taken by claim_ports()
         self._claimed = False
 
+    def attach(self, companion: ServerCompanion) -> None:
+        """Start, run and close ``companion`` with this server (before ``serve()``)."""
+        self.companions.append(companion)
+
     def claim_ports(self) -> None:
         """Take the HTTP port and check the gRPC one, before anything slow: a port in use is
         one clear ``ConfigError`` at once, not after the models load. ``serve()`` calls it
@@ -95,10 +108,10 @@ class RedlineServer:
         if self._claimed:
             return
         server = self.settings.server
-        if self.http_socket is None:
+        if self.http_socket is None:  # else a worker: its supervisor claimed both ports
             self._listen = _bind(server.host, server.http_port)
-        if server.grpc_enabled:
-            _probe_grpc(server.host, server.grpc_port)
+            if server.grpc_enabled:
+                _probe_grpc(server.host, server.grpc_port)
         self._claimed = True
 
     async def serve(self, install_signals: bool = True) -> None:
@@ -106,11 +119,10 @@ class RedlineServer:
         server = self.settings.server
         self.claim_ports()
         await self.registry.sync()
-        if self.monitor is not None:
-            # Drift thresholds of every loaded version, calibrated before the ports open: its
-            # CPU burst would otherwise land on the first requests (versions loaded later
-            # calibrate on a background thread).
-            await asyncio.to_thread(self.monitor.prepare_loaded, True)
+        for companion in self.companions:
+            # Before the ports open: monitoring calibrates drift thresholds of every loaded
+            # version now, so its CPU burst does not land on the first requests.
+            await companion.models_loaded()
         # The online store's reachability: logged now and on every change, in the health body.
         store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
         await store_health.check()
@@ -172,11 +184,11 @@ class RedlineServer:
         grpc_text = f"{server.host}:{self.grpc_port}" if grpc_server is not None else "off"
         log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
                  server.host, self.http_port, grpc_text)
-        ticker = loop.create_task(self.monitor.run()) if self.monitor is not None else None
+        running = [loop.create_task(companion.run()) for companion in self.companions]
         self.started.set()
         await self._stop.wait()
-        if ticker is not None:
-            ticker.cancel()
+        for task in running:
+            task.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
         self.app.draining = self.servicer.draining = True
         if server.drain_grace_s > 0:
@@ -194,8 +206,8 @@ class RedlineServer:
         await asyncio.gather(*waits, return_exceptions=True)
         await self.registry.close()
         self.pipeline.close()
-        if self.monitor is not None:
-            self.monitor.close()
+        for companion in self.companions:
+            companion.close()
         log.info("redline stopped after draining")
 
     def stop(self) -> None:
@@ -243,10 +255,3 @@ def _probe_grpc(host: str, port: int) -> None:
             raise ConfigError(
                 f"cannot listen for gRPC on {host}:{port}: {exc.strerror}; choose another "
                 "--grpc-port (0 = any free port) or --no-grpc") from None
-
-
-def run(settings: Settings, repository: ModelRepository | None = None) -> None:
-    """Block serving until SIGTERM/SIGINT (the ``redline serve`` command)."""
-    import uvloop
-
-    uvloop.run(RedlineServer(settings, repository).serve())

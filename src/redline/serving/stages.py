@@ -241,15 +241,56 @@ class FlatTimes(FlatSeries):
 
 
 class RequestObserver(Protocol):
-    """Receives every finished request. Must be cheap: it runs on the event loop.
-
-    An observer may also have ``response_traceparent(record) -> str | None``: the W3C
-    ``traceparent`` the response carries (tracing), asked once the record is finished and
-    before the response is sent; and ``stage_times(api, transport, model, version) ->
-    StageTimes``, the flat buffer for the series' common requests of ``api`` ("v2" or "v1")
-    over ``transport`` ("rest" or "grpc"; used only while it is the one observer)."""
+    """Receives every finished request. Must be cheap: it runs on the event loop."""
 
     def request_finished(self, record: RequestRecord) -> None: ...
+
+
+class TracingObserver(RequestObserver, Protocol):
+    """An observer that also names the W3C ``traceparent`` a response carries (tracing), asked
+    once the record is finished and before the response is sent (None: none)."""
+
+    def response_traceparent(self, record: RequestRecord) -> str | None: ...
+
+
+class StageTimesObserver(RequestObserver, Protocol):
+    """An observer that also keeps the flat stage times of the series' common requests of
+    ``api`` ("v2" or "v1") over ``transport`` ("rest" or "grpc"), used only while it is the one
+    observer (then those requests need no record)."""
+
+    def stage_times(self, api: str, transport: str, model: str, version: str) -> StageTimes: ...
+
+
+class RequestEnd:
+    """How an edge (one API over one transport) says "this request finished, with these
+    stages", in one call: ``traceparent = end.finish(record, status)``.
+
+    It finishes the record (``status``: "ok" or the error's code) and, when someone observes,
+    hands it over -- or, for a common request answered ok, only its stage times (``row``:
+    ``v1_times`` for ``/v1``; without one every record is handed over) -- and returns the W3C
+    ``traceparent`` the answer carries (None: none). Unobserved, it only finishes the record
+    (``/v1`` answers carry its ``timings_us``)."""
+
+    __slots__ = ("_observers", "_flat")
+
+    def __init__(self, observers: Observers, api: str, transport: str,
+                 row: Callable[[RequestRecord], list[int]] | None = None) -> None:
+        self._observers = observers
+        self._flat = FlatTimes(observers, api, transport, row) if row is not None else None
+
+    def finish(self, record: RequestRecord, status: str = "ok",
+               end_ns: int | None = None) -> str | None:
+        record.status = status
+        record.end_ns = _perf_ns() if end_ns is None else end_ns  # record.finish, inline
+        observers = self._observers
+        if not observers:
+            return None
+        flat = self._flat
+        if flat is not None and status == "ok" and flat.keep(record):
+            return None
+        traceparent = observers.traceparent(record)  # tracing on: the request's trace
+        observers.finished(record)
+        return traceparent
 
 
 class Observers:
@@ -274,7 +315,10 @@ class Observers:
     def __bool__(self) -> bool:
         return bool(self._items)
 
-    def add(self, observer: RequestObserver) -> None:
+    def add(self, observer: RequestObserver | TracingObserver | StageTimesObserver) -> None:
+        """Tell ``observer`` about every finished request; a :class:`TracingObserver` also
+        names responses' ``traceparent``, a :class:`StageTimesObserver` (alone) keeps the
+        common requests' stage times instead of their records."""
         self._items = (*self._items, observer)
         self.finished = (observer.request_finished if len(self._items) == 1
                          else self._finished_all)

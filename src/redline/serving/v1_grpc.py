@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -35,7 +36,7 @@ from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
 from redline.serving.predict.sessions import check_session_id
-from redline.serving.stages import FlatTimes, Observers, RequestRecord, perf_ns, v1_times
+from redline.serving.stages import Observers, RequestEnd, RequestRecord, perf_ns, v1_times
 
 log = logging.getLogger("redline.serving")
 _METADATA_KEYS = frozenset((BUDGET_KEY, TRACEPARENT))
@@ -47,9 +48,8 @@ class V1Grpc:
 
     def __init__(self, pipeline: PredictPipeline, observers: Observers) -> None:
         self.pipeline = pipeline
-        self.observers = observers
         # Common requests leave their stage times, not their records (serving/stages.py).
-        self._flat = FlatTimes(observers, "v1", "grpc", v1_times)
+        self._end = RequestEnd(observers, "v1", "grpc", v1_times)
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
         method = grpc.unary_unary_rpc_method_handler(
@@ -61,30 +61,9 @@ class V1Grpc:
 
     async def predict(self, request: Any, context: Any) -> Any:
         start_ns = perf_ns()
-        start = start_ns * 1e-9
         record = RequestRecord("v1", "grpc", start_ns)
         try:
-            if isinstance(request, Undecodable):
-                raise InvalidInput(request.reason)
-            meta = grpc_metadata(context, _METADATA_KEYS)
-            record.traceparent = meta.get(TRACEPARENT)
-            req = self._decode(request)
-            record.request_id = req.request_id or ""
-            sent: Any
-            if request.budget_ms != 0:
-                sent, source = request.budget_ms, FROM_GRPC_FIELD
-            elif BUDGET_KEY in meta:
-                sent, source = meta[BUDGET_KEY], FROM_METADATA
-            else:
-                remaining = context.time_remaining()
-                sent = remaining * 1e3 if remaining is not None else None
-                source = FROM_GRPC_DEADLINE
-
-            def budget_of(handle: ModelHandle) -> Budget:
-                return parse_budget(sent, source, default_ms=handle.slo_ms, start=start)
-
-            if sent is not None:
-                parse_budget(sent, source, default_ms=1.0, start=start)
+            req, budget_of = self._parse(request, context, record)
             doc = await self.pipeline.predict(request.model_name, req, budget_of, record)
             resp = _encode(doc, req.batch)
         except Exception as exc:  # noqa: BLE001 - mapped below; a bug is logged, never UNKNOWN
@@ -92,23 +71,39 @@ class V1Grpc:
             if error is None:
                 log.exception("unhandled error in redline.v1 Predict")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
-            record.finish(error.code)
-            trailers: tuple[tuple[str, str], ...] = ()
-            if self.observers:
-                traceparent = self.observers.traceparent(record)
-                if traceparent is not None:
-                    trailers = ((TRACEPARENT, traceparent),)
-                self.observers.finished(record)
-            await grpc_abort(context, error, trailers)
-        record.finish()
-        if self.observers:
-            if self._flat.keep(record):
-                return resp
-            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
-            if traceparent is not None:
-                context.set_trailing_metadata(((TRACEPARENT, traceparent),))
-            self.observers.finished(record)
+            traceparent = self._end.finish(record, error.code)
+            await grpc_abort(context, error, _trailers(traceparent))
+        traceparent = self._end.finish(record)
+        if traceparent is not None:
+            context.set_trailing_metadata(_trailers(traceparent))
         return resp
+
+    def _parse(self, request: Any, context: Any, record: RequestRecord
+               ) -> tuple[PredictRequest, Callable[[ModelHandle], Budget]]:
+        """The request and how to make its budget for the model that serves it."""
+        start = record.start_ns * 1e-9
+        if isinstance(request, Undecodable):
+            raise InvalidInput(request.reason)
+        meta = grpc_metadata(context, _METADATA_KEYS)
+        record.traceparent = meta.get(TRACEPARENT)
+        req = self._decode(request)
+        record.request_id = req.request_id or ""
+        sent: Any
+        if request.budget_ms != 0:
+            sent, source = request.budget_ms, FROM_GRPC_FIELD
+        elif BUDGET_KEY in meta:
+            sent, source = meta[BUDGET_KEY], FROM_METADATA
+        else:
+            remaining = context.time_remaining()
+            sent = remaining * 1e3 if remaining is not None else None
+            source = FROM_GRPC_DEADLINE
+
+        def budget_of(handle: ModelHandle) -> Budget:
+            return parse_budget(sent, source, default_ms=handle.slo_ms, start=start)
+
+        if sent is not None:  # a bad budget is INVALID_ARGUMENT even for an unknown model
+            parse_budget(sent, source, default_ms=1.0, start=start)
+        return req, budget_of
 
     def _decode(self, request: Any) -> PredictRequest:
         if not request.instances:
@@ -130,6 +125,10 @@ class V1Grpc:
             entities, fields, request.batch or len(entities) > 1,
             check_session_id(request.session_id) if request.session_id else None,
             request.request_id or None, None, request.model_version or None)
+
+
+def _trailers(traceparent: str | None) -> tuple[tuple[str, str], ...]:
+    return () if traceparent is None else ((TRACEPARENT, traceparent),)
 
 
 def _encode(doc: dict[str, Any], batch: bool) -> Any:

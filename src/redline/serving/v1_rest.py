@@ -8,19 +8,25 @@ app with its public :meth:`RestApp.add_route`. The budget is the body's ``budget
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
-from redline.errors import RedlineError
 from redline.serving.app import HttpRequest, HttpResponse, RestApp
 from redline.serving.deadline import BUDGET_HEADER, FROM_BODY, FROM_HEADER, Budget, parse_budget
 from redline.serving.edge import JSON_HEADER, as_redline_error, http_error
 from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, parse_request
-from redline.serving.stages import FlatTimes, RequestRecord, v1_times
+from redline.serving.stages import RequestEnd, RequestRecord, v1_times
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
 _JSON = JSON_HEADER
 TRACEPARENT = b"traceparent"
+
+
+def _traced(headers: list[tuple[bytes, bytes]],
+            traceparent: str | None) -> list[tuple[bytes, bytes]]:
+    return headers if traceparent is None else [*headers, (TRACEPARENT, traceparent.encode())]
 
 
 class V1Rest:
@@ -28,10 +34,9 @@ class V1Rest:
 
     def __init__(self, pipeline: PredictPipeline, app: RestApp) -> None:
         self.pipeline = pipeline
-        self.observers = app.observers
         # Common requests leave their stage times, not their records (serving/stages.py):
-        # the records' fold was half of monitoring's CPU a /v1 request (docs/performance.md).
-        self._flat = FlatTimes(app.observers, "v1", "rest", v1_times)
+        # the records' fold was half of monitoring's CPU a /v1 request.
+        self._end = RequestEnd(app.observers, "v1", "rest", v1_times)
 
     def install(self, app: RestApp) -> None:
         app.add_route("POST", "/v1/models/{name}/predict", self.predict)
@@ -42,49 +47,42 @@ class V1Rest:
 
     async def predict(self, request: HttpRequest) -> HttpResponse:
         record = RequestRecord("v1", "rest", int(request.start * 1e9))
-        sent_traceparent = request.headers.get(TRACEPARENT)
-        if sent_traceparent is not None:
-            record.traceparent = sent_traceparent.decode("latin-1")
         try:
-            req = parse_request(request.json(), self.pipeline.max_instances)
-            version = request.params.get("version")
-            if version is not None:
-                req.version = version
-            record.request_id = req.request_id or ""
-            if req.budget_ms is not None:
-                sent, source = req.budget_ms, FROM_BODY
-            else:
-                sent, source = request.headers.get(BUDGET_HEADER), FROM_HEADER
-            start = request.start
-
-            def budget_of(handle: ModelHandle) -> Budget:
-                return parse_budget(sent, source, default_ms=handle.slo_ms, start=start)
-
-            if sent is not None:  # a bad budget is a 400 even for an unknown model
-                parse_budget(sent, source, default_ms=1.0, start=start)
-            doc = await self.pipeline.predict(request.params["name"], req, budget_of, record)
+            doc = await self._predict(request, record)
             body = orjson.dumps(doc, option=_OPT)
         except Exception as exc:
             error = as_redline_error(exc)
-            record.finish(error.code if isinstance(error, RedlineError) else "internal")
-            traceparent = self.observers.traceparent(record) if self.observers else None
-            if self.observers:
-                self.observers.finished(record)
-            if error is not None and traceparent is not None:
-                status, body, headers = http_error(error)
-                return HttpResponse(status, body, [*headers, (TRACEPARENT, traceparent.encode())])
-            if error is not None and error is not exc:
-                raise error from None
-            raise
-        record.finish()
-        if self.observers:
-            if self._flat.keep(record):
-                return HttpResponse(200, body)
-            traceparent = self.observers.traceparent(record)  # tracing on: the request's trace
-            self.observers.finished(record)
-            if traceparent is not None:
-                return HttpResponse(200, body, [_JSON, (TRACEPARENT, traceparent.encode())])
-        return HttpResponse(200, body)
+            traceparent = self._end.finish(record, error.code if error is not None
+                                           else "internal")
+            if error is None:
+                raise  # the app logs it and answers 500
+            status, body, headers = http_error(error)
+            return HttpResponse(status, body, _traced(headers, traceparent))
+        traceparent = self._end.finish(record)
+        return HttpResponse(200, body, _traced([_JSON], traceparent))
+
+    async def _predict(self, request: HttpRequest, record: RequestRecord) -> dict[str, Any]:
+        """Parse, then run: the answer's document."""
+        sent_traceparent = request.headers.get(TRACEPARENT)
+        if sent_traceparent is not None:
+            record.traceparent = sent_traceparent.decode("latin-1")
+        req = parse_request(request.json(), self.pipeline.max_instances)
+        version = request.params.get("version")
+        if version is not None:
+            req.version = version
+        record.request_id = req.request_id or ""
+        if req.budget_ms is not None:
+            sent, source = req.budget_ms, FROM_BODY
+        else:
+            sent, source = request.headers.get(BUDGET_HEADER), FROM_HEADER
+        start = request.start
+
+        def budget_of(handle: ModelHandle) -> Budget:
+            return parse_budget(sent, source, default_ms=handle.slo_ms, start=start)
+
+        if sent is not None:  # a bad budget is a 400 even for an unknown model
+            parse_budget(sent, source, default_ms=1.0, start=start)
+        return await self.pipeline.predict(request.params["name"], req, budget_of, record)
 
     async def stats(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(self.pipeline.stats())
