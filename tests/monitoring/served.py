@@ -28,7 +28,7 @@ def probability(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-(x @ WEIGHTS + BIAS)))
 
 
-def logistic_model() -> bytes:
+def logistic_model(weights: np.ndarray = WEIGHTS, bias: float = BIAS) -> bytes:
     """p = sigmoid(x·w + b); outputs ``label`` and ``probabilities`` like the converters'."""
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["z0"]),
@@ -38,11 +38,12 @@ def logistic_model() -> bytes:
         helper.make_node("Concat", ["p0", "p1"], ["probabilities"], axis=1),
         helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0),
     ]
-    inits = [numpy_helper.from_array(WEIGHTS.reshape(3, 1), "w"),
-             numpy_helper.from_array(np.array([BIAS], np.float32), "b"),
+    inits = [numpy_helper.from_array(weights.astype(np.float32).reshape(-1, 1), "w"),
+             numpy_helper.from_array(np.array([bias], np.float32), "b"),
              numpy_helper.from_array(np.array([1.0], np.float32), "one")]
     graph = helper.make_graph(
-        nodes, "logistic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        nodes, "logistic", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                          [None, len(weights)])],
         [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
          helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -542,9 +542,12 @@ class ServerMonitor:
 
     # ------------------------------------------------------------------ read side
     def summary(self, ticks: int = 60) -> dict[str, Any]:
+        """The last ``ticks`` points of the time series and the latest drift, quality, review
+        and alert state (``history_ticks``: how many points the server keeps)."""
         history = list(self.history)[-ticks:]
         return {
             "now": round(time.time(), 3), "tick_s": self.tick_s, "history": history,
+            "history_ticks": HISTORY_TICKS,
             # with several workers these figures are this worker's (/metrics merges them all)
             "worker_pid": os.getpid(),
             "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
@@ -565,11 +568,14 @@ async def _in_steps(steps: Iterator[None]) -> None:
 
 
 def _drift_brief(report: dict[str, Any]) -> dict[str, Any]:
-    feats = {f["feature"]: {"drift": f["drift"], **f.get("statistics", {})}
-             for f in report["features"]}
+    """Per feature (and the prediction): the verdict, each statistic, its threshold and which
+    went beyond (the dashboard ranks features by statistic over threshold)."""
+    items = list(report["features"])
     if report.get("prediction"):
-        p = report["prediction"]
-        feats["prediction"] = {"drift": p["drift"], **p.get("statistics", {})}
+        items.append(report["prediction"])
+    feats = {f["feature"]: {"drift": f["drift"], **f.get("statistics", {}),
+                            "thresholds": f.get("thresholds", {}),
+                            "beyond": f.get("beyond", [])} for f in items}
     return {"rows": report["window"]["rows"], "drifted": report["drifted"], "features": feats}
 
 

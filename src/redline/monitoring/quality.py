@@ -146,6 +146,8 @@ class QualityMonitor:
             "join_capacity": self.join_capacity, "evicted": snap.evicted,
             "joined": snap.joined, "late_labels": snap.late,
             "reference": self.reference, "tolerance": self.tolerance,
+            "higher_is_better": {k: HIGHER_IS_BETTER[k] for k in (
+                ("roc_auc", "accuracy", "log_loss") if self.classification else ("rmse", "mae"))},
         }
         realised: dict[str, float | None] = {}
         if labelled.shape[0]:

@@ -1,7 +1,8 @@
 """The monitoring HTTP routes, added to the REST app through its public ``add_route``.
 
 ``GET /metrics`` (Prometheus text), ``GET /dashboard`` (the live page) and the JSON it reads,
-``GET /v1/monitoring/summary``; drift and quality per model; ``POST /v1/labels``; and, behind the
+``GET /v1/monitoring/summary`` (the last minute) and ``/v1/monitoring/history`` (every point
+kept); drift and quality per model; ``POST /v1/labels``; and, behind the
 admin token because they show request inputs, ``GET /v1/debug/slow`` and the review queue.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from redline.errors import InvalidInput, NotFound
 from redline.monitoring.joinstore import JoinOutcome
+from redline.monitoring.monitor import HISTORY_TICKS
 
 MAX_LABELS = 10_000
 
@@ -38,6 +40,9 @@ def install_routes(app: Any, monitor: Any) -> None:
 
     async def summary(request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(monitor.summary())
+
+    async def history(request: HttpRequest) -> HttpResponse:
+        return HttpResponse.json(monitor.summary(HISTORY_TICKS))  # what the page opens with
 
     async def slow(request: HttpRequest) -> HttpResponse:
         monitor.drain()  # the records since the last tick too
@@ -153,6 +158,7 @@ def install_routes(app: Any, monitor: Any) -> None:
     add("GET", "/metrics", metrics)
     add("GET", "/dashboard", dashboard)
     add("GET", "/v1/monitoring/summary", summary)
+    add("GET", "/v1/monitoring/history", history)
     add("GET", "/v1/models/{name}/drift", drift)
     add("GET", "/v1/models/{name}/versions/{version}/drift", drift)
     add("GET", "/v1/models/{name}/quality", quality)
