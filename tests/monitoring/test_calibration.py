@@ -1,5 +1,6 @@
-"""Drift thresholds are calibrated when a version loads, on a background thread: the first
-report does not pay for it, and requests served meanwhile are not held up."""
+"""Drift thresholds are calibrated once per version, on a background thread once the ports are
+open, and kept beside the version: the first report does not pay for it, requests served
+meanwhile are not held up, and a restarted server reads them instead of calibrating."""
 
 from __future__ import annotations
 
@@ -7,25 +8,78 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 
+from redline.models import ModelRepository
 from redline.models.metadata import profile_inputs
 from redline.monitoring.drift import DriftMonitor, FeatureReference, size_classes
+from redline.monitoring.routes import calibrating_report
+from redline.monitoring.threshold_file import FILE_NAME
 from tests.monitoring.served import monitored_settings, start, training_data, v2_body
+from tests.serving.helpers import ServerThread
 
 
-def test_a_loaded_version_is_calibrated_before_the_server_is_started(tmp_path: Path) -> None:
+def _calibrated(server: Any, key: tuple[str, str]) -> DriftMonitor:
+    drift: DriftMonitor = server.server.monitor.windows.drift[key]
+    assert drift.wait_calibrated(60)
+    return drift
+
+
+def test_thresholds_are_calibrated_once_per_version_and_kept_beside_it(tmp_path: Path) -> None:
+    """The first server calibrates in the background once its ports are open and keeps the
+    result in the version's folder; a restarted server reads it instead of calibrating."""
     server = start(tmp_path)
     try:
-        windows = server.server.monitor.windows
-        drift = windows.drift[("fraud", "1")]  # made at load, before the ports opened
-        assert drift.calibrated and drift.calibration_s is not None  # no request was sent
+        drift = _calibrated(server, ("fraud", "1"))  # made at load, no request sent
+        assert drift.thresholds_from == "computed"
         refs = list(drift.references.values())
         assert refs and all(len(r._thresholds) >= 5 for r in refs)  # every window size
+        first = {r.name: r.calibration() for r in refs}
     finally:
         server.stop()
+    kept = tmp_path / "fraud" / "1" / FILE_NAME
+    assert kept.is_file()
+    again = ServerThread(monitored_settings(), ModelRepository(tmp_path)).start()
+    try:
+        drift = _calibrated(again, ("fraud", "1"))
+        assert drift.thresholds_from == "file"
+        assert {r.name: r.calibration() for r in drift.references.values()} == first
+    finally:
+        again.stop()
+
+
+def test_kept_thresholds_of_another_profile_are_calibrated_again(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    names = ["a", "b"]
+    profile = profile_inputs(rng.normal(size=(2000, 2)), names)
+    other_profile = profile_inputs(rng.normal(3, 2, size=(2000, 2)), names)
+
+    def calibrated(prof: dict[str, Any]) -> str | None:
+        drift = DriftMonitor("m", "1", prof, names, 1000, 100, keep_in=tmp_path)
+        drift.calibrate(background=False)
+        return drift.thresholds_from
+
+    assert calibrated(profile) == "computed" and (tmp_path / FILE_NAME).is_file()
+    assert calibrated(profile) == "file"
+    assert calibrated(other_profile) == "computed"  # the file was for another profile
+    (tmp_path / FILE_NAME).write_text("{not json")
+    assert calibrated(profile) == "computed"  # an unreadable file is calibrated again
+    assert calibrated(profile) == "file"
+
+
+def test_drift_reads_calibrating_until_the_thresholds_exist() -> None:
+    rng = np.random.default_rng(2)
+    names = [f"f{i}" for i in range(3)]
+    drift = DriftMonitor("m", "1", profile_inputs(rng.normal(size=(2000, 3)), names), names,
+                         1000, 100)
+    report = calibrating_report(drift)
+    assert report["calibrating"] is True and report["drift"] is False
+    assert report["features"] == [] and "calibrating" in report["note"]
+    drift.calibrate(background=False)
+    assert "calibrating" not in drift.report()
 
 
 def test_requests_during_a_calibration_are_not_delayed(tmp_path: Path) -> None:
@@ -115,3 +169,36 @@ def test_the_prediction_baseline_is_calibrated_once_at_its_first_report() -> Non
     fresh_ref = fresh.prediction_ref
     assert fresh_ref is not None
     assert first == {k: round(v, 5) for k, v in fresh_ref.thresholds(300).items()}
+
+
+def test_the_ports_open_while_a_calibration_still_runs(tmp_path: Path, monkeypatch) -> None:
+    """Nothing waits for the drift thresholds before the ports open: with the calibration held
+    back, the server is ready and answers, and drift reads "calibrating" until it is done."""
+    import redline.monitoring.drift as drift_module
+    import redline.monitoring.routes as routes
+
+    release = threading.Event()
+    calibrate_all = drift_module._calibrate_all
+
+    def held(refs: list[FeatureReference], capacity: int) -> None:
+        release.wait(60)
+        calibrate_all(refs, capacity)
+
+    monkeypatch.setattr(drift_module, "_calibrate_all", held)
+    monkeypatch.setattr(routes, "CALIBRATION_WAIT_S", 0.0)
+    server = start(tmp_path)
+    try:
+        body = v2_body(training_data(np.random.default_rng(3), 1))
+        with httpx.Client(base_url=server.http, timeout=30) as http:
+            assert http.get("/v2/health/ready").status_code == 200
+            assert http.post("/v2/models/fraud/infer", json=body).status_code == 200
+            [report] = http.get("/v1/models/fraud/drift").json()["versions"]
+            assert report["calibrating"] is True and report["drift"] is False
+            release.set()
+            drift = _calibrated(server, ("fraud", "1"))
+            assert drift.thresholds_from == "computed"
+            [report] = http.get("/v1/models/fraud/drift").json()["versions"]
+            assert "calibrating" not in report and report["features"]
+    finally:
+        release.set()
+        server.stop()

@@ -2,8 +2,9 @@
 
 Failure accounting (the same in every chaos test): an inference is *failed* when the caller got
 no 200 after at most ``retries`` more tries on a fresh connection. A retry happens only on a
-connection-level error (refused, reset, closed before any response): V2 inference has no side
-effects, so sending it again is safe. Retries are counted and reported next to failures.
+connection-level error (refused, reset, closed before any response) or a timeout: V2 inference
+has no side effects, so sending it again is safe. Retries are counted and reported next to
+failures.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class SteadyLoad:
             try:
                 r = client.post(self.path, json=self.body)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
-                    httpx.WriteError) as exc:
+                    httpx.WriteError, httpx.TimeoutException) as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 with self._lock:
                     if attempt < self.retries:

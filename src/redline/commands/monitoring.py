@@ -219,6 +219,8 @@ def drift(url: str | None, model: str | None, version: str | None, as_json: bool
     for r in doc["versions"]:
         w = r["window"]
         verdict = "[red]DRIFT[/]: " + ", ".join(r["drifted"]) if r["drift"] else "[green]no drift"
+        if r.get("calibrating"):
+            verdict = "[yellow]calibrating[/] (no verdict yet)"
         table = Table(title=f"{r['model']} v{r['version']}: {verdict}  (window {w['rows']:,} "
                       f"of {w['capacity']:,} rows, {w['seen']:,} seen)", title_justify="left")
         for col in ("feature", "kind", "psi", "js", "wasserstein", "missing", "out of range",

@@ -24,11 +24,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from redline.monitoring.handoff import yield_to_loop
+from redline.monitoring.threshold_file import ThresholdFile, fingerprint
 
 # Effect-size floors: below these a shift is not worth an alarm however sure we are of it.
 PSI_FLOOR = 0.1
@@ -48,6 +50,10 @@ _EPS = 1e-4
 # Quantile levels for Wasserstein, the outer 1% of each tail left out: the profile knows the
 # extremes only as one min and one max, too coarse to compare tails against.
 _GRID = 0.01 + 0.98 * (np.arange(200) + 0.5) / 200
+# What a calibration's result depends on besides the profile (part of a kept file's fingerprint).
+CALIBRATION_CONSTANTS = {"psi_floor": PSI_FLOOR, "js_floor": JS_FLOOR,
+                         "wasserstein_floor": WASSERSTEIN_FLOOR, "null_quantile": NULL_QUANTILE,
+                         "null_draws": NULL_DRAWS, "w_draws": W_DRAWS, "w_quantile": W_QUANTILE}
 
 
 # ---------------------------------------------------------------------- statistics
@@ -171,6 +177,18 @@ class FeatureReference:
         redrawn too (it is a sample of ``ref_rows``), so a small training profile widens them.
         """
         return self.class_thresholds(_size_class(n))
+
+    def calibration(self) -> dict[str, Any]:
+        """Every threshold computed so far, as JSON (kept beside the version)."""
+        return {"w1000": self._w1000,
+                "classes": {str(size): dict(t) for size, t in self._thresholds.items()}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take thresholds computed before for this very reference (``calibration``)."""
+        w1000 = state.get("w1000")
+        self._w1000 = None if w1000 is None else float(w1000)
+        self._thresholds = {int(size): {k: float(v) for k, v in t.items()}
+                            for size, t in state.get("classes", {}).items()}
 
     def class_thresholds(self, size: int) -> dict[str, float]:
         """``thresholds`` for the window size class ``size`` (one of ``size_classes``)."""
@@ -300,7 +318,8 @@ class DriftMonitor:
 
     def __init__(self, model: str, version: str, profile: dict[str, Any],
                  feature_names: list[str] | None, window_rows: int = 5000,
-                 min_rows: int = 200) -> None:
+                 min_rows: int = 200, keep_in: Path | None = None) -> None:
+        """``keep_in``: the version's folder, where calibrated thresholds are kept and found."""
         self.model, self.version = model, version
         self.min_rows = min_rows
         levels = profile.get("quantile_levels", [])
@@ -325,6 +344,9 @@ class DriftMonitor:
         self._calibration: threading.Thread | None = None
         self._prediction_calibrated = False  # every size class of the baseline's thresholds
         self.calibration_s: float | None = None  # how long the calibration took (CPU time)
+        self.thresholds_from: str | None = None  # "file" (kept beside the version) | "computed"
+        self._file = None if keep_in is None else ThresholdFile(
+            keep_in, fingerprint(profile, names, window_rows, CALIBRATION_CONSTANTS))
         self.last_report: dict[str, Any] | None = None
         self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -354,10 +376,31 @@ class DriftMonitor:
     def _calibrate(self) -> None:
         t0 = time.thread_time()
         try:
+            if self._restore():
+                self.thresholds_from = "file"
+                return
             _calibrate_all(list(self.references.values()), self.window.capacity)
+            self.thresholds_from = "computed"
+            if self._file is not None and self.references:
+                self._file.save({ref.name: ref.calibration()
+                                 for ref in self.references.values()})
         finally:
             self.calibration_s = time.thread_time() - t0
             self._calibrated.set()
+
+    def _restore(self) -> bool:
+        """The thresholds kept beside the version, when they were computed for this profile."""
+        if self._file is None or not self.references:
+            return False
+        kept = self._file.load()
+        if kept is None or any(ref.name not in kept for ref in self.references.values()):
+            return False
+        try:
+            for ref in self.references.values():
+                ref.restore(kept[ref.name])
+        except (TypeError, ValueError, AttributeError):
+            return False
+        return True
 
     @property
     def calibrated(self) -> bool:

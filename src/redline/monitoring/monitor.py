@@ -27,6 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -137,7 +138,8 @@ class ServerMonitor:
         join = join_backend(settings)
         self.review = ReviewQueue(mon.review_per_minute, mon.review_capacity,
                                   review_store(join, mon.review_capacity))
-        self.windows = ModelWindows(self._metadata, mon, self.review, join=join)
+        self.windows = ModelWindows(self._metadata, mon, self.review, join=join,
+                                    folder=self._version_folder)
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
         if trace_exporter is None and mon.otlp_endpoint:
@@ -277,16 +279,22 @@ class ServerMonitor:
         except Exception:  # noqa: BLE001 - a version gone since the request: no monitors
             return None
 
+    def _version_folder(self, model: str, version: str) -> Path | None:
+        repository = getattr(self.registry, "repository", None)
+        if repository is None or not version.isdigit():
+            return None
+        return Path(repository.version_dir(model, int(version)))
+
     def install(self, app: Any) -> None:
         from redline.monitoring.routes import install_routes
 
         install_routes(app, self)
 
     def prepare_loaded(self, wait: bool = False) -> None:
-        """Drift and quality monitors for every loaded version, now: each starts calibrating
-        its drift thresholds on a background thread before the first report needs them
-        (``wait``: and returns when they are done; the server does this before its ports
-        open, so no early request competes with the calibration)."""
+        """Drift and quality monitors for every loaded version, now: each reads its drift
+        thresholds from beside the version, or calibrates them on a background thread (once
+        per version: the result is kept there) before the first report needs them
+        (``wait``: and returns when they are done). Drift reads "calibrating" meanwhile."""
         keys = []
         for name in self.registry.models():
             for handle in _loaded(self.registry, name):
@@ -300,10 +308,9 @@ class ServerMonitor:
                     drift.wait_calibrated()
 
     async def models_loaded(self) -> None:
-        """Before the server's ports open: every loaded version's drift thresholds calibrated
-        (on a thread), so the CPU burst does not land on the first requests (versions loaded
-        later calibrate in the background)."""
-        await asyncio.to_thread(self.prepare_loaded, True)
+        """Before the server's ports open: nothing to wait for. The drift thresholds are read
+        from beside each version, or calibrated once in the background after the ports open
+        (``run``), so a (re)started worker answers at once."""
 
     async def run(self) -> None:
         """The tick, until cancelled."""

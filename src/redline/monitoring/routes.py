@@ -171,6 +171,9 @@ def install_routes(app: Any, monitor: Any) -> None:
     add("GET", "/v1/review/export", review_export, admin=True)
 
 
+CALIBRATION_WAIT_S = 2.0  # how long a drift report waits for thresholds still being computed
+
+
 def _drift_reports(monitor: Any, name: str, version: str | None) -> list[dict[str, Any]]:
     monitor.windows.absorb()
     out = []
@@ -178,6 +181,11 @@ def _drift_reports(monitor: Any, name: str, version: str | None) -> list[dict[st
         if version is not None and key[1] != version:
             continue
         drift = monitor.windows.drift[key]
+        # A version's first server calibrates in the background: a short one is waited for
+        # (this runs on a worker thread), a long one reads "calibrating" until it is done.
+        if not drift.wait_calibrated(CALIBRATION_WAIT_S):
+            out.append(calibrating_report(drift))
+            continue
         report = drift.report()
         if not drift.has_reference:
             report["note"] = ("this version has no input profile (register it with a sample "
@@ -185,6 +193,19 @@ def _drift_reports(monitor: Any, name: str, version: str | None) -> list[dict[st
         monitor.drift_reports[key] = report
         out.append(report)
     return out
+
+
+def calibrating_report(drift: Any) -> dict[str, Any]:
+    """What a drift report says before its version's thresholds exist: no verdict yet."""
+    return {"model": drift.model, "version": drift.version, "calibrating": True,
+            "window": {"rows": int(drift.window.rows().shape[0]),
+                       "capacity": drift.window.capacity, "seen": int(drift.window.seen),
+                       "since": round(drift.window.started, 3), "min_rows": drift.min_rows,
+                       "skipped_rows": drift.skipped},
+            "reference": "training profile" if drift.has_reference else None,
+            "features": [], "prediction": None, "drifted": [], "drift": False,
+            "note": ("calibrating this version's drift thresholds (once per version, then kept "
+                     "beside it); the report follows in seconds")}
 
 
 def _quality_reports(monitor: Any, name: str, version: str | None) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,14 +45,17 @@ PIECE = 16  # records per pending piece (one list the collector tracks, instead 
 FIELDS = 5  # a record in a piece: model, version, request id, inputs, outputs
 
 MetadataLookup = Callable[[str, str], Any]  # (model, version) -> ModelMetadata | None
+FolderLookup = Callable[[str, str], Path | None]  # (model, version) -> the version's folder
 
 
 class ModelWindows:
     """The request observer for drift, quality and review, and the monitors per version."""
 
     def __init__(self, lookup: MetadataLookup, settings: Any, review: ReviewQueue,
-                 max_pending: int = 50_000, join: JoinBackend | None = None) -> None:
+                 max_pending: int = 50_000, join: JoinBackend | None = None,
+                 folder: FolderLookup | None = None) -> None:
         self.lookup = lookup
+        self.folder = folder  # where a version's calibrated drift thresholds are kept
         self.settings = settings  # MonitoringSettings
         self.review = review
         self.join: JoinBackend = join if join is not None else MemoryBackend()
@@ -174,7 +178,8 @@ class ModelWindows:
             if meta is not None:
                 s = self.settings
                 drift = DriftMonitor(key[0], key[1], meta.input_profile or {},
-                                     meta.feature_names, s.drift_window_rows, s.drift_min_rows)
+                                     meta.feature_names, s.drift_window_rows, s.drift_min_rows,
+                                     keep_in=self.folder(*key) if self.folder else None)
                 drift.calibrate()  # thresholds on a background thread, not in a report
                 self.drift[key] = drift
                 self.quality[key] = QualityMonitor(

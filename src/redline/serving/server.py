@@ -28,6 +28,7 @@ from redline.serving.http_protocol import RedlineHttpProtocol
 from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers
+from redline.serving.startup import StartupPhases
 from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
@@ -69,6 +70,8 @@ class RedlineServer:
 
     def __init__(self, settings: Settings, repository: ModelRepository | None = None,
                  observers: Observers | None = None) -> None:
+        self.phases = StartupPhases()  # each start-up phase logged with its time
+        self.phases.done("imports and settings")
         self.settings = settings
         self.repository = repository or ModelRepository(settings.repository)
         self.registry = ModelRegistry(self.repository, settings)
@@ -96,6 +99,7 @@ class RedlineServer:
         self.grpc_interceptors: list[Any] = []  # e.g. the worker's load meter
         self._listen: socket.socket | None = None  # the HTTP port, taken by claim_ports()
         self._claimed = False
+        self.phases.done("server built", "feature definitions, online store")
 
     def attach(self, companion: ServerCompanion) -> None:
         """Start, run and close ``companion`` with this server (before ``serve()``)."""
@@ -120,12 +124,14 @@ class RedlineServer:
         self.claim_ports()
         await self.registry.sync()
         for companion in self.companions:
-            # Before the ports open: monitoring calibrates drift thresholds of every loaded
-            # version now, so its CPU burst does not land on the first requests.
+            # Before the ports open; nothing slow (monitoring's drift thresholds are read from
+            # beside each version, or calibrated in the background once the ports are open).
             await companion.models_loaded()
+        self.phases.done("models loaded and warm", f"{len(self.registry.models())} models")
         # The online store's reachability: logged now and on every change, in the health body.
         store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
         await store_health.check()
+        self.phases.done("online store checked")
         self.app.health_details = store_health.body  # type: ignore[attr-defined]
         # A value beyond a float's range becomes inf and is refused by the finite-value check
         # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
@@ -135,6 +141,7 @@ class RedlineServer:
         # runs), on stand-ins that leave no trace (serving/warmup.py).
         await warm_request_path(self.registry, self.pipeline, self.settings,
                                 bool(self.observers), RedlineHttpProtocol)
+        self.phases.done("request path warm")
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
         # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
@@ -185,6 +192,8 @@ class RedlineServer:
         log.info("redline serving %s models: http %s:%s grpc %s", len(self.registry.models()),
                  server.host, self.http_port, grpc_text)
         running = [loop.create_task(companion.run()) for companion in self.companions]
+        self.phases.done("listening")
+        self.phases.ready()
         self.started.set()
         await self._stop.wait()
         for task in running:

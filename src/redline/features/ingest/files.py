@@ -28,7 +28,10 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 obj = None
-        raws.append(raw)
+        # The event parsed once: the decoder takes the object itself (its bytes only when it
+        # is not a plain event object, so that its dead letter reads as the file's line).
+        is_event = type(obj) is dict and not (len(obj) == 1 and "d" in obj)
+        raws.append(obj if is_event and isinstance(raw, bytes) else raw)
         ms = arrival_of(obj, ingestor.decoder, arrival_column)
         arrivals.append(ms or now_ms())
     accepted = 0
@@ -39,5 +42,7 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
         ingestor.apply(decoded, measure=False)
         accepted += len(decoded.accepted)
         for r in decoded.rejected:
-            rejected.append(Rejected(r.reason, r.raw, r.tag + i))
+            line = log.raws[r.tag + i]  # the file's own bytes, not the parsed object's
+            rejected.append(Rejected(r.reason, line if isinstance(line, bytes) else r.raw,
+                                     r.tag + i))
     return IngestResult(accepted, rejected)
