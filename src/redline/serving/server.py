@@ -71,7 +71,7 @@ class RedlineServer:
     def __init__(self, settings: Settings, repository: ModelRepository | None = None,
                  observers: Observers | None = None) -> None:
         self.phases = StartupPhases()  # each start-up phase logged with its time
-        self.phases.done("imports and settings")
+        self.phases.done("imports and settings", quiet_until_next=True)
         self.settings = settings
         self.repository = repository or ModelRepository(settings.repository)
         self.registry = ModelRegistry(self.repository, settings)
@@ -99,7 +99,8 @@ class RedlineServer:
         self.grpc_interceptors: list[Any] = []  # e.g. the worker's load meter
         self._listen: socket.socket | None = None  # the HTTP port, taken by claim_ports()
         self._claimed = False
-        self.phases.done("server built", "feature definitions, online store")
+        self.phases.done("server built", "feature definitions, online store",
+                         quiet_until_next=True)
 
     def attach(self, companion: ServerCompanion) -> None:
         """Start, run and close ``companion`` with this server (before ``serve()``)."""

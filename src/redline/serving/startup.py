@@ -35,14 +35,21 @@ class StartupPhases:
         self._start = now - age if age is not None and age >= 0 else now
         self._last = self._start
         self.phases: list[tuple[str, float]] = []
+        self._pending: list[str] = []
 
-    def done(self, phase: str, detail: str = "") -> float:
-        """Log ``phase`` as finished now; returns its seconds."""
+    def done(self, phase: str, detail: str = "", quiet_until_next: bool = False) -> float:
+        """Log ``phase`` as finished now; returns its seconds. ``quiet_until_next``: logged
+        with the next phase, so a start that fails at once (a port in use) stays one line."""
         now = time.monotonic()
         seconds = now - self._last
         self._last = now
         self.phases.append((phase, seconds))
-        log.info("start-up: %s in %.2f s%s", phase, seconds, f" ({detail})" if detail else "")
+        self._pending.append(f"start-up: {phase} in {seconds:.2f} s"
+                             + (f" ({detail})" if detail else ""))
+        if not quiet_until_next:
+            for line in self._pending:
+                log.info("%s", line)
+            self._pending.clear()
         return seconds
 
     def ready(self) -> float:
