@@ -131,7 +131,7 @@ def preload_store(server: object, path: str) -> None:
                            "--definitions)")
     phases = getattr(server, "phases", None)
     if phases is not None:
-        phases.done("ports claimed, rollouts installed")
+        phases.done("monitoring attached, ports claimed, rollouts installed")
     started = time.perf_counter()
     # The replay builds the store's whole state, objects that live as long as the process: the
     # cyclic collector's passes over the growing heap cost a third of the replay and a full
