@@ -238,7 +238,12 @@ class ModelRegistry:
     async def _apply(self, name: str, plan: _Plan) -> None:
         self._versions[name] = plan.versions
         self._aliases[name] = plan.aliases
-        self._applied.add(name)
+        try:
+            await self._apply_plan(name, plan)
+        finally:
+            self._applied.add(name)  # tried: from here on readiness says why, not "loading"
+
+    async def _apply_plan(self, name: str, plan: _Plan) -> None:
         if plan.error is not None:
             if self._entry_errors.get(name) != plan.error:
                 log.warning("model %s: cannot read its repository entry: %s", name, plan.error)
