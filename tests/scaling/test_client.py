@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import http.server
 import os
 import signal
 import threading
@@ -13,7 +17,7 @@ import pytest
 
 import redline
 from benchmarks.scaling.straggler import StragglerProxy
-from redline.errors import DeadlineExceeded, ModelNotFound
+from redline.errors import DeadlineExceeded, InvalidInput, ModelNotFound
 from tests.conftest import free_port
 from tests.scaling.procs import Serve
 
@@ -160,3 +164,118 @@ def test_the_losing_request_of_a_hedge_is_cancelled_on_the_wire(replicas) -> Non
             assert client.stats.hedges == 1 and client.stats.hedge_wins == 1
     finally:
         slow.stop()
+
+
+class _NotReadyHandler(http.server.BaseHTTPRequestHandler):
+    """A replica that is up but not ready: every answer is a 503, 30 ms after the request."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server naming
+        self.rfile.read(int(self.headers["content-length"]))
+        time.sleep(0.03)
+        body = b'{"error": "model affine is loading", "code": "not_ready"}'
+        self.send_response(503)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_abandoned_attempts_are_awaited_not_left_to_fail_unseen(replicas) -> None:  # type: ignore[no-untyped-def]
+    """The preferred replica answers 503 30 ms late; the hedge after 10 ms goes to a good one.
+    The client's loop is held busy past both answers, so both attempts finish in the same
+    turn of the loop: the failed one must still be taken, and callers that give up mid-hedge
+    leave nothing running. No "exception was never retrieved" after any of it."""
+    not_ready = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotReadyHandler)
+    threading.Thread(target=not_ready.serve_forever, daemon=True).start()
+    unseen: list[dict[str, object]] = []
+
+    async def go() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: unseen.append(context))
+        endpoints = [f"127.0.0.1:{not_ready.server_address[1]}", replicas[1].url]
+        answered = 0
+        async with redline.AsyncClient(endpoints, hedge_after_ms=10, hedge_max_share=1.0,
+                                       budget_ms=3000) as client:
+            for _ in range(20):
+                call = loop.create_task(client.infer("affine", X))
+                await asyncio.sleep(0.015)  # the hedge has gone
+                time.sleep(0.1)  # noqa: ASYNC251 - both answers arrive while the loop is busy
+                result = await call
+                assert result["s"].tolist() == [10.0] and result.hedged
+                answered += 1
+            for _ in range(20):  # callers that give up while both attempts are in flight
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.infer("affine", X), 0.012)
+            assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            hedges = client.stats.hedges
+        gc.collect()
+        await asyncio.sleep(0)
+        return answered, hedges
+
+    try:
+        answered, hedges = asyncio.run(go())
+    finally:
+        not_ready.shutdown()
+        not_ready.server_close()
+    gc.collect()
+    assert answered == 20 and hedges >= 20
+    assert unseen == [], unseen[:3]
+
+
+def test_failover_at_a_steady_rate_with_hedging_on(tmp_path: Path) -> None:
+    """An open-loop 200 requests/s through one AsyncClient with hedging and failover on; the
+    replica it prefers is SIGKILLed (supervisor and worker) a second in: zero failed calls."""
+    for i in range(2):
+        (tmp_path / f"r{i}").mkdir()
+    servers = [Serve(tmp_path / f"r{i}", "--workers", "1") for i in range(2)]
+    try:
+        for s in servers:
+            s.wait_ready()
+
+        async def go() -> tuple[int, list[str], int]:
+            loop = asyncio.get_running_loop()
+            failures: list[str] = []
+            ok = 0
+
+            async def one() -> None:
+                nonlocal ok
+                try:
+                    await client.infer("affine", X)
+                    ok += 1
+                except Exception as exc:  # noqa: BLE001 - every failure is the test's business
+                    failures.append(repr(exc))
+
+            async with redline.AsyncClient([s.url for s in servers], budget_ms=3000,
+                                           hedge_min_samples=20) as client:
+                assert client.hedge
+                tasks = []
+                start = loop.time()
+                killed = False
+                for i in range(600):  # 3 s at 200/s
+                    await asyncio.sleep(max(0.0, start + i / 200 - loop.time()))
+                    if not killed and i >= 200:
+                        used = client.endpoints.ranked()[0].address
+                        victim = next(s for s in servers if s.url == used)
+                        for pid in [*victim.children(), victim.proc.pid]:
+                            os.kill(pid, signal.SIGKILL)
+                        killed = True
+                    tasks.append(loop.create_task(one()))
+                await asyncio.gather(*tasks)
+                return ok, failures, client.stats.failovers + client.stats.hedge_wins
+
+        ok, failures, rescued = asyncio.run(go())
+    finally:
+        for s in servers:
+            s.kill()
+    assert failures == [], failures[:5]
+    assert ok == 600 and rescued >= 1
+
+
+def test_an_endpoint_it_cannot_speak_to_is_a_clear_error() -> None:
+    with pytest.raises(InvalidInput, match="http:// or https://"):
+        redline.AsyncClient(["127.0.0.1:8000", "grpc://127.0.0.1:8001"])

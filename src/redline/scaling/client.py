@@ -13,7 +13,10 @@ Every call has a budget (``budget_ms``): each attempt is sent with what is left 
 - **Failover**: endpoints (say one per zone) are ranked fastest healthy first
   (``scaling/endpoints.py``); a failed one is quarantined and re-probed later.
 
-The sync ``Client`` runs the async one on a private event-loop thread.
+Every attempt a call abandons (the hedge that lost, the rest when the caller gives up) is
+cancelled and awaited before the call returns, so none finishes unobserved. HTTP goes through
+``scaling/http1.py``, a keep-alive pool whose cost per request does not grow with its size. The
+sync ``Client`` runs the async one on a private event-loop thread.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import orjson
 from redline import errors
 from redline.models.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 from redline.scaling.endpoints import Endpoint, EndpointSet
+from redline.scaling.http1 import ConnectError, ConnectionLost, ConnectionPool
 
 T = TypeVar("T")
 
@@ -104,7 +108,13 @@ class AsyncClient:
         self.stats = ClientStats()
         self._recent: deque[float] = deque(maxlen=1000)
         self._p95_ms: float | None = None
-        self._http: dict[str, Any] = {}
+        self._http: dict[str, ConnectionPool] = {}
+        if protocol == "http":
+            for address in addresses:
+                try:
+                    self._http[address] = ConnectionPool.for_address(address)
+                except ValueError as exc:
+                    raise errors.InvalidInput(str(exc)) from None
         self._grpc: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ public calls
@@ -128,11 +138,10 @@ class AsyncClient:
         return result
 
     async def close(self) -> None:
-        for client in self._http.values():
-            await client.aclose()
+        for pool in self._http.values():
+            await pool.close()  # its idle connections; a later call opens new ones
         for channel, _ in self._grpc.values():
             await channel.close()
-        self._http.clear()
         self._grpc.clear()
 
     async def __aenter__(self) -> AsyncClient:
@@ -202,39 +211,37 @@ class AsyncClient:
 
     async def _hedged(self, call: tuple[Any, ...], primary: Endpoint, backup: Endpoint | None,
                       deadline: float) -> tuple[Any, Endpoint, bool]:
-        first = asyncio.ensure_future(self._attempt(call, primary, deadline))
         delay = self._hedge_delay_s() if backup is not None else None
         if delay is None or backup is None:
-            return await first, primary, False
+            return await self._attempt(call, primary, deadline), primary, False
+        loop = asyncio.get_running_loop()
+        first = loop.create_task(self._attempt(call, primary, deadline))
+        owner = {first: primary}
         try:
-            done, _ = await asyncio.wait({first}, timeout=delay)
-        except asyncio.CancelledError:
-            first.cancel()  # the caller gave up: so does its request
-            raise
-        if done or not self._hedge_allowed():
-            return await first, primary, False
-        self.stats.hedges += 1
-        second = asyncio.ensure_future(self._attempt(call, backup, deadline))
-        owner = {first: primary, second: backup}
-        pending = {first, second}
-        failure: _Retryable | None = None
-        try:
+            done, _ = await asyncio.wait((first,), timeout=delay)
+            if done or not self._hedge_allowed():
+                return await first, primary, False
+            self.stats.hedges += 1
+            second = loop.create_task(self._attempt(call, backup, deadline))
+            owner[second] = backup
+            pending: set[asyncio.Task[Any]] = {first, second}
+            failure: BaseException | None = None
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    exc = task.exception()
+                    exc = task.exception()  # retrieved for every finished attempt
                     if exc is None:
                         if task is second:
                             self.stats.hedge_wins += 1
                         return task.result(), owner[task], True
-                    if not isinstance(exc, _Retryable):
-                        raise exc
-                    failure = exc
+                    if failure is None or not isinstance(exc, _Retryable):
+                        failure = exc  # an answer error (4xx) outranks a retryable one
+                if failure is not None and not isinstance(failure, _Retryable):
+                    raise failure
             assert failure is not None
             raise failure
         finally:
-            for task in pending:
-                task.cancel()  # the loser: its stream or connection is cancelled
+            await _abandon(owner)
 
     async def _attempt(self, call: tuple[Any, ...], endpoint: Endpoint, deadline: float) -> Any:
         self.stats.attempts += 1
@@ -242,8 +249,8 @@ class AsyncClient:
         remaining = deadline - start
         try:
             if self.protocol == "http":
-                value = await asyncio.wait_for(self._http_call(call, endpoint, remaining),
-                                               remaining)
+                async with asyncio.timeout(remaining):
+                    value = await self._http_call(call, endpoint, remaining)
             else:
                 value = await self._grpc_call(call, endpoint, remaining)
         except _Retryable as exc:
@@ -260,37 +267,26 @@ class AsyncClient:
     # ------------------------------------------------------------------ HTTP
     async def _http_call(self, call: tuple[Any, ...], endpoint: Endpoint, remaining: float
                          ) -> Any:
-        import httpx
-
         api, model, version, payload = call
-        client = self._http.get(endpoint.address)
-        if client is None:
-            base = endpoint.address if "://" in endpoint.address else \
-                f"http://{endpoint.address}"
-            client = self._http[endpoint.address] = httpx.AsyncClient(
-                base_url=base, timeout=None,
-                limits=httpx.Limits(max_keepalive_connections=64, max_connections=256))
+        pool = self._http[endpoint.address]
         vpath = f"/versions/{version}" if version else ""
-        headers = {"x-redline-budget-ms": f"{max(1.0, remaining * 1000.0):.0f}",
-                   "content-type": "application/json"}
+        headers = b"x-redline-budget-ms: %d\r\n" % max(1, round(remaining * 1000.0))
         if api == "v2":
-            body = orjson.dumps({"inputs": [
-                {"name": name, "shape": list(a.shape), "datatype": _v2_type(a),
-                 "data": a.ravel().tolist()} for name, a in payload.items()]})
+            body = _v2_body(payload)
             url = f"/v2/models/{model}{vpath}/infer"
         else:
             body = orjson.dumps(payload)
             url = f"/v1/models/{model}{vpath}/predict"
         try:
-            response = await client.post(url, content=body, headers=headers)
-        except httpx.ConnectError as exc:
+            status, content = await pool.request(url, body, headers)
+        except ConnectError as exc:
             raise _Retryable(f"{endpoint.address}: cannot connect ({exc})", sent=False) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except ConnectionLost as exc:
             raise _Retryable(f"{endpoint.address}: connection lost ({exc})", sent=True) from None
-        doc = orjson.loads(response.content) if response.content else {}
-        if response.status_code != 200:
-            error = _error_from(response.status_code, doc)
-            if response.status_code in (429, 503):
+        doc = orjson.loads(content) if content else {}
+        if status != 200:
+            error = _error_from(status, doc)
+            if status in (429, 503):
                 raise _Retryable(error.message, sent=True, error=error)
             raise error
         if api == "v1":
@@ -348,6 +344,38 @@ class AsyncClient:
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise _Retryable("timed out", sent=True) from None
             raise _grpc_error(exc) from None
+
+
+async def _abandon(attempts: Mapping[asyncio.Task[Any], Endpoint]) -> None:
+    """Cancel the attempts still running and wait for them (their connections close), and
+    take every outcome, so no attempt ends unobserved; a cancel of the caller meanwhile is
+    kept for after."""
+    running = [task for task in attempts if not task.done()]
+    for task in running:
+        task.cancel()
+    if running:
+        outcome = asyncio.gather(*running, return_exceptions=True)
+        try:
+            await asyncio.shield(outcome)
+        except asyncio.CancelledError:
+            await outcome
+            raise
+    for task in attempts:
+        if not task.cancelled():
+            task.exception()
+
+
+def _v2_body(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The V2 JSON request; numeric arrays go to orjson as they are (no Python lists)."""
+    inputs = []
+    for name, a in arrays.items():
+        datatype = _v2_type(a)
+        flat = a.ravel()
+        data: Any = flat if flat.dtype.kind in "biuf" and flat.dtype != np.float16 else \
+            flat.tolist()
+        inputs.append({"name": name, "shape": list(a.shape), "datatype": datatype,
+                       "data": data})
+    return orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _v2_type(a: np.ndarray) -> str:
