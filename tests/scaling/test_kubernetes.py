@@ -19,6 +19,7 @@ import yaml
 from redline.config import load_settings
 from redline.models import ModelRepository
 from tests.conftest import RedisServer, free_port
+from tests.features.conftest import KafkaBroker
 from tests.scaling.podrun import DOCKERFILE, PodLayout, argv, deployment, read_image
 from tests.serving.helpers import affine_model
 
@@ -190,10 +191,11 @@ def project_folder(root: Path) -> Path:
     return root
 
 
-def lay_out_pod(tmp_path: Path, name: str, redis: RedisServer) -> PodLayout:
+def lay_out_pod(tmp_path: Path, name: str, redis: RedisServer, kafka: str = "") -> PodLayout:
     pod = deployment(name)["spec"]["template"]["spec"]
     layout = PodLayout(tmp_path / "pod", pod, hosts={
-        "redline-redis:6379": f"127.0.0.1:{redis.port}", "kafka:9092": f"127.0.0.1:{free_port()}"})
+        "redline-redis:6379": f"127.0.0.1:{redis.port}",
+        "kafka:9092": kafka or f"127.0.0.1:{free_port()}"})
     layout.fill_bundle(project_folder(tmp_path / "project"))
     layout.run_init_containers()
     return layout
@@ -243,17 +245,25 @@ def test_the_serving_pod_starts_and_answers(tmp_path: Path, redis_server: RedisS
 
 def test_the_ingest_pod_starts_and_consumes(tmp_path: Path, redis_server: RedisServer) -> None:
     """The ingest Deployment's pod: the image's ENTRYPOINT with ``ingest kafka ...`` reaches
-    its running state (definitions loaded from the bundle, Redis answered) and stays up."""
-    layout = lay_out_pod(tmp_path, "redline-ingest", redis_server)
-    log = tmp_path / "ingest.log"
-    proc = layout.start("ingest", {}, log)
+    its running state (definitions loaded from the bundle, Redis answered, a Kafka broker
+    there), stays up, and stops cleanly on SIGTERM."""
+    broker = KafkaBroker(tmp_path / "kafka")
+    (tmp_path / "kafka").mkdir()
+    broker.start()
     try:
-        deadline = time.monotonic() + 60
-        while "on kafka topic card-events group redline-ingest" not in log.read_text():
+        broker.create_topic("card-events", 1)
+        layout = lay_out_pod(tmp_path, "redline-ingest", redis_server, broker.bootstrap)
+        log = tmp_path / "ingest.log"
+        proc = layout.start("ingest", {}, log)
+        try:
+            deadline = time.monotonic() + 90
+            while "on kafka topic card-events group redline-ingest" not in log.read_text():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            time.sleep(1.0)
             assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        time.sleep(1.0)
-        assert proc.poll() is None, log.read_text()[-3000:]
+        finally:
+            assert stop(proc) == 0, log.read_text()[-3000:]
     finally:
-        assert stop(proc) == 0, log.read_text()[-3000:]
+        broker.kill()
