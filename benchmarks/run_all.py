@@ -134,7 +134,8 @@ def _serving(args: argparse.Namespace, command: list[str], runs: list[dict]) -> 
     rows = [[_SERVER_NAMES.get(c["server"], c["server"]), c["protocol"], str(c["concurrency"]),
              f"{c['rps']:,.0f} ({c['rps_min']:,.0f}–{c['rps_max']:,.0f})", number(c["p50_ms"]),
              f"{number(c['p99_ms'])} ({number(c['p99_ms_min'])}–{number(c['p99_ms_max'])})",
-             number(c["server_cpu_us_per_req"])]
+             # nginx answers from worker processes the master's CPU time does not count
+             "—" if c["server"] == "nginx" else number(c["server_cpu_us_per_req"])]
             for c in sorted(result["cells"], key=_cell_order) if c["server"] != "mlserver"]
     lines = [_stamp(args, command), "", *targets_table(targets), "",
              *table(["server", "protocol", "c", "req/s (min–max)", "p50 ms", "p99 ms (min–max)",
