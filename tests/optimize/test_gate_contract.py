@@ -149,7 +149,7 @@ def test_an_optimized_regressor_passes_and_a_broken_one_fails(regressors, capsys
     assert check["passed"] and check["measured"] < 0.05
     code, _, err = run_cli([*args, "--candidate", "3"], capsys)
     assert code == EXIT_DISAGREEMENT
-    assert "of their spread" in err
+    assert "of the baseline's RMSE on these rows" in err
 
 
 def test_promote_moves_the_alias_only_when_the_gate_passes(production, digits_npz, capsys):
@@ -162,3 +162,28 @@ def test_promote_moves_the_alias_only_when_the_gate_passes(production, digits_np
                            "--promote", "production")
     assert code == 0, err
     assert production.aliases("digits")["production"] == 2 and "promoted v2" in out
+
+
+def test_a_regressor_whose_answers_all_moved_fails_by_default(repo, tmp_path, capsys):
+    """An accurate regressor's answers spread widely, so a shift that triples its error is a
+    small share of that spread; against the baseline's own error it is not."""
+    from sklearn.linear_model import LinearRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    y = x @ rng.uniform(100, 220, size=8) + rng.normal(0, 25, size=600)
+    good = LinearRegression().fit(x[:400], y[:400])
+    shifted = LinearRegression().fit(x[:400], y[:400] + 60)  # every answer +60
+    repo.add_estimator("price", good, x[:64])
+    repo.promote("price", 1)
+    repo.add_estimator("price", shifted, x[:64])  # v2
+    data = tmp_path / "gate.npz"
+    np.savez(data, X=x[400:], y=y[400:])
+    code, out, err = run_cli(["gate", "-m", "price", "--candidate", "2", "--data", data,
+                              "-r", repo.root, *RELAXED, "--json"], capsys)
+    assert code == EXIT_DISAGREEMENT, err
+    check = next(c for c in json.loads(out)["checks"] if c["name"] == "relative_error")
+    assert check["measured"] > 2 and check["limit"] == 1.0  # 60 against an RMSE near 25
+    assert "of the baseline's RMSE on these rows" in check["message"]
+    spread = float(np.std(good.predict(x[400:])))
+    assert 60 / spread < 0.15  # what the spread-relative bound let through

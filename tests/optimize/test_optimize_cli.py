@@ -51,11 +51,14 @@ def test_optimize_registers_the_chosen_candidate(digits_repo, digits_npz, train_
     chosen = next(c for c in report["candidates"] if c["name"] == report["chosen"])
     assert chosen["within_tolerance"] and chosen["choice"]["interval"][1] <= 0.03
     assert chosen["evaluation"]["interval"][1] <= 0.03  # confirmed on the evaluation rows
-    # the chosen candidate is the fastest of those within tolerance, at batch 32
+    # the chosen candidate is the fastest of those within tolerance at batch 32, or one the
+    # measurement cannot tell apart from it
     eligible = [c for c in report["candidates"] if c["within_tolerance"] and
                 c["name"] != "original"]
-    assert chosen["latency"]["32"]["p50_us"] == min(c["latency"]["32"]["p50_us"]
-                                                    for c in eligible)
+    fastest = max(eligible, key=lambda c: c["speedup"]["32"])
+    assert report["chosen"] in (fastest["name"], fastest["tied_with"])
+    low, high = chosen["speedup_interval"]["32"]
+    assert low <= chosen["speedup"]["32"] <= high
     # registered as version 2, with how it was made and what it measured
     assert digits_repo.versions("digits") == [1, 2]
     meta = digits_repo.metadata("digits", 2)

@@ -114,7 +114,9 @@ def _load_data(path: str, label: str, feature_names: list[str] | None,
 @click.option("--rank-by", type=click.Choice(["p50", "p99"]), default="p50", show_default=True,
               help="Latency figure that decides 'fastest' (at the typical batch size).")
 @click.option("--min-speedup", type=float, default=1.05, show_default=True,
-              help="Register only if the best candidate is at least this much faster.")
+              help="Register only if the lower end of the best candidate's 95% speed-up "
+                   "interval (paired pass by pass with the original) reaches this: a speed-up "
+                   "the machine's noise could produce keeps the original.")
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Store the chosen candidate in the repository (it serves only once "
                    "promoted).")
@@ -149,9 +151,13 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
     (GPU only), structured and magnitude pruning of MLPs, fewer trees for forests and boosted
     models, and a distilled MLP student. Techniques learn on the fit rows, the pick is made on
     the choice rows, every reported figure comes from the evaluation rows with a 95% bootstrap
-    interval. Latency is timed one session at a time over interleaved passes. A candidate with
-    a NaN weight or answer is rejected. The winner is registered as a new version that serves
-    only once promoted (redline gate --promote production, or redline models promote).
+    interval. Latency is timed one session at a time over interleaved passes, and each speed-up
+    carries a 95% interval paired pass by pass; the winner must clear --min-speedup by its
+    interval's lower end, and candidates within noise of each other are reported as tied. A
+    candidate must keep the original's contract (inputs, outputs, missing-value policy); one
+    with a NaN weight or answer, or the same bytes run the same way, is not a candidate. The
+    winner is registered as a new version that serves only once promoted (redline gate
+    --promote production, or redline models promote).
 
     \b
     Examples:
@@ -264,17 +270,20 @@ def _stderr_console() -> Any:
 @click.option("--p99-ms", type=float, help="Latency budget: fail (exit 10) if the candidate's "
               "p99 is over it.")
 @click.option("--max-slowdown", type=float, default=1.2, show_default=True,
-              help="Fail (exit 11) if the candidate's median latency exceeds this multiple of "
-                   "the baseline's; 0 turns the check off.")
+              help="Fail (exit 11) if the candidate's median latency is more than this multiple "
+                   "of the baseline's by the whole 95% interval of their ratio (paired pass by "
+                   "pass), so noise alone never fails an identical build; 0 turns it off.")
 @click.option("--max-accuracy-drop", type=float, help="Fail (exit 12) if the metric is worse "
               "than the baseline's by more than this, in the metric's units (0.01 = 1 point).")
 @click.option("--max-disagreement", type=float, default=None,
               help="Classifiers: fail (exit 13) if more than this share of rows get a different "
                    "label. Default: the baseline's error rate on the gate's rows (at least 2%), "
                    "or 10% without labels — an ordinary retrain passes it. 1 turns it off.")
-@click.option("--max-relative-error", type=float, default=0.15, show_default=True,
+@click.option("--max-relative-error", type=float, default=None,
               help="Regressors: fail (exit 13) if RMS(candidate - baseline) exceeds this share "
-                   "of the spread of the baseline's answers. 0 turns it off.")
+                   "of the baseline's RMSE on --data (default 1.0: answers may move by as much "
+                   "as the baseline is wrong), or, without labels, of the spread of the "
+                   "baseline's answers (default 0.15). 0 turns it off.")
 @click.option("--allow-signature-change", is_flag=True,
               help="The candidate's inputs, outputs or class labels change on purpose: report "
                    "the change but do not fail on it (exit 14 otherwise).")
@@ -285,9 +294,9 @@ def _stderr_console() -> Any:
               help="Batch size the latency is measured at.")
 @click.option("--rounds", type=int, default=500, show_default=True,
               help="Timed calls per model, spread over --passes.")
-@click.option("--passes", type=int, default=5, show_default=True,
+@click.option("--passes", type=int, default=10, show_default=True,
               help="Interleaved passes; in each, one model's session at a time is loaded, "
-                   "warmed and timed.")
+                   "warmed and timed. Each pass is one paired observation of the slowdown.")
 @click.option("--max-seconds", type=float, default=30.0, show_default=True,
               help="Stop timing early after this long (both models keep equal samples).")
 @click.option("--promote", "promote_alias", default=None, metavar="ALIAS",
@@ -304,7 +313,7 @@ def _stderr_console() -> Any:
 @config_option
 def gate(model: str, candidate: str, baseline: str, data_path: str, label: str,
          p99_ms: float | None, max_slowdown: float, max_accuracy_drop: float | None,
-         max_disagreement: float | None, max_relative_error: float,
+         max_disagreement: float | None, max_relative_error: float | None,
          allow_signature_change: bool, metric: str | None, batch_size: int, rounds: int,
          passes: int, max_seconds: float, promote_alias: str | None,
          markdown_path: str | None, junit_path: str | None, json_stdout: bool,
@@ -314,7 +323,8 @@ def gate(model: str, candidate: str, baseline: str, data_path: str, label: str,
 
     The signatures are compared first (input names, dtypes and shapes, output names, class
     labels and their order). Then both models are measured on the same rows: one session alive
-    at a time over interleaved passes, every metric with a 95% bootstrap interval.
+    at a time over interleaved passes, every metric with a 95% bootstrap interval and the
+    slowdown with a 95% interval paired pass by pass.
 
     \b
     Exit codes:
@@ -322,7 +332,7 @@ def gate(model: str, candidate: str, baseline: str, data_path: str, label: str,
       2   usage error (unknown model or version, missing data, data that fit neither model)
       14  signature changed (checked first; other checks are not run)
       10  candidate p99 over --p99-ms
-      11  candidate slower than the baseline by more than --max-slowdown
+      11  candidate slower than the baseline by more than --max-slowdown (whole interval)
       12  metric worse than the baseline by more than --max-accuracy-drop
       13  answers differ from the baseline's beyond --max-disagreement / --max-relative-error
     Several failures: the first code in this order; every reason is printed.
@@ -351,6 +361,7 @@ def gate(model: str, candidate: str, baseline: str, data_path: str, label: str,
         max_disagreement=max_disagreement,
         check_disagreement=max_disagreement is None or max_disagreement < 1,
         max_relative_error=max_relative_error or None,
+        check_relative_error=max_relative_error != 0,
         allow_signature_change=allow_signature_change,
         batch_size=batch_size, rounds=rounds, passes=passes, max_seconds=max_seconds,
         metric=metric,

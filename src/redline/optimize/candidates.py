@@ -79,6 +79,7 @@ class TuneContext:
     x_choice: np.ndarray | None = None  # None: judge on the fit rows (direct API use)
     y_choice: np.ndarray | None = None
     quantization: QuantizationOptions = field(default_factory=QuantizationOptions)
+    missing_values: str = "reject"  # the original's policy, which every candidate must keep
     teacher: Outputs = field(init=False)
     baseline_metric: float = field(init=False)
 

@@ -118,6 +118,11 @@ def distill_candidates(model: bytes, ctx: TuneContext,
                        sizes: tuple[tuple[int, ...], ...] | None = None
                        ) -> Iterator[Candidate | Skipped]:
     runner = ctx.teacher_runner
+    if ctx.missing_values == "allow":
+        yield Skipped("distill", "distill", "the original answers rows with missing values "
+                      "(missing_values: allow) and an MLP student answers them NaN: it would "
+                      "break the original's contract")
+        return
     if len(ctx.x) == 0 or not np.isfinite(ctx.x).all():  # the optimizer passes finite rows
         yield Skipped("distill", "distill", "no fit rows without NaN or infinite values to "
                       "train a student on")

@@ -20,6 +20,13 @@ import numpy as np
 from redline.config import RuntimeSettings
 from redline.errors import InvalidInput, RedlineError
 from redline.optimize.candidates import Candidate, QuantizationOptions, Skipped, TuneContext
+from redline.optimize.contract import (
+    Contract,
+    answers_rows,
+    contract_breaks,
+    io_contract,
+    missing_value_probe,
+)
 from redline.optimize.distill import distill_candidates
 from redline.optimize.graph import graph_candidates
 from redline.optimize.profile import (
@@ -42,6 +49,7 @@ from redline.optimize.safety import (
     nonfinite_weights,
     rejection,
 )
+from redline.optimize.speed import Ratio, latency_ratio
 from redline.optimize.trees import tree_candidates
 from redline.optimize.uncertainty import (
     Interval,
@@ -51,6 +59,10 @@ from redline.optimize.uncertainty import (
     relative_loss_replicates,
 )
 from redline.optimize.user_metric import UserMetric
+
+# Two candidates are reported as different speeds only when one is faster than the other by at
+# least this much, by the lower end of their paired interval (or by --min-speedup, if larger).
+DISTINCT_SPEED = 1.05
 
 Technique = Callable[[bytes, TuneContext], Iterator[Candidate | Skipped]]
 TECHNIQUES: dict[str, Technique] = {
@@ -95,7 +107,8 @@ class OptimizeOptions:
     seed: int = 0
     fast: bool = False
     rank_by: str = "p50"  # p50 | p99, at the typical batch size
-    min_speedup: float = 1.05  # below this the original stays: not worth a new version
+    # the lower end of the speed-up's 95% interval must reach this, or the original stays
+    min_speedup: float = 1.05
     quantization: QuantizationOptions = field(default_factory=QuantizationOptions)
 
     def __post_init__(self) -> None:
@@ -151,7 +164,9 @@ class CandidateResult:
     disagreement: float
     within_tolerance: bool  # on the choice rows, by the interval's worse end
     verdict: str = ""  # ok | too lossy | uncertain | guard
-    speedup: dict[int, float] = field(default_factory=dict)
+    speedup: dict[int, float] = field(default_factory=dict)  # p50, paired by pass
+    speedup_interval: dict[int, Interval] = field(default_factory=dict)  # 95%
+    tied_with: str | None = None  # as fast as this candidate, within the machine's noise
     candidate: Candidate | None = field(default=None, repr=False)
 
     @property
@@ -162,6 +177,8 @@ class CandidateResult:
         return {
             "latency": {str(b): lat.to_dict() for b, lat in self.latency.items()},
             "speedup": {str(b): round(s, 3) for b, s in self.speedup.items()},
+            "speedup_interval": {str(b): [round(i.low, 3), round(i.high, 3)]
+                                 for b, i in self.speedup_interval.items()},
             "size_bytes": self.size_bytes,
             "parameters": self.n_parameters,
             "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
@@ -177,6 +194,7 @@ class CandidateResult:
         return {"name": self.name, "technique": self.technique, "note": self.note,
                 "recipe": self.recipe, "settings": self.settings,
                 "within_tolerance": self.within_tolerance, "verdict": self.verdict,
+                "tied_with": self.tied_with,
                 **self.profile()}
 
 
@@ -198,6 +216,8 @@ class OptimizeReport:
     chosen: str | None = None
     reason: str = ""
     registered: dict[str, Any] | None = None
+    contract: Contract | None = None  # the original's, which every candidate kept
+    metric_direction: int = 1  # +1: higher is better
 
     @property
     def eval_rows(self) -> int:
@@ -217,6 +237,7 @@ class OptimizeReport:
             "guard_metric": self.guard_metric, "guard_tolerance": self.guard_tolerance,
             "batch_sizes": self.batch_sizes, "rows": self.rows, "measurement": self.measurement,
             "confidence": 0.95,
+            "contract": self.contract.to_dict() if self.contract else None,
             "candidates": [r.to_dict() for r in self.results],
             "skipped": [{"name": s.name, "technique": s.technique, "reason": s.reason}
                         for s in self.skipped],
@@ -321,7 +342,10 @@ def optimize(
     ctx = TuneContext(x_fit[finite], y_fit[finite], task, class_labels, original, base,
                       metric if user is None else "", opts.tolerance, seed=opts.seed,
                       fast=opts.fast, x_choice=x_choice, y_choice=y_choice,
-                      quantization=opts.quantization)
+                      quantization=opts.quantization, missing_values=missing_values)
+    contract = io_contract(original, missing_values)
+    probe = missing_value_probe(x_choice) if missing_values == "allow" else None
+    answered = answers_rows(original, probe) if probe is not None else None
     candidates: list[Candidate] = [Candidate("original", "original", model, note="as registered",
                                              n_parameters=_params(model))]
     skipped: list[Skipped] = []
@@ -332,6 +356,9 @@ def optimize(
             for item in TECHNIQUES[technique](model, ctx):
                 if isinstance(item, Skipped):
                     skipped.append(item)
+                elif _runs_as_original(item, model, base):
+                    skipped.append(Skipped(item.name, item.technique, "the same model as the "
+                                           "original, run the same way: nothing to measure"))
                 else:
                     if item.n_parameters is None:
                         item.n_parameters = _params(item.onnx_bytes)
@@ -355,7 +382,13 @@ def optimize(
             skipped.append(Skipped(cand.name, cand.technique, exc.message))
             continue
         pair = (runner.predict(x_choice), runner.predict(x_eval))
+        broken = None if cand.name == "original" else contract_breaks(contract, runner, probe,
+                                                                      answered)
         del runner
+        if broken:
+            rejected.append(Skipped(cand.name, cand.technique,
+                                    f"rejected: breaks the original's contract: {broken}"))
+            continue
         if cand.name != "original":
             ref = outputs["original"]
             why = _why_rejected(cand, allowed_bad, ref, pair)
@@ -383,6 +416,8 @@ def optimize(
                    f"({per_pass} calls per batch size) before releasing it")
 
     results = []
+    speed = {c.name: {b: latency_ratio(latency["original"][b], latency[c.name][b])
+                      for b in batch_sizes} for c in kept}
     for cand in kept:
         eval_metrics, eval_intervals, evaluation, choice = judged[cand.name]
         diff = compare_outputs(task, outputs["original"][1], outputs[cand.name][1])
@@ -399,17 +434,23 @@ def optimize(
             intervals=eval_intervals, evaluation=evaluation, choice=choice,
             max_abs_diff=diff["max_abs_diff"], disagreement=diff["disagreement"],
             within_tolerance=bool(ok_metric and ok_guard), verdict=verdict,
-            speedup={b: latency["original"][b].p50_us / latency[cand.name][b].p50_us
-                     for b in batch_sizes},
+            speedup={b: r.value for b, r in speed[cand.name].items()},
+            speedup_interval={b: r.interval for b, r in speed[cand.name].items()},
             candidate=cand,
         ))
     report = OptimizeReport(
         name, version, task, metric, opts.tolerance, batch_sizes,
         {"fit": int(finite.sum()), "choice": len(x_choice), "evaluation": len(x_eval)},
         results, skipped, rejected, guard_metric=guard,
-        guard_tolerance=opts.guard_tolerance if guard else None, measurement=measurement)
+        guard_tolerance=opts.guard_tolerance if guard else None, measurement=measurement,
+        contract=contract, metric_direction=_direction(metric, user))
     choose(report, opts)
     return report
+
+
+def _runs_as_original(cand: Candidate, model: bytes, base: RuntimeSettings) -> bool:
+    """Same bytes under the same effective settings: the original itself, whatever its name."""
+    return cand.onnx_bytes == model and cand.runtime_settings(base) == base
 
 
 def _why_rejected(cand: Candidate, allowed_bad: int, ref: tuple[Outputs, Outputs],
@@ -492,16 +533,18 @@ def _judge(name: str, outputs: dict[str, tuple[Outputs, Outputs]], scorers: list
 
 
 def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | None:
-    """The fastest candidate within tolerance on the choice rows (by its interval), if it beats
-    the original by at least ``min_speedup`` and the evaluation rows confirm it; sets
-    ``report.chosen`` and ``report.reason``."""
+    """The fastest candidate within tolerance on the choice rows (by its interval) whose
+    speed-up clears ``min_speedup`` by the lower end of its paired interval, if the evaluation
+    rows confirm it; sets ``report.chosen`` and ``report.reason``.
+
+    Candidates the measurement cannot tell apart from the fastest (their paired ratio to it
+    does not clear ``max(min_speedup, DISTINCT_SPEED)``) are marked as tied with it, and the
+    pick among them is the smallest, then the one changing the fewest runtime settings: noise
+    must not decide which of several equal candidates becomes the next version."""
     batch = max(report.batch_sizes)
-
-    def cost(r: CandidateResult) -> tuple[float, int]:
-        lat = r.latency[batch]
-        return (lat.p50_us if opts.rank_by == "p50" else lat.p99_us, r.size_bytes)
-
+    q = 50.0 if opts.rank_by == "p50" else 99.0
     original = report.result("original")
+    gains = {r.name: _speedup(original, r, batch, q) for r in report.results}
     eligible = [r for r in report.results if r.name != "original" and r.within_tolerance]
     if not eligible:
         uncertain = [r.name for r in report.results if r.verdict == "uncertain"]
@@ -517,13 +560,26 @@ def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | N
                               f"tolerance but worsen {report.guard_metric} by more than "
                               f"{opts.guard_tolerance:.0%} (--guard-tolerance)")
         return None
-    best = min(eligible, key=cost)
-    gain = cost(original)[0] / cost(best)[0]
-    if gain < opts.min_speedup:
-        report.reason = (f"the fastest candidate within tolerance ({best.name}) is only "
-                         f"{gain:.2f}x faster at batch {batch} (needs {opts.min_speedup:.2f}x); "
-                         "the original stays")
+    fastest = max(eligible, key=lambda r: gains[r.name].value)
+    distinct = max(opts.min_speedup, DISTINCT_SPEED)
+    for r in eligible:
+        if r is not fastest and not _speedup(r, fastest, batch, q).clears(distinct):
+            r.tied_with = fastest.name
+    clearing = [r for r in eligible if gains[r.name].clears(opts.min_speedup)]
+    if not clearing:
+        report.reason = (f"the fastest candidate within tolerance ({fastest.name}) is "
+                         f"{gains[fastest.name].text()} as fast ({opts.rank_by}) at batch "
+                         f"{batch}; the interval's lower end must reach {opts.min_speedup:.2f}x "
+                         "(--min-speedup), so this may be the machine's noise: the original "
+                         "stays")
         return None
+    best = max(clearing, key=lambda r: gains[r.name].value)
+    tied = [best] + [r for r in clearing if r is not best
+                     and not _speedup(r, best, batch, q).clears(distinct)]
+    best = min(tied, key=lambda r: (r.size_bytes, len(r.settings), r.name))
+    for r in eligible:
+        r.tied_with = None if r is best else (
+            best.name if r in tied else r.tied_with)
     ev = best.evaluation
     confirmed = ev.interval.high <= opts.tolerance and (
         report.guard_metric is None or (ev.guard_interval is not None and
@@ -540,11 +596,19 @@ def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | N
                          "stays")
         return None
     report.chosen = best.name
-    report.reason = (f"{best.name}: {gain:.2f}x faster ({opts.rank_by}) at batch {batch}; on the "
-                     f"evaluation rows relative {report.metric} loss {ev.loss + 0.0:+.2%} (95% "
-                     f"interval {ev.interval.low:+.2%} to {ev.interval.high:+.2%})"
-                     + _guard_text(report, ev))
+    others = [r.name for r in tied if r is not best]
+    report.reason = (f"{best.name}: {gains[best.name].text()} faster ({opts.rank_by}) at batch "
+                     f"{batch}; on the evaluation rows relative {report.metric} loss "
+                     f"{ev.loss + 0.0:+.2%} (95% interval {ev.interval.low:+.2%} to "
+                     f"{ev.interval.high:+.2%})" + _guard_text(report, ev)
+                     + (f"; as fast within noise: {', '.join(others)} (the smallest, with the "
+                        "fewest runtime settings changed, is chosen)" if others else ""))
     return best
+
+
+def _speedup(slow: CandidateResult, fast: CandidateResult, batch: int, q: float) -> Ratio:
+    """How many times faster ``fast`` is than ``slow``, paired pass by pass."""
+    return latency_ratio(slow.latency[batch], fast.latency[batch], q)
 
 
 def _guard_text(report: OptimizeReport, ev: Judgement) -> str:

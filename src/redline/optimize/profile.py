@@ -216,14 +216,26 @@ def compare_outputs(task: str, reference: Outputs, out: Outputs) -> dict[str, fl
     RMS(reference - its mean), the measure the gate holds regressors to."""
     if out.scores.shape != reference.scores.shape:
         return {"max_abs_diff": float("inf"), "disagreement": 1.0}
-    diff = out.scores - reference.scores
+    diff = answer_difference(reference.scores, out.scores)
     if task == "classification" and out.labels is not None and reference.labels is not None:
         moved = float(np.mean(~same_labels(out.labels, reference.labels)))
     else:
-        spread = float(np.sqrt(np.mean((reference.scores - reference.scores.mean(axis=0)) ** 2)))
+        ref = reference.scores[np.isfinite(reference.scores).all(axis=1)]
+        spread = float(np.sqrt(np.mean((ref - ref.mean(axis=0)) ** 2))) if ref.size else 0.0
         moved = float(np.sqrt(np.mean(diff ** 2))) / (spread or 1.0) if diff.size else 0.0
     return {"max_abs_diff": float(np.abs(diff).max()) if diff.size else 0.0,
             "disagreement": moved}
+
+
+def answer_difference(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``scores - reference``, where two answers that are the same non-number (both NaN, or
+    the same infinity) differ by zero and a number against a non-number by infinity."""
+    with np.errstate(invalid="ignore"):
+        diff = np.asarray(scores, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
+    same = (np.isnan(scores) & np.isnan(reference)) | (np.isinf(scores) & (scores == reference))
+    diff[same] = 0.0
+    diff[~np.isfinite(diff)] = np.inf
+    return diff
 
 
 # ------------------------------------------------------------------------------ latency
@@ -233,6 +245,15 @@ class Latency:
 
     batch_size: int
     samples_us: np.ndarray = field(repr=False)
+    # the interleaved pass each sample was timed in: speed-ups are paired pass by pass
+    passes: np.ndarray | None = field(default=None, repr=False)
+
+    def per_pass(self, q: float) -> np.ndarray:
+        """The ``q``-th percentile of each pass's samples, in pass order."""
+        if self.passes is None:
+            return np.asarray([np.percentile(self.samples_us, q)])
+        return np.asarray([np.percentile(self.samples_us[self.passes == p], q)
+                           for p in np.unique(self.passes)])
 
     @property
     def p50_us(self) -> float:
@@ -284,6 +305,7 @@ def measure_latency(
     names = list(models)
     per_pass = max(1, -(-rounds // max(1, passes)))
     samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in names}
+    pass_of: dict[str, dict[int, list[int]]] = {n: {b: [] for b in batch_sizes} for n in names}
     blocks = {size: [np.take(x, np.arange(start, start + size) % len(x), axis=0)
                      for start in range(0, max(len(x), size), max(size, 1))][:16]
               for size in batch_sizes}
@@ -305,10 +327,12 @@ def measure_latency(
                     t0 = clock()
                     runner.run_feed(feed)
                     out.append((clock() - t0) / 1000.0)
+                pass_of[name][size].extend([p] * per_pass)
             del runner  # released before the next model's session is created
             if on_round is not None:
                 on_round()
         if budget is not None and p >= 1 and time.monotonic() - started > budget:
             break
-    return {name: {size: Latency(size, np.asarray(samples[name][size][:rounds]))
+    return {name: {size: Latency(size, np.asarray(samples[name][size][:rounds]),
+                                 np.asarray(pass_of[name][size][:rounds]))
                    for size in batch_sizes} for name in names}

@@ -56,9 +56,6 @@ def register_candidate(
     extra: dict[str, Any] = {"optimization": optimization}
     if result.settings:
         extra["runtime"] = dict(result.settings)  # recommended ONNX Runtime settings
-    missing = source.missing_values
-    if result.technique == "distill":
-        missing = "reject"  # an MLP student turns NaN into NaN: it must not accept missing values
     return repo.add_onnx(
         target,
         result.candidate.onnx_bytes,
@@ -69,7 +66,7 @@ def register_candidate(
         framework_version=source.framework_version,
         metrics={k: float(v) for k, v in result.metrics.items()},
         input_profile=source.input_profile,
-        missing_values=missing,
+        missing_values=source.missing_values,  # every candidate kept the original's contract
         feature_views=source.feature_views,
         fallback=None if as_fallback else source.fallback,
         description=f"{result.name} of {source.name} v{source.version} ({result.note})",

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from redline.optimize.optimizer import CandidateResult, OptimizeReport
+from redline.optimize.profile import METRIC_DIRECTION
 from redline.optimize.uncertainty import Interval
 
 
@@ -51,6 +52,8 @@ def _status(report: OptimizeReport, r: CandidateResult) -> str:
         return "baseline"
     if r.name == report.chosen:
         return "chosen"
+    if r.tied_with and r.within_tolerance:
+        return f"as fast as {r.tied_with} (within noise)"
     return {"ok": "ok", "too lossy": "too lossy", "guard": f"{report.guard_metric} worse",
             "uncertain": "too few rows to tell"}.get(r.verdict, r.verdict)
 
@@ -64,6 +67,24 @@ def _ci(value: float | None, ci: Interval | None, fmt: str) -> str:
     return text
 
 
+def _speed(r: CandidateResult, batch: int) -> str:
+    ci = r.speedup_interval.get(batch)
+    text = f"{r.speedup[batch]:.2f}x"
+    if r.name == "original" or ci is None:
+        return text
+    high = f"{ci.high:.2f}" if np.isfinite(ci.high) else "∞"
+    return f"{text} [{ci.low:.2f}, {high}]"
+
+
+def _change(loss: float | None, ci: Interval | None, direction: int) -> str:
+    """A relative loss as the signed change of the metric itself (+ means it went up)."""
+    if loss is None:
+        return "-"
+    sign = -direction  # loss = -change for higher-is-better, +change for lower-is-better
+    interval = None if ci is None else Interval(*sorted((sign * ci.low, sign * ci.high)))
+    return _ci(sign * loss, interval, "+.2%")
+
+
 def _row(report: OptimizeReport, r: CandidateResult) -> list[str]:
     small, big = min(report.batch_sizes), max(report.batch_sizes)
     metric = r.metrics.get(report.metric)
@@ -73,26 +94,39 @@ def _row(report: OptimizeReport, r: CandidateResult) -> list[str]:
         f"{r.latency[small].p50_us:.1f}", f"{r.latency[small].p99_us:.1f}",
         f"{r.latency[big].p50_us:.1f}", f"{r.latency[big].p99_us:.1f}",
         f"{r.latency[big].per_row_us:.2f}",
-        f"{r.speedup[small]:.2f}x", f"{r.speedup[big]:.2f}x",
+        _speed(r, small), _speed(r, big),
         f"{r.size_bytes / 1024:.1f}",
         _ci(metric, r.intervals.get(report.metric), ".4f"),
-        _ci(-ev.loss, Interval(-ev.interval.high, -ev.interval.low), "+.2%"),
+        _change(ev.loss, ev.interval, _direction(report, report.metric)),
     ]
     if report.guard_metric:
-        g, gi = ev.guard_loss, ev.guard_interval
-        cells.append(_ci(None if g is None else -g,
-                         None if gi is None else Interval(-gi.high, -gi.low), "+.2%"))
-    cells += [f"{r.max_abs_diff:.2g}", f"{r.disagreement:.2%}", _status(report, r)]
+        cells.append(_change(ev.guard_loss, ev.guard_interval,
+                             _direction(report, report.guard_metric)))
+    out_diff = "-" if np.isnan(r.max_abs_diff) else f"{r.max_abs_diff:.2g}"
+    cells += [out_diff, f"{r.disagreement:.2%}", _status(report, r)]
     return cells
+
+
+def _direction(report: OptimizeReport, metric: str) -> int:
+    """+1 when higher is better; a user's metric says its own direction."""
+    if metric in METRIC_DIRECTION:
+        return METRIC_DIRECTION[metric]
+    return report.metric_direction
+
+
+def _better(direction: int) -> str:
+    return "higher is better" if direction > 0 else "lower is better"
 
 
 def _headers(report: OptimizeReport) -> list[str]:
     small, big = min(report.batch_sizes), max(report.batch_sizes)
     heads = ["candidate", f"p50@{small} µs", f"p99@{small} µs", f"p50@{big} µs",
-             f"p99@{big} µs", f"µs/row@{big}", f"speed-up@{small}", f"speed-up@{big}",
-             "size KiB", f"{report.metric} [95% CI]", f"Δ{report.metric} [95% CI]"]
+             f"p99@{big} µs", f"µs/row@{big}", f"speed-up@{small} [95% CI]",
+             f"speed-up@{big} [95% CI]", "size KiB", f"{report.metric} [95% CI]",
+             f"{report.metric} change, {_better(_direction(report, report.metric))} [95% CI]"]
     if report.guard_metric:
-        heads.append(f"Δ{report.guard_metric} [95% CI]")
+        direction = _direction(report, report.guard_metric)
+        heads.append(f"{report.guard_metric} change, {_better(direction)} [95% CI]")
     moved = "changed rows" if report.task == "classification" else "Δout / spread"
     return heads + ["max abs Δout", moved, "status"]
 
@@ -104,7 +138,11 @@ def _intro(report: OptimizeReport) -> str:
     return (f"{rows['evaluation']} evaluation rows (figures below), {rows['choice']} choice rows "
             f"(the pick), {rows['fit']} fit rows (calibration, fine-tuning); tolerance "
             f"{report.tolerance:.2%} relative {report.metric}{guard}, judged by the worse end of "
-            f"the 95% bootstrap interval. Latency: {report.measurement}.")
+            f"the 95% bootstrap interval; changes are signed: candidate against the original. "
+            f"Latency: {report.measurement}; speed-ups are paired pass by pass, with a 95% "
+            f"interval whose lower end must reach the threshold."
+            + (f" Contract every candidate keeps: {report.contract.describe()}."
+               if report.contract else ""))
 
 
 def wide_console() -> Console:
