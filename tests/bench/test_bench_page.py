@@ -125,3 +125,22 @@ def test_an_area_without_its_peer_says_how_to_set_it_up() -> None:
     why = run_all._missing("v1", _args())
     assert "shared/peers/feast/README.md" in why and "--feast-python" in why
     assert run_all._missing("offline", _args()) == ""
+
+
+def test_the_feast_comparison_reads_its_targets_from_one_result_document() -> None:
+    def side(p50: float, p99: float, slices: list[float]) -> dict[str, object]:
+        return {"p50_ms": p50, "p99_ms": p99, "slices_p99_ms": slices}
+
+    result = {"open_500": {"redline": side(0.4, 0.8, [0.5, 1.0]),
+                           "feast": side(1.0, 6.0, [2.0, 8.0]),
+                           "floor": side(0.1, 0.3, [0.2, 0.4])},
+              "max_rate_p99_le_5ms": {"redline": 4000.0, "feast": 500.0, "floor": 8000.0}}
+    args = _args()
+    outcome = run_all._v1(args, run_all._v1_plan(args), [result])
+    below, own, rate = outcome.targets
+    assert below.met and below.value == pytest.approx(7.5)
+    assert below.spread == "4.000–8.000 by slice"
+    assert own.met and own.value == pytest.approx(2.0)
+    assert rate.met and rate.value == pytest.approx(8.0)
+    assert "| FastAPI + Feast + ONNX Runtime | 1.000 | 6.000 | 5.000 (2.000–8.000) | 6.000x |" in (
+        outcome.body)
