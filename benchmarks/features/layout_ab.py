@@ -4,7 +4,8 @@
 
 Drains a pre-filled Redis Stream with one StreamConsumer (1 view, then 5 views / 40 features)
 and prints events/s, Python us/event and Lua us/event (EVALSHA time inside Redis / events).
-Run it from two checkouts in one go to compare layouts (docs/performance.md shows how).
+Run it with each checkout's ``src`` first on ``PYTHONPATH``, one after the other, to compare
+layouts.
 """
 import json
 import sys

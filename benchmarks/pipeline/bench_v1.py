@@ -11,7 +11,7 @@ and redline's open-loop load generator (``redline.bench``, in this process) meas
     .venv/bin/python benchmarks/pipeline/bench_v1.py [--cards 2000] [--duration 5]
 
 Prints one JSON document. The FastAPI + Feast + ONNX Runtime peer (the peer kit's ``feast/``) is
-not started by this script; see docs/performance.md for how the comparison was made.
+not started by this script; ``feast_compare.py`` runs that comparison.
 """
 
 from __future__ import annotations

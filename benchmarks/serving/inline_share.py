@@ -3,11 +3,12 @@ what it costs in throughput: this tree against an older one, interleaved.
 
 Why: the batcher runs a request at once on the event loop when it is idle and the run is
 predicted shorter than ``batching.inline_max_us``; otherwise the run goes through the queue and
-the model's worker thread. On a busy machine the demo forest's served run sits near the old
-50 µs limit, and a thread run is timed with its wait for the GIL afterwards, so the estimate
-could stay above the limit and most requests took the thread path (docs/performance.md, "The
-inline limit"). The share is read from the servers' own ``/metrics`` (requests with a ``queue``
-stage against all), so the mechanism is measured, not inferred from throughput.
+the model's worker thread. On a busy machine the demo forest's served run sits near the limit,
+and a thread run is timed with its wait for the GIL afterwards, so without the batcher's probe
+the estimate could stay above the limit and most requests take the thread path
+(docs/architecture.md, "Findings that shape the hot path"). The share is read from the
+servers' own ``/metrics`` (requests with a ``queue`` stage against all), so the mechanism is
+measured, not inferred from throughput.
 
 Both servers are pinned to CPU 0, the load (``redline bench``) to CPU 1; ``--hog`` adds a busy
 loop on CPU 0 for the whole run, standing in for another tenant of a shared machine.
