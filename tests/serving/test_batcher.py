@@ -66,14 +66,21 @@ async def test_an_expired_request_s_wait_is_its_queue_stage(repo: ModelRepositor
     stage: its stage times (``/v1``'s flat row, the slow log, the spans) hold the wait."""
     from redline.serving.stages import QUEUE, V1_STAGES, RequestRecord, perf_ns, v1_times
 
-    handle = handle_for(repo, "slow", inline_max_us=0, max_batch_size=1)
-    handle.cost.seed(1e-5, 1e-5, 2)  # the estimate is wrong on purpose: admission lets B in
-    x = np.ones((1, 384), np.float32)
+    handle = handle_for(repo, "affine", inline_max_us=0, max_batch_size=1)
+    gate = threading.Event()
+    # The version's one inference thread, held: A is taken into a run that cannot start, so B
+    # waits in the queue past its deadline however fast this machine is.
+    handle._executor.submit(gate.wait, 30)
+    x = np.ones((1, 4), np.float32)
+    a = asyncio.ensure_future(handle.infer({"x": x}))
+    await asyncio.sleep(0.02)
     record = RequestRecord("v1", "rest")
-    deadline = deadline_from_ms(2)
-    a = handle.infer({"x": x})
-    b = handle.infer({"x": x}, deadline, record=record)
+    deadline = deadline_from_ms(50)
+    b = asyncio.ensure_future(handle.infer({"x": x}, deadline, record=record))
+    await asyncio.sleep(0.15)
+    gate.set()
     results = await asyncio.gather(a, b, return_exceptions=True)
+    assert isinstance(results[0], dict)
     assert isinstance(results[1], DeadlineExceeded), results[1]
     record.finish("deadline_exceeded")
     queued = [(start, end) for stage, start, end in record.spans if stage == QUEUE]
