@@ -55,9 +55,9 @@ class Outcome:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--areas", default=",".join((*DEFAULT_AREAS, *PEER_AREAS)),
-                    help="comma-separated areas (default: all): " + ", ".join(
+                    help="comma-separated areas (default: " + ", ".join(
                         (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last two need the peer kit and "
-                    "say how to set it up when it is missing")
+                    "say how to set it up when it is missing); also: hedging (three minutes)")
     ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
                     help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
                     "train.py ran (env REDLINE_PEER_KIT)")
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             why = _missing(area, args)
             print(f"{area}: {'skipped. ' + why if why else _shown(AREAS[area][0](args), args)}")
         return 0
-    for stale in ("serving.json", "monitoring.json"):
+    for stale in set(_RESULT_FILES.values()):
         _scratch(stale).unlink(missing_ok=True)
     outcomes: list[Outcome] = []
     for area in wanted:
@@ -306,6 +306,27 @@ def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outco
 
 
 Render = Callable[[argparse.Namespace, list[str], list[dict]], Outcome]  # type: ignore[type-arg]
+def _hedging_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "benchmarks/scaling/hedging.py", "--calls", "3000", "--rounds", str(args.rounds),
+            "--json-out", str(_scratch("hedging.json"))]
+
+
+def _hedging(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    result = runs[0]
+    names = {"floor": "floor: no stragglers, no hedging", "no_hedge": "stragglers, no hedging",
+             "hedge": "stragglers, hedged after the p95"}
+    rows = [[label, *(f"{number(result[key][m])} ms" for m in ("p50_ms", "p99_ms", "p999_ms",
+                                                              "max_ms")),
+             f"{result[key]['extra_requests_share']:.1%}"] for key, label in names.items()]
+    targets = [Target("p99.9 without hedging over hedged", ">=", 10.0, result["p999_ratio"]),
+               Target("extra requests", "<=", 5.0,
+                      100 * result["hedge"]["extra_requests_share"], unit=" %")]
+    lines = [_stamp(args, command, rounds=result["rounds"]), "",
+             *table(["client (pooled over the rounds)", "p50", "p99", "p99.9", "max",
+                     "extra requests"], rows), "", *targets_table(targets)]
+    return Outcome("hedging", "\n".join(lines), targets)
+
+
 AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "serving": (_serving_plan, _serving),
     "feature-reads": (_reads_plan, _reads),
@@ -314,6 +335,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "monitoring": (_monitoring_plan, _monitoring),
     "mlserver": (_serving_plan, _mlserver),
     "v1": (_v1_plan, _v1),
+    "hedging": (_hedging_plan, _hedging),
 }
 
 _RATIO_NAMES = {
@@ -346,7 +368,7 @@ _SERVER_NAMES = {
 
 # Areas whose benchmark interleaves its own rounds and writes its result to a file.
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
-                 "monitoring": "monitoring.json"}
+                 "monitoring": "monitoring.json", "hedging": "hedging.json"}
 
 
 # --------------------------------------------------------------------------- helpers
