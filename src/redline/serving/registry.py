@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from redline.config import Settings
 from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
@@ -34,6 +34,16 @@ from redline.models.runtime import InferenceSession
 from redline.serving.handle import ModelHandle
 
 log = logging.getLogger("redline.serving")
+
+
+class HandleLookup(Protocol):
+    """What the ``/v1`` pipeline asks of a registry: the handle serving a model (at a version,
+    sticky to ``key`` under a rollout) and the loaded versions. :class:`ModelRegistry` is one;
+    the warm-up's registry of twins (``serving/warmup.py``) is another."""
+
+    def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle: ...
+
+    def loaded(self, name: str) -> list[ModelHandle]: ...
 
 
 @dataclass

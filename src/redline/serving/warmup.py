@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 import uvicorn
 
+from redline.serving.handle import ModelHandle
 from redline.serving.stages import NEVER, RequestRecord, StageTimes
 
 log = logging.getLogger("redline.serving")
@@ -54,22 +55,24 @@ PRIME_ROWS = 256
 
 
 class _TwinRegistry:
-    """The registry as the warm-up's private app and pipeline see it: every version its twin."""
+    """The registry as the warm-up's private app and pipeline see it: every version its twin
+    (a :class:`HandleLookup` for the pipeline; the app asks only ``get`` of it, as the warm-up
+    sends infer and predict requests only)."""
 
     def __init__(self, registry: Any) -> None:
         self._registry = registry
-        self._twins: dict[int, Any] = {}
+        self._twins: dict[int, ModelHandle] = {}
 
-    def _twin(self, handle: Any) -> Any:
+    def _twin(self, handle: ModelHandle) -> ModelHandle:
         twin = self._twins.get(id(handle))
         if twin is None:
             twin = self._twins[id(handle)] = handle.twin()
         return twin
 
-    def get(self, name: str, version: str | None = None, key: Any = None) -> Any:
+    def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle:
         return self._twin(self._registry.get(name, version))
 
-    def loaded(self, name: str) -> list[Any]:
+    def loaded(self, name: str) -> list[ModelHandle]:
         return [self._twin(h) for h in self._registry.loaded(name)]
 
     def models(self) -> list[str]:
@@ -256,8 +259,7 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
     shadow = None
     if pipeline is not None:
         cfg = settings.pipeline
-        shadow = PredictPipeline(twins, settings, pipeline.defs,  # type: ignore[arg-type]
-                                 pipeline.store,
+        shadow = PredictPipeline(twins, settings, pipeline.defs, pipeline.store,
                                  MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events))
         V1Rest(shadow, app).install(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

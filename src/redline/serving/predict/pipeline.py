@@ -45,7 +45,7 @@ from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
 from redline.serving.predict.sessions import SessionState, SessionStore
-from redline.serving.registry import ModelRegistry
+from redline.serving.registry import HandleLookup
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ PRIMARY, FALLBACK, CACHE, DEFAULT = "primary", "fallback", "cache", "default"
 class PredictPipeline:
     """Serves ``/v1`` predicts; its collaborators (store, sessions, caches) come in built."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings,
+    def __init__(self, registry: HandleLookup, settings: Settings,
                  definitions: FeatureDefinitions | None, store: OnlineStore | None,
                  sessions: SessionStore) -> None:
         self.registry = registry
