@@ -66,6 +66,15 @@ def test_init_serves_at_once_then_trains_and_predicts(tmp_path: Path, capsys) ->
     finally:
         proc.terminate()
         proc.wait(30)
+    # every start-up phase is logged with its time, the preload with its rate
+    log = proc.stdout.read() if proc.stdout else ""
+    phases = [line.split("start-up: ", 1)[1] for line in log.splitlines() if "start-up: " in line]
+    names = [p.split(" in ")[0] for p in phases]
+    assert names[0] == "imports and settings" and names[-1].startswith("ready"), phases
+    for name in ("preload", "models loaded and warm", "request path warm", "listening"):
+        assert name in names, phases
+    preload = next(p for p in phases if p.startswith("preload in "))
+    assert "events/s" in preload and "0 dead letters" in preload
 
 
 def test_init_refuses_an_existing_project(tmp_path: Path, capsys) -> None:
