@@ -180,9 +180,10 @@ def test_the_ports_open_while_a_calibration_still_runs(tmp_path: Path, monkeypat
     release = threading.Event()
     calibrate_all = drift_module._calibrate_all
 
-    def held(refs: list[FeatureReference], capacity: int) -> None:
+    def held(refs: list[FeatureReference], capacity: int,
+             stop: threading.Event | None = None) -> None:
         release.wait(60)
-        calibrate_all(refs, capacity)
+        calibrate_all(refs, capacity, stop)
 
     monkeypatch.setattr(drift_module, "_calibrate_all", held)
     monkeypatch.setattr(routes, "CALIBRATION_WAIT_S", 0.0)
@@ -202,3 +203,19 @@ def test_the_ports_open_while_a_calibration_still_runs(tmp_path: Path, monkeypat
     finally:
         release.set()
         server.stop()
+
+
+def test_a_stopped_server_ends_its_calibration_and_keeps_nothing(tmp_path: Path) -> None:
+    """A calibration still running when its server stops ends between two chunks (a daemon
+    thread cut inside numpy at exit aborts the process) and leaves no file behind."""
+    rng = np.random.default_rng(4)
+    names = [f"f{i}" for i in range(40)]
+    drift = DriftMonitor("wide", "1", profile_inputs(rng.normal(size=(5000, 40)), names), names,
+                         5000, 200, keep_in=tmp_path)
+    drift.calibrate()  # background
+    thread = drift._calibration
+    assert isinstance(thread, threading.Thread)
+    drift.stop_calibration()
+    assert not thread.is_alive()
+    assert not drift.calibrated and not drift.wait_calibrated(0.5)
+    assert not (tmp_path / FILE_NAME).exists()

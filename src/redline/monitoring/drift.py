@@ -20,6 +20,7 @@ does not alarm on a trivial difference.
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import time
@@ -243,10 +244,32 @@ def _multinomials(rng: np.random.Generator, n: int, q: np.ndarray) -> np.ndarray
     return np.concatenate(parts)
 
 
-def _yield() -> None:
+class CalibrationStopped(Exception):
+    """A calibration left unfinished: its server stopped, or the interpreter is exiting."""
+
+
+# Set when the interpreter exits: a background calibration ends between two chunks instead of
+# being cut inside numpy's C++ code, where killing a daemon thread aborts the process.
+_EXITING = threading.Event()
+
+
+def _stop_calibrations_at_exit() -> None:
+    _EXITING.set()
+    for thread in list(_CALIBRATIONS):
+        thread.join(5.0)
+
+
+_CALIBRATIONS: set[threading.Thread] = set()
+atexit.register(_stop_calibrations_at_exit)
+
+
+def _yield(stop: threading.Event | None = None) -> None:
     """Offer the GIL to other threads (the event loop) between two chunks of numpy work: on
     the tick's thread (a prediction baseline's first thresholds, in a report) a hand-over
-    that waits for the loop; elsewhere (the background calibration) ``sleep(0)``."""
+    that waits for the loop; elsewhere (the background calibration) ``sleep(0)``. Raises
+    :class:`CalibrationStopped` once the interpreter exits or ``stop`` is set."""
+    if _EXITING.is_set() or (stop is not None and stop.is_set()):
+        raise CalibrationStopped
     if not yield_to_loop():
         time.sleep(0)
 
@@ -259,15 +282,17 @@ def size_classes(capacity: int) -> list[int]:
     return sizes
 
 
-def _calibrate_all(refs: list[FeatureReference], capacity: int) -> None:
-    """Every size class's thresholds of ``refs``, a class and feature at a time."""
+def _calibrate_all(refs: list[FeatureReference], capacity: int,
+                   stop: threading.Event | None = None) -> None:
+    """Every size class's thresholds of ``refs``, a class and feature at a time (until
+    ``stop`` is set: then :class:`CalibrationStopped`)."""
     for size in size_classes(capacity):
         for ref in refs:
             # by class, not ``thresholds(size)``: a class is int(1.5 x the last), so
             # ``_size_class(size)`` is often the class below it, and the classes left out were
             # computed in the first report that needed them (~4 ms a feature)
             ref.class_thresholds(size)
-            _yield()
+            _yield(stop)
 
 
 def _size_class(n: int) -> int:
@@ -342,6 +367,7 @@ class DriftMonitor:
         self._lock = threading.Lock()
         self._calibrated = threading.Event()
         self._calibration: threading.Thread | None = None
+        self._stop = threading.Event()  # stop_calibration: end the background calibration
         self._prediction_calibrated = False  # every size class of the baseline's thresholds
         self.calibration_s: float | None = None  # how long the calibration took (CPU time)
         self.thresholds_from: str | None = None  # "file" (kept beside the version) | "computed"
@@ -371,7 +397,16 @@ class DriftMonitor:
         thread = threading.Thread(target=self._calibrate, daemon=True,
                                   name=f"redline-drift-calibration-{self.model}-{self.version}")
         self._calibration = thread
+        _CALIBRATIONS.add(thread)
         thread.start()
+
+    def stop_calibration(self, timeout_s: float = 5.0) -> None:
+        """End a background calibration between two chunks (its server stops): nothing is
+        kept, the next server of this version calibrates again."""
+        self._stop.set()
+        thread = self._calibration
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def _calibrate(self) -> None:
         t0 = time.thread_time()
@@ -379,14 +414,18 @@ class DriftMonitor:
             if self._restore():
                 self.thresholds_from = "file"
                 return
-            _calibrate_all(list(self.references.values()), self.window.capacity)
+            _calibrate_all(list(self.references.values()), self.window.capacity, self._stop)
             self.thresholds_from = "computed"
             if self._file is not None and self.references:
                 self._file.save({ref.name: ref.calibration()
                                  for ref in self.references.values()})
+        except CalibrationStopped:
+            return  # left unfinished on purpose: never calibrated, never kept
         finally:
             self.calibration_s = time.thread_time() - t0
-            self._calibrated.set()
+            if self.thresholds_from is not None:
+                self._calibrated.set()
+            _CALIBRATIONS.discard(threading.current_thread())
 
     def _restore(self) -> bool:
         """The thresholds kept beside the version, when they were computed for this profile."""
@@ -410,7 +449,14 @@ class DriftMonitor:
         """Block until the calibration is done (starting it here if nobody did)."""
         if not self._calibrated.is_set() and self._calibration is None:
             self.calibrate(background=False)
-        return self._calibrated.wait(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._calibrated.wait(
+                0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
+            if self._stop.is_set() or _EXITING.is_set():
+                return False  # stopped: it will never be done
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
 
     def add(self, inputs: np.ndarray | None, scores: np.ndarray | None) -> None:
         with self._lock:

@@ -326,6 +326,8 @@ class ServerMonitor:
                 log.exception("monitoring tick failed")
 
     def close(self) -> None:
+        for drift in list(self.windows.drift.values()):
+            drift.stop_calibration()  # a calibration still running ends with the server
         try:  # the last requests' predictions into a shared label join (a worker that drains)
             self.drain()
             self.windows.absorb()
