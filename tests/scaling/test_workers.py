@@ -95,9 +95,10 @@ def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -
         assert result.failed == 0, result.errors[:5]
         assert "died with signal SIGKILL; restarting in 0.0s" in serve.log.read_text()
         assert grpc_infer(serve.grpc, body)[1] == 2.0
-        # Crash loop: the same slot dying again within the window waits a back-off first.
+        # Crash loop: the same slot dying again within the window (the slot killed last)
+        # waits a back-off first.
         serve.wait_children(2)
-        os.kill(slot_pid(serve, 0), signal.SIGKILL)
+        os.kill(slot_pid(serve, 1), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while "restarting in 0.5s" not in serve.log.read_text():
             assert time.monotonic() < deadline, serve.log.read_text()[-2000:]
