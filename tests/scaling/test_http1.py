@@ -131,3 +131,16 @@ def test_https_with_a_verified_certificate(tmp_path: Path) -> None:
         server.server_close()
     with pytest.raises(ValueError, match="http:// or https://"):
         ConnectionPool.for_address("ftp://example:21")
+
+
+def test_a_closed_pool_serves_on_with_new_connections(server: Serve) -> None:
+    """close() frees the idle connections' places under the cap: a client closed and used
+    again (as ``AsyncClient`` may be) opens new ones instead of waiting forever."""
+    async def go() -> int:
+        pool = ConnectionPool.for_address(server.url, max_connections=1)
+        for _ in range(3):
+            assert (await pool.request(PATH, BODY))[0] == 200
+            await pool.close()
+        return pool.opened
+
+    assert asyncio.run(asyncio.wait_for(go(), 20)) == 3

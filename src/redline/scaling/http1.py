@@ -142,8 +142,11 @@ class ConnectionPool:
         return answer
 
     async def close(self) -> None:
+        """Close the idle connections and refuse the waiting requests; a later request opens
+        a new connection."""
         for conn in self._idle:
             conn.close()
+        self._open -= len(self._idle)
         self._idle.clear()
         while self._waiters:
             waiter = self._waiters.popleft()
