@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -140,6 +141,19 @@ async def open_loop(call: Callable[[], Awaitable[Any]], rate: float, seconds: fl
 
 
 async def measure(name: str, urls: list[str], rate: float, seconds: float) -> dict[str, Any]:
+    """One client's run; ``loop_errors`` counts what asyncio reported unhandled (an attempt
+    left to fail unseen would show here as "Task exception was never retrieved")."""
+    errors: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _, context: errors.append(str(context.get("message"))))
+    out = await _measure(name, urls, rate, seconds)
+    gc.collect()
+    await asyncio.sleep(0)
+    out["loop_errors"] = len(errors)
+    return out
+
+
+async def _measure(name: str, urls: list[str], rate: float, seconds: float) -> dict[str, Any]:
     if name == "redline":
         async with redline.AsyncClient(urls, budget_ms=1000) as client:
             assert client.hedge
@@ -218,6 +232,7 @@ def main() -> None:
             cost = [r["cores_per_1000_rps"] for r in runs if r["cores_per_1000_rps"]]
             entry[name] = {
                 "failed": sum(r["failed"] for r in runs),
+                "loop_errors": sum(r["loop_errors"] for r in runs),
                 "achieved_rate_min": min(r["achieved_rate"] for r in runs),
                 "p99_ms_max": max((r["p99_ms"] or 0.0) for r in runs),
                 "cores_per_1000_rps_median": statistics.median(cost) if cost else None,

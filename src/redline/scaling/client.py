@@ -176,7 +176,9 @@ class AsyncClient:
             try:
                 value, endpoint, hedged = await self._hedged(call, primary, backup, deadline)
             except _Retryable as exc:
-                last = exc
+                # Kept without its traceback: that would hold this frame, and a cycle per
+                # failed attempt is what the garbage collector chases in a failure storm.
+                last = exc.with_traceback(None)
                 if exc.sent and not idempotent:
                     break
                 continue
