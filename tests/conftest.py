@@ -1,4 +1,6 @@
-"""Shared fixtures: real ``redis-server`` processes on free ports (killable, restartable)."""
+"""Shared fixtures: real ``redis-server`` processes on free ports (killable, restartable), and
+the log check every test runs under (``tests/logwatch.py``): an error or traceback a server
+logs fails the test that was running, unless the test allows it by pattern."""
 
 from __future__ import annotations
 
@@ -7,11 +9,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.logwatch import WATCH, remove_logs, unexpected
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -215,3 +220,78 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/hook", got
     server.shutdown()
+
+
+# The log check (tests/logwatch.py) after each phase of each test.
+
+_ALLOWED = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "allow_log(*patterns): errors and tracebacks this test provokes on purpose "
+        "(regular expressions searched in each one's text); others fail the test")
+    WATCH.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    remove_logs()
+
+
+def _allowed(item: pytest.Item) -> list[str]:
+    patterns = item.stash.setdefault(_ALLOWED, [])
+    for mark in item.iter_markers("allow_log"):
+        patterns.extend(p for p in mark.args if p not in patterns)
+    return patterns
+
+
+def _unexpected_logs(item: pytest.Item, phase: str) -> str:
+    bad = unexpected(WATCH.take(), _allowed(item))
+    if not bad:
+        return ""
+    counts = Counter(bad)  # a warm-up or a load repeats the same one many times
+    shown = "\n\n".join(f"{f} (x{n})" if n > 1 else str(f)
+                         for f, n in list(counts.items())[:5])
+    more = f"\n\n... and {len(counts) - 5} more kinds" if len(counts) > 5 else ""
+    return (f"{len(bad)} unexpected error(s) or traceback(s) logged during {phase} (a bug to "
+            "fix; if the test provokes it on purpose, allow it with "
+            f"@pytest.mark.allow_log(pattern) or the allow_log fixture):\n{shown}{more}")
+
+
+def _checked(item: pytest.Item, phase: str) -> Iterator[None]:
+    try:
+        yield
+    except BaseException as exc:
+        # the phase failed anyway: what was logged meanwhile is context for its failure
+        problem = _unexpected_logs(item, phase)
+        if problem:
+            exc.add_note(problem)
+        raise
+    problem = _unexpected_logs(item, phase)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _checked(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _checked(item, "the test"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    return (yield from _checked(item, "teardown"))
+
+
+@pytest.fixture
+def allow_log(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """``allow_log(pattern, ...)``: errors and tracebacks this test provokes on purpose."""
+
+    def allow(*patterns: str) -> None:
+        _allowed(request.node).extend(patterns)
+
+    return allow

@@ -14,13 +14,14 @@ import pytest
 
 from redline.cli import main
 from tests.conftest import free_port
+from tests.logwatch import LoggedPopen
 
 
-def wait_ready(url: str, proc: subprocess.Popen[str], seconds: float = 60) -> None:
+def wait_ready(url: str, proc: LoggedPopen, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"redline serve exited: {proc.stdout.read() if proc.stdout else ''}")
+            pytest.fail(f"redline serve exited: {proc.log_text()[-3000:]}")
         try:
             if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
                 return
@@ -42,9 +43,8 @@ def test_init_serves_at_once_then_trains_and_predicts(tmp_path: Path, capsys) ->
     env = {**os.environ, "REDLINE_SERVER__HTTP_PORT": str(http)}
     env.pop("REDLINE_CONFIG", None)
     # `redline serve` in the new folder, with nothing else: the scaffold's redline.yaml is used
-    proc = subprocess.Popen([sys.executable, "-m", "redline.cli", "serve", "--no-grpc"],
-                            cwd=project, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = LoggedPopen([sys.executable, "-m", "redline.cli", "serve", "--no-grpc"],
+                       source="redline serve", log=tmp_path / "serve.log", cwd=project, env=env)
     url = f"http://127.0.0.1:{http}"
     try:
         wait_ready(url, proc)

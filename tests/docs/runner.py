@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.logwatch import check_output, watch_file
+
 RUN_LANGS = {"bash", "python"}
 SHOWN_LANGS = {"text", "json", "yaml", "toml", "ini", "dockerfile", "proto", "protobuf", "promql",
                "console", "http", "diff", "csv", "markdown", "md", "html", "xml", "sql", "lua",
@@ -212,6 +214,7 @@ def run_page(page: Path, rel: str, cwd: Path, env: dict[str, str], ports: dict[i
     shell = Shell(cwd, env)
     try:
         if needs_server(runnable) and not starts_server(runnable):
+            watch_file(scratch / "server.log", f"{rel}: the demo server")
             out, problem = shell.run(
                 f"redline serve --config {cwd_rel(cwd, env)}.redline/demo/redline.yaml "
                 f">{scratch}/server.log 2>&1 &\n"
@@ -231,6 +234,7 @@ def run_page(page: Path, rel: str, cwd: Path, env: dict[str, str], ports: dict[i
                 file.write_text(text + "\n")
                 command = f"source {file}"
             out, problem = shell.run(command, BLOCK_TIMEOUT_S)
+            check_output(out, f"{rel}:{block.line}")
             if problem:
                 shown = "\n".join(f"    {line}" for line in block.text.splitlines())
                 failures.append(

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import RedisServer, free_port
 from tests.docs.runner import Block, key_paths, parse, run_page
+from tests.logwatch import check_output
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
@@ -54,6 +55,7 @@ def demo_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run([sys.executable, "-m", "redline.demo", *DEMO_ARGS], cwd=base, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    check_output(done.stdout + done.stderr, "make demo")
     return base
 
 

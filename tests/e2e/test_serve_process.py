@@ -17,6 +17,7 @@ import pytest
 
 from redline.models import ModelRepository
 from tests.conftest import free_port
+from tests.logwatch import LoggedPopen
 from tests.serving.helpers import affine_model, slow_model
 
 
@@ -29,11 +30,11 @@ def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
     config = tmp_path / "redline.yaml"
     config.write_text("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
                       "batching:\n  max_batch_size: 1\nserver:\n  drain_timeout_s: 20\n")
-    proc = subprocess.Popen(
+    proc = LoggedPopen(
         [sys.executable, "-m", "redline.cli", "serve", "--config", str(config), "--repository",
          str(tmp_path / "repo"), "--http-port", str(http), "--grpc-port", str(grpc_port),
          "--no-watch"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        source="redline serve", log=tmp_path / "serve.log",
     )
     url = f"http://127.0.0.1:{http}"
     deadline = time.monotonic() + 60
@@ -44,7 +45,7 @@ def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
         except httpx.TransportError:
             pass
         if proc.poll() is not None:
-            pytest.fail(f"redline serve exited: {proc.stdout.read() if proc.stdout else ''}")
+            pytest.fail(f"redline serve exited: {proc.log_text()[-3000:]}")
         time.sleep(0.1)
     yield proc, url, f"127.0.0.1:{grpc_port}"
     if proc.poll() is None:
@@ -121,7 +122,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(30)
-    assert proc.wait(30) == 0, proc.stdout.read() if proc.stdout else ""
+    assert proc.wait(30) == 0, proc.log_text()[-3000:]
     assert results == [200, 200, 200, 200]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/v2/health/live", timeout=2)

@@ -23,6 +23,7 @@ import pytest
 from redline.features import load_definitions
 from redline.features.ingest.kafka import KafkaSource, dead_letter_key
 from redline.features.online.redis import RedisStore
+from tests.logwatch import LoggedPopen
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFS = str(Path(__file__).with_name("defs_tx.py"))
@@ -116,17 +117,16 @@ def test_kafka_source_dead_letters_and_replays_exactly_once(kafka_broker, redis_
     assert len(store.client.hgetall(dead_letter_key("tx1"))) == bad
 
 
-def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str
-            ) -> subprocess.Popen[bytes]:
+def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str) -> LoggedPopen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.Popen(
+    return LoggedPopen(
         [sys.executable, "-m", "redline.cli", "ingest", "kafka", "-d", DEFS, "--redis-url", url,
          "--bootstrap-servers", bootstrap, "--topic", topic, "--group", f"{topic}-group",
          "--batch", "200",
          "--stats-every", "0", "--kafka-option", "session.timeout.ms=6000",
          "--kafka-option", "heartbeat.interval.ms=500", "--kafka-option", f"client.id={name}",
          *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        source=f"ingest kafka {name}", env=env, stdout=subprocess.PIPE, cwd=ROOT)
 
 
 def _wait_for(store: RedisStore, want: dict[str, list[float]], n: int) -> None:
@@ -158,7 +158,7 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         producer.start()
         time.sleep(3.5)
         for p in procs:
-            assert p.poll() is None, p.communicate()[1].decode()[-2000:]
+            assert p.poll() is None, p.log_text()[-2000:]
         a.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, offsets not committed
         a.wait(10)
         procs.append(_member(kafka_broker.bootstrap, url, topic, "a2", *extra))
@@ -180,9 +180,9 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         assert a.returncode == -signal.SIGKILL
         joined = procs[-1]
         joined.send_signal(signal.SIGTERM)
-        out, err = joined.communicate(timeout=30)
+        out, _ = joined.communicate(timeout=30)
         stats = orjson.loads(out.decode().strip().splitlines()[-1])
-        assert stats["accepted"] > 0, err.decode()[-2000:]  # the rebalance gave it partitions
+        assert stats["accepted"] > 0, joined.log_text()[-2000:]  # the rebalance gave it partitions
     finally:
         for p in procs:
             if p.poll() is None:

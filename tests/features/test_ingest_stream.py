@@ -15,6 +15,7 @@ import redis
 
 from redline.features import load_definitions
 from redline.features.online.redis import RedisStore
+from tests.logwatch import LoggedPopen
 
 DEFS = str(Path(__file__).with_name("defs_tx.py"))
 STREAM = "events"
@@ -47,13 +48,13 @@ def _produce(client: redis.Redis, n_good: int, every_bad: int = 97) -> tuple[dic
     return expected, bad
 
 
-def _consumer(url: str, name: str, *extra: str) -> subprocess.Popen[bytes]:
+def _consumer(url: str, name: str, *extra: str) -> LoggedPopen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.Popen(
+    return LoggedPopen(
         [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", DEFS,
          "--redis-url", url, "--stream", STREAM, "--group", "g", "--consumer", name,
          "--batch", "100", "--stats-every", "0", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        source=f"ingest {name}", env=env, stdout=subprocess.PIPE, cwd=ROOT,
     )
 
 
@@ -155,8 +156,9 @@ def test_consumer_survives_a_redis_restart(redis_server) -> None:
         assert int(client.hget(f"{STREAM}:stats", "accepted")) == 300
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    assert b"unavailable" in err and b"retrying" in err
+        proc.communicate(timeout=10)
+    err = proc.log_text()
+    assert "unavailable" in err and "retrying" in err
 
 
 def test_two_live_consumers_share_a_stream_and_the_survivor_claims(redis_server) -> None:

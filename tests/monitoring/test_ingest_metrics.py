@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redline.features import MemoryStore, load_definitions
 from redline.features.ingest import Ingestor
 from redline.monitoring.ingest import IngestMetrics
+from tests.logwatch import check_output
 
 DEFS = Path(__file__).resolve().parents[1] / "features" / "defs_tx.py"
 
@@ -60,6 +61,7 @@ def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: P
          "--max-events", "51", "--stats-every", "0"],
         env=env, capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr
+    check_output(out.stderr, "redline ingest")
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -18,6 +18,7 @@ import yaml
 from redline.models import ModelRepository
 from redline.serving.predict.sessions import MemorySessionStore, RedisSessionStore
 from tests.conftest import free_port
+from tests.logwatch import log_to
 from tests.pipeline.conftest import PRIMARY_FEATURES, make_settings
 
 
@@ -31,11 +32,12 @@ def start_process(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str
         "features": {"definitions": str(defs), "store": "redis", "redis_url": redis_url},
     }))
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
-         "--http-port", str(port), "--no-grpc"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ},
-    )
+    with log_to(tmp / f"{name}.log") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
+             "--http-port", str(port), "--no-grpc"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
+        )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -43,7 +45,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode} (its log is above)")
         try:
             if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
                 return

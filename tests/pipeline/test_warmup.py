@@ -155,13 +155,16 @@ def first_over_later(config: Any, gap_s: float, requests: int, warmup: str = "on
     import statistics
     import subprocess
     import sys
+    from pathlib import Path
 
     from tests.conftest import free_port
+    from tests.logwatch import log_to
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, warmup, "serve", "--config",
-                             str(config), "--http-port", str(port), "--no-grpc"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log_to(Path(config).parent / f"serve-{port}.log") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SERVE, warmup, "serve", "--config",
+                                 str(config), "--http-port", str(port), "--no-grpc"],
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

@@ -22,6 +22,7 @@ import httpx
 
 from redline.models import ModelRepository
 from tests.conftest import free_port
+from tests.logwatch import watch_file
 from tests.serving.helpers import affine_model
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -45,6 +46,7 @@ class Serve:
         cfg.write_text(config)
         self.log = root / f"serve-{self.http_port}.log"
         self._log = self.log.open("w")
+        watch_file(self.log, f"redline serve :{self.http_port}")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "redline.cli", "serve", "--config", str(cfg), "--repository",
              str(make_repo(root) if not (root / "repo").exists() else root / "repo"),

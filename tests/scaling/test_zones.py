@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import redline
+from tests.logwatch import log_to
 from tests.scaling import netzones
 from tests.scaling.procs import CONFIG, make_repo
 
@@ -36,7 +37,7 @@ def zones(tmp_path: Path):  # type: ignore[no-untyped-def]
         config.write_text(CONFIG)
         netem = netzones.netem_available()
         for index, zone in enumerate(made):
-            log = (tmp_path / f"{zone.name}.log").open("w")
+            log = log_to(tmp_path / f"{zone.name}.log", f"redline serve in {zone.name}")
             far_by_proxy = index == 1 and not netem
             # The far zone's replica listens on the zone's loopback behind the delaying proxy.
             host, port = ("127.0.0.1", "8001") if far_by_proxy else (zone.address, "8000")
