@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from redline.monitoring.alerts import AlertWebhook
 
 
@@ -35,6 +37,7 @@ def test_backoff_doubles_then_resolves(webhook_receiver: tuple[str, list[dict]])
     assert hook.suppressed == 200 - 7
 
 
+@pytest.mark.allow_log(r"alert webhook \S+ failed")
 def test_a_dead_receiver_never_blocks_or_raises() -> None:
     hook = AlertWebhook("http://127.0.0.1:9/nothing-listens", timeout_s=0.2)
     t = time.perf_counter()

@@ -84,6 +84,7 @@ def test_head_sampling_and_tail_keep() -> None:
     assert not next(s for s in roots if s.attributes["redline.request_id"] == "slow").error
 
 
+@pytest.mark.allow_log(r"trace export failed")
 def test_a_full_queue_drops_and_counts_and_export_errors_never_raise() -> None:
     entered, gate = threading.Event(), threading.Event()
 
@@ -108,6 +109,7 @@ def test_a_full_queue_drops_and_counts_and_export_errors_never_raise() -> None:
     assert tracing.failed_exports == 11 and tracing.exported == 0
 
 
+@pytest.mark.allow_log(r"trace export failed")
 def test_otlp_http_export_to_a_real_receiver_and_its_failures() -> None:
     receiver = OtlpReceiver()
     try:

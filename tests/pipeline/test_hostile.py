@@ -229,6 +229,7 @@ def _grpc_request(**fields: object) -> v1.PredictRequest:  # type: ignore[name-d
     return req
 
 
+@pytest.mark.allow_log(r"warm-up of model \w+: .* answered 429")
 def test_overload_on_v1_carries_retry_after_on_rest_and_grpc(serve, repo_path, defs_path):
     """``/v1`` over gRPC aborted without the ``retry-after-ms`` the V2 service sends."""
     settings = make_settings(repo_path, defs_path)

@@ -247,6 +247,7 @@ def test_warm_up_answers_every_request_of_a_monitored_server(serve: Any, repo_pa
     assert len(warm) == 1 and " to 2 models" in warm[0]
 
 
+@pytest.mark.allow_log(r"warm-up of model cards: .* answered 400")
 def test_a_failed_warm_up_request_is_one_error_line_naming_its_model(
         serve: Any, repo_path: Any, defs_path: Any, caplog: Any) -> None:
     """Warm-up batches of 4 rows where ``pipeline.max_instances`` is 2: ``cards``' 4-row

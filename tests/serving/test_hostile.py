@@ -163,6 +163,7 @@ def test_admin_load_of_an_impossible_name_is_a_400(served: ServerThread) -> None
             assert "invalid model name" in doc["error"]
 
 
+@pytest.mark.allow_log(r"does not match its recorded sha256")
 def test_a_tampered_latest_version_does_not_take_the_model_down(tmp_path: Path) -> None:
     """F11: under ``latest: 1`` a corrupt newest version left nothing loaded (503); the newest
     intact earlier version serves instead, and the index says why the latest does not."""
