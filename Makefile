@@ -1,10 +1,11 @@
-# The two commands: `make demo` and `make test`. Both set up .venv on first use (idempotent).
+# The two commands: `make demo` and `make test` (`make test-fast` while editing). Both set up
+# .venv on first use (idempotent).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench proto clean services
+.PHONY: demo test test-fast lint bench proto clean services
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,10 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.dev-installed services
 	$(PY) -m pytest -q
+
+# The unit and in-process tests, in about a minute and a half: no child servers, no doc pages.
+test-fast: $(VENV)/.dev-installed services
+	$(PY) -m pytest -q -m "not slow"
 
 # The comparisons of docs/performance.md, run and written into its tables (about ten minutes on
 # 2 cores). BENCH_ARGS="--peers KIT --peers-venv VENV" adds the peer kit's MLServer; see
