@@ -139,13 +139,18 @@ def serve() -> Iterator[Any]:
         srv.stop()
 
 
-@pytest.fixture(params=["memory", "redis"])
-def server(request: pytest.FixtureRequest, serve: Any, repo_path: Path,
-           defs_path: Path) -> ServerThread:
-    """A server of the trained models, once on the memory store and once on a real Redis."""
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           trained_repo: Path, defs_path: Path) -> Iterator[ServerThread]:
+    """A server of the trained models, once on the memory store and once on a real Redis,
+    shared by a module's tests: each test reads and writes its own entities."""
+    repo = tmp_path_factory.mktemp("models") / "models"
+    shutil.copytree(trained_repo, repo)
     if request.param == "redis":
-        redis_server = request.getfixturevalue("redis_server")
-        settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+        redis_server = request.getfixturevalue("redis_server_module")
+        settings = make_settings(repo, defs_path, store="redis", redis_url=redis_server.url)
     else:
-        settings = make_settings(repo_path, defs_path)
-    return serve(settings)
+        settings = make_settings(repo, defs_path)
+    srv = ServerThread(settings).start()
+    yield srv
+    srv.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -148,14 +149,11 @@ def test_present_ids_reads_the_memory_store_keys(serve: Any, repo_path: Any,
 from benchmarks.first_request.first_request import SERVE  # noqa: E402
 
 
-def first_over_later(config: Any, gap_s: float, requests: int, warmup: str = "on") -> float:
-    """One fresh ``redline serve`` process: the first ``/v1`` request's server time over the
-    median of the next ones, each request sent ``gap_s`` after the previous answer (the first
-    ``gap_s`` after readiness), so all of them meet the same conditions."""
-    import statistics
+def start_serving(config: Any, warmup: str) -> tuple[Any, str]:
+    """A fresh ``redline serve`` process with the warm-up "on" or "off", and its URL (its
+    output goes to ``serve-<port>.log`` beside the config)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     from tests.conftest import free_port
     from tests.logwatch import log_to
@@ -165,35 +163,44 @@ def first_over_later(config: Any, gap_s: float, requests: int, warmup: str = "on
         proc = subprocess.Popen([sys.executable, "-c", SERVE, warmup, "serve", "--config",
                                  str(config), "--http-port", str(port), "--no-grpc"],
                                 stdout=out, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        with httpx.Client(base_url=url, timeout=10) as c:
-            while True:
-                assert proc.poll() is None and time.monotonic() < deadline, "no server"
-                try:
-                    if c.get("/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.05)
-            body = {"entities": {"card_id": "p7"}, "request": {"amount": 12.5}}
-            totals = []
-            for _ in range(requests):
-                time.sleep(gap_s)
-                r = c.post("/v1/models/cards/predict", json=body)
-                assert r.status_code == 200, r.text
-                totals.append(r.json()["timings_us"]["total"])
-        return totals[0] / statistics.median(totals[1:])
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: Any, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            f"no server: {proc.poll()=}; its log: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+
+
+def first_over_later(url: str, gap_s: float, requests: int) -> float:
+    """The first ``/v1`` request's server time over the median of the next ones, each request
+    sent ``gap_s`` after the previous answer (the first ``gap_s`` after the call), so all of
+    them meet the same conditions."""
+    import statistics
+
+    with httpx.Client(base_url=url, timeout=10) as c:
+        body = {"entities": {"card_id": "p7"}, "request": {"amount": 12.5}}
+        totals = []
+        for _ in range(requests):
+            time.sleep(gap_s)
+            r = c.post("/v1/models/cards/predict", json=body)
+            assert r.status_code == 200, r.text
+            totals.append(r.json()["timings_us"]["total"])
+    return totals[0] / statistics.median(totals[1:])
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
                                                             repo_path: Any, defs_path: Any,
                                                             request: Any) -> None:
-    """Fresh servers with the warm-up and without it, interleaved (seven of each, one process
+    """Fresh servers with the warm-up and without it, interleaved (five of each, one process
     each, preloaded store, monitoring on): the median first-request ratio is lower with it.
     Interleaved so the machine's moods fall on both sides alike; an absolute bound (first <= 2x
     later) held in some runs and not in others on this shared 2-core machine (a first request
@@ -217,9 +224,15 @@ def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
                       "server:\n  watch_repository: false\n")
     on: list[float] = []
     off: list[float] = []
-    for _ in range(7):  # measured ranges (above) do not overlap: seven of each is plenty
-        on.append(first_over_later(config, 0.01, 30))
-        off.append(first_over_later(config, 0.01, 30, "off"))
+    for _ in range(5):  # measured ranges (above) do not overlap: five of each is plenty
+        for warmup, ratios in (("on", on), ("off", off)):
+            proc, url = start_serving(config, warmup)
+            try:
+                wait_ready(proc, url, config.parent / f"serve-{url.rsplit(':', 1)[1]}.log")
+                ratios.append(first_over_later(url, 0.01, 30))
+            finally:
+                proc.terminate()
+                proc.wait(30)
     assert statistics.median(on) < statistics.median(off), (on, off)
 
 
