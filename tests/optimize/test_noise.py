@@ -74,7 +74,7 @@ def test_a_speedup_counts_by_the_lower_end_of_its_paired_interval(digits, digits
     report.chosen = None
     assert choose(report, dataclasses.replace(opts, min_speedup=threshold)) is None
     assert report.chosen is None
-    assert f"lower end must reach {threshold:.2f}x" in report.reason
+    assert f"lower end to reach {threshold:.2f}x" in report.reason
     assert "the original stays" in report.reason
     saved = report.to_dict()["candidates"][1]
     assert saved["speedup_interval"][str(big)][0] <= saved["speedup"][str(big)]

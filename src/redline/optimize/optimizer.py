@@ -6,7 +6,9 @@ optimizer picks a candidate, and *evaluation* rows that give every reported figu
 the pick. Every metric carries a 95% bootstrap interval, and "within tolerance" means the
 interval's worse end is within tolerance. Candidates with a non-finite weight or answer are
 rejected before anything is measured. Latency is timed with one session alive at a time over
-interleaved passes, so a large model's siblings cannot evict it from cache and inflate figures.
+interleaved passes, so a large model's siblings cannot evict it from cache and inflate figures;
+every speed-up carries an interval paired pass by pass, and only its lower end can clear the
+threshold. A candidate keeps the original's contract or is not one.
 """
 
 from __future__ import annotations
@@ -567,11 +569,11 @@ def choose(report: OptimizeReport, opts: OptimizeOptions) -> CandidateResult | N
             r.tied_with = fastest.name
     clearing = [r for r in eligible if gains[r.name].clears(opts.min_speedup)]
     if not clearing:
-        report.reason = (f"the fastest candidate within tolerance ({fastest.name}) is "
-                         f"{gains[fastest.name].text()} as fast ({opts.rank_by}) at batch "
-                         f"{batch}; the interval's lower end must reach {opts.min_speedup:.2f}x "
-                         "(--min-speedup), so this may be the machine's noise: the original "
-                         "stays")
+        report.reason = (f"the fastest candidate within tolerance ({fastest.name}) has a "
+                         f"speed-up of {gains[fastest.name].text()} ({opts.rank_by}) at batch "
+                         f"{batch}; registering needs the interval's lower end to reach "
+                         f"{opts.min_speedup:.2f}x (--min-speedup), so no faster version is "
+                         "shown beyond the machine's noise: the original stays")
         return None
     best = max(clearing, key=lambda r: gains[r.name].value)
     tied = [best] + [r for r in clearing if r is not best

@@ -1,9 +1,9 @@
 """Measure models side by side: latency (interleaved, so every model sees the same machine),
 task metrics on validation data, and how far each model's outputs move from a reference.
 
-Latency is measured round-robin: in every round each model runs once on the same batch, in an
-order that rotates, so a noisy neighbour or a frequency change hits all models alike and the
-ratios between them stay trustworthy even on a shared machine.
+Latency is measured in interleaved passes: in every pass each model is loaded, timed and
+released in turn, in an order that rotates, and every sample remembers its pass, so ratios
+between models can be paired pass by pass (``speed.latency_ratio``).
 """
 
 from __future__ import annotations
