@@ -115,17 +115,19 @@ def test_redline_drift_headline_names_a_drifting_prediction(tmp_path, capsys) ->
         rng = np.random.default_rng(5)
         with httpx.Client(base_url=server.http, timeout=30,
                           headers={"x-redline-budget-ms": "5000"}) as http:
-            for _ in range(10):  # the first 1,000 predictions: the prediction's baseline
-                assert http.post("/v2/models/fraud/infer",
-                                 json=v2_body(training_data(rng, 100))).status_code == 200
+            # every request with an id enters the windows (no sampling by rate)
+            for i in range(10):  # the first 1,000 predictions: the prediction's baseline
+                assert http.post("/v2/models/fraud/infer", json=v2_body(
+                    training_data(rng, 100), f"base{i}")).status_code == 200
             deadline = time.monotonic() + 30
             while http.get("/v1/models/fraud/drift").json()["versions"][0]["prediction"] is None:
                 assert time.monotonic() < deadline, "the prediction's baseline was not taken"
                 time.sleep(0.1)
-            for _ in range(10):  # larger amounts: higher scores
+            for i in range(10):  # larger amounts: higher scores
                 x = training_data(rng, 100)
                 x[:, 0] += 4
-                assert http.post("/v2/models/fraud/infer", json=v2_body(x)).status_code == 200
+                assert http.post("/v2/models/fraud/infer",
+                                 json=v2_body(x, f"shifted{i}")).status_code == 200
         out = tmp_path / "drift.json"
         try:
             main(["drift", "-m", "fraud", "--url", server.http, "--json-out", str(out)])
