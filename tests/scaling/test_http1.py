@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from benchmarks.scaling.straggler import StragglerProxy
 from redline.scaling.http1 import ConnectError, ConnectionPool
 from tests.conftest import free_port
 from tests.scaling.procs import Serve
@@ -144,3 +145,43 @@ def test_a_closed_pool_serves_on_with_new_connections(server: Serve) -> None:
         return pool.opened
 
     assert asyncio.run(asyncio.wait_for(go(), 20)) == 3
+
+
+def test_a_timed_out_request_leaves_its_connection_to_the_late_answer(
+        server: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every answer comes 300 ms late: a request with 50 ms fails with TimeoutError at once,
+    its connection reads the late answer and serves the next request (no reconnect). A
+    server that never answers has such a connection closed after LATE_ANSWER_WAIT_S."""
+    import socket
+
+    from redline.scaling import http1
+
+    monkeypatch.setattr(http1, "LATE_ANSWER_WAIT_S", 0.3)
+    slow = StragglerProxy(server.http_port, share=1.0, delay_s=0.3).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+
+    async def go() -> tuple[int, int]:
+        pool = ConnectionPool("127.0.0.1", slow.port)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.request(PATH, BODY, timeout_s=0.05)
+        assert loop.time() - start < 0.25
+        await asyncio.sleep(0.5)  # the late answer arrives and is dropped
+        status, _ = await pool.request(PATH, BODY, timeout_s=2.0)
+        assert status == 200
+        mute = ConnectionPool("127.0.0.1", silent.getsockname()[1], max_connections=1)
+        with pytest.raises(TimeoutError):
+            await mute.request(PATH, BODY, timeout_s=0.05)
+        await asyncio.sleep(0.5)  # given up on: its place under the cap is free again
+        with pytest.raises(TimeoutError):
+            await mute.request(PATH, BODY, timeout_s=0.05)
+        return pool.opened, mute.opened
+
+    try:
+        assert asyncio.run(go()) == (1, 2)
+    finally:
+        slow.stop()
+        silent.close()

@@ -251,8 +251,7 @@ class AsyncClient:
         remaining = deadline - start
         try:
             if self.protocol == "http":
-                async with asyncio.timeout(remaining):
-                    value = await self._http_call(call, endpoint, remaining)
+                value = await self._http_call(call, endpoint, remaining)  # times itself out
             else:
                 value = await self._grpc_call(call, endpoint, remaining)
         except _Retryable as exc:
@@ -280,7 +279,7 @@ class AsyncClient:
             body = orjson.dumps(payload)
             url = f"/v1/models/{model}{vpath}/predict"
         try:
-            status, content = await pool.request(url, body, headers)
+            status, content = await pool.request(url, body, headers, timeout_s=remaining)
         except ConnectError as exc:
             raise _Retryable(f"{endpoint.address}: cannot connect ({exc})", sent=False) from None
         except ConnectionLost as exc:

@@ -5,8 +5,10 @@ kernel whether each socket is readable), which cost most of a core at a few hund
 and made a client fall behind its own load for good. Here a request takes the most recently used
 idle connection from a list (a connection the server closed has already said so through
 ``connection_lost`` and is skipped), writes one buffer and awaits one future that the parser
-completes. A cancelled request (a lost hedge, a spent budget) closes its connection, so the
-server sees the request abandoned on the wire, and the connection is never reused half-read.
+completes. A cancelled request (a lost hedge, a caller that gave up) closes its connection, so
+the server sees the request abandoned on the wire. A request whose time ran out leaves its
+connection to read the late answer and come back to the pool: under overload, when many time
+out at once, closing and reconnecting each would cost the client more than the answers do.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -27,13 +30,20 @@ class ConnectionLost(Exception):
     """The connection broke before a whole answer came back: the request may have arrived."""
 
 
+# How long a timed-out request's connection waits for the late answer before it is closed: a
+# server that never answers must not hold a place under the pool's cap for good.
+LATE_ANSWER_WAIT_S = 2.0
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection: at most one request in flight, its answer parsed as it arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, drained: Callable[[_Connection], None]) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False
+        self.late = False  # its request timed out; the answer is still to be read
+        self._drained = drained
         self._parser = httptools.HttpResponseParser(self)
         self._body: list[bytes] = []
         self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
@@ -55,6 +65,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._fail(ConnectionLost("the server closed the connection before answering"))
+        if self.late:
+            self.late = False
+            self._drained(self)
 
     # -- httptools callbacks
     def on_message_begin(self) -> None:
@@ -68,6 +81,9 @@ class _Connection(asyncio.Protocol):
         self.reusable = self._parser.should_keep_alive()
         if waiter is not None and not waiter.done():
             waiter.set_result((self._parser.get_status_code(), b"".join(self._body)))
+        elif self.late:
+            self.late = False  # the late answer, read and dropped: the connection is free
+            self._drained(self)
 
     # -- the pool's side
     def send(self, data: bytes, waiter: asyncio.Future[tuple[int, bytes]]) -> None:
@@ -75,6 +91,18 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._waiter = waiter
         self.transport.write(data)
+
+    def expire(self) -> None:
+        """The request's time is up: fail it, and keep reading for its answer."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            self.late = True
+            waiter.set_exception(TimeoutError())
+            asyncio.get_running_loop().call_later(LATE_ANSWER_WAIT_S, self._give_up)
+
+    def _give_up(self) -> None:
+        if self.late:
+            self.close()  # connection_lost hands it back to the pool, which drops it
 
     def close(self) -> None:
         self.closed = True
@@ -120,25 +148,30 @@ class ConnectionPool:
             options.setdefault("tls", ssl.create_default_context())
         return cls(host.strip("[]"), int(port), **options)
 
-    async def request(self, path: str, body: bytes, headers: bytes = b"") -> tuple[int, bytes]:
+    async def request(self, path: str, body: bytes, headers: bytes = b"",
+                      timeout_s: float | None = None) -> tuple[int, bytes]:
         """POST ``body`` to ``path``; ``headers`` are extra ``Name: value\\r\\n`` lines.
-        Returns the status and the whole body. Raises :class:`ConnectError` (nothing was sent)
-        or :class:`ConnectionLost` (something was)."""
-        conn = await self._acquire()
-        waiter: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        Returns the status and the whole body. Raises :class:`ConnectError` (nothing was sent),
+        :class:`ConnectionLost` (something was) or ``TimeoutError`` after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout_s is None else loop.time() + timeout_s
+        conn = await self._acquire(end)
+        waiter: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         conn.send(b"".join((
             b"POST ", path.encode("latin-1"), b" HTTP/1.1\r\n", self._host_header, headers,
             b"Content-Type: application/json\r\nContent-Length: ", str(len(body)).encode(),
             b"\r\n\r\n", body)), waiter)
+        timer = None if end is None else loop.call_at(end, conn.expire)
         try:
             answer = await waiter
         except BaseException:
-            self._discard(conn)  # cancelled or broken: never reuse a connection mid-answer
+            if not conn.late:  # a late one comes back by itself once its answer is read
+                self._discard(conn)  # cancelled or broken: never reuse it mid-answer
             raise
-        if conn.reusable and not conn.closed and len(self._idle) < self.max_idle:
-            self._release(conn)
-        else:
-            self._discard(conn)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._drained(conn)
         return answer
 
     async def close(self) -> None:
@@ -154,7 +187,7 @@ class ConnectionPool:
                 waiter.set_exception(ConnectError(f"{self.host}:{self.port}: pool closed"))
 
     # -- connections
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, end: float | None) -> _Connection:
         while self._idle:
             conn = self._idle.pop()  # the most recently used: warm, least likely timed out
             if not conn.closed:
@@ -165,8 +198,9 @@ class ConnectionPool:
                 asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                handed = await waiter
-            except asyncio.CancelledError:
+                async with asyncio.timeout_at(end):
+                    handed = await waiter
+            except (asyncio.CancelledError, TimeoutError):
                 if waiter.done() and not waiter.cancelled():
                     given = waiter.result()  # handed over just as this request gave up
                     if given is not None:
@@ -179,9 +213,10 @@ class ConnectionPool:
         self._open += 1
         self.opened += 1
         try:
-            _, conn = await asyncio.get_running_loop().create_connection(
-                _Connection, self.host, self.port, ssl=self.tls,
-                server_hostname=self.host if self.tls else None)
+            async with asyncio.timeout_at(end):
+                _, conn = await asyncio.get_running_loop().create_connection(
+                    lambda: _Connection(self._drained), self.host, self.port, ssl=self.tls,
+                    server_hostname=self.host if self.tls else None)
         except BaseException as exc:
             self._open -= 1
             self._wake_one(None)
@@ -189,6 +224,13 @@ class ConnectionPool:
                 raise ConnectError(f"{self.host}:{self.port}: {exc.strerror or exc}") from None
             raise
         return conn
+
+    def _drained(self, conn: _Connection) -> None:
+        """A timed-out request's connection has read its late answer (or closed)."""
+        if conn.reusable and not conn.closed and len(self._idle) < self.max_idle:
+            self._release(conn)
+        else:
+            self._discard(conn)
 
     def _release(self, conn: _Connection) -> None:
         if self._wake_one(conn):
