@@ -204,3 +204,35 @@ def test_the_grpc_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: P
     # Binomial(500, 0.2): mean 100, sd 8.9; five sd either side
     assert 55 <= named <= 145, named
     assert tracing.kept == named + 10 == tracing.exported
+
+
+def test_a_grpc_request_in_the_windows_sample_leaves_its_arrays_not_a_record(
+        tmp_path: Path, fed: type[_Fed]) -> None:  # noqa: F811 - the fixture
+    """Every request in the windows' sample (``window_rows_per_s`` 0), none of them fed as a
+    record: the arrays of all 100 reach the drift window at the fold."""
+    from tests.monitoring.test_stage_times import _drained
+
+    settings = monitored_settings(tick_s=3600.0)
+    settings.monitoring.window_rows_per_s = 0.0
+    settings.batching.inline_max_us = 1_000_000  # runs at once: the flat path
+    server = ServerThread(settings, make_repository(tmp_path)).start()
+    monitor = server.server.monitor
+    rng = np.random.default_rng(8)
+    budget = (("x-redline-budget-ms", "5000"),)
+    try:
+        with grpc.insecure_channel(server.grpc) as channel:
+            stub = pbg.GRPCInferenceServiceStub(channel)
+            stub.ModelInfer(grpc_request(training_data(rng, 1)), timeout=10, metadata=budget)
+            server.call(_drained(monitor))
+            drift = monitor.windows.drift[("fraud", "1")]
+            seen = drift.window.rows().shape[0]
+            fed_before = fed.n
+            for _ in range(100):
+                stub.ModelInfer(grpc_request(training_data(rng, 1)), timeout=10, metadata=budget)
+            records = fed.n - fed_before
+            server.call(_drained(monitor))
+            rows = drift.window.rows().shape[0]
+    finally:
+        server.stop()
+    assert records == 0
+    assert rows - seen == 100

@@ -254,3 +254,39 @@ def test_a_record_made_for_the_windows_is_not_drawn_into_the_trace_sample_twice(
         server.stop()
     # Binomial(1000, 0.1): mean 100, sd 9.5; drawn twice the rate would be ~0.19 (mean 190)
     assert 55 <= named <= 145, named
+
+
+def test_a_v2_request_in_the_windows_sample_leaves_its_arrays_not_a_record(
+        tmp_path: Path, counted: type[_Counted]) -> None:
+    """With every request in the windows' sample (``window_rows_per_s`` 0), common V2 REST
+    requests still make no record: their arrays go beside their stage times, and every one of
+    them reaches the drift window at the fold."""
+    server = _serve(tmp_path, ratio=None, rows_per_s=0.0)
+    rng = np.random.default_rng(1)
+    monitor = server.server.monitor
+    try:
+        with httpx.Client(base_url=server.http, headers=BUDGET, timeout=30) as http:
+            assert http.post("/v2/models/fraud/infer",
+                             json=v2_body(rng.normal(size=(1, 3)))).status_code == 200
+            server.call(_drained(monitor))
+            drift = monitor.windows.drift[("fraud", "1")]
+            seen = drift.window.rows().shape[0]
+            made_before = counted.made
+            for _ in range(200):
+                r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
+                assert r.status_code == 200
+            made = counted.made - made_before
+            server.call(_drained(monitor))
+            rows = drift.window.rows().shape[0]
+    finally:
+        server.stop()
+    assert made == 0
+    assert rows - seen == 200
+
+
+async def _drained(monitor: Any) -> None:
+    """The tick's fold of what the feed holds, then the windows take it (on their thread)."""
+    import asyncio
+
+    monitor.drain()
+    await asyncio.to_thread(monitor.windows.absorb)

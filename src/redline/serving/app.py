@@ -338,8 +338,8 @@ class RestApp:
         """``infer_inline`` for a monitored server, making a record only where one is needed.
 
         The common request (JSON of the common shape, no ``traceparent`` or binary header,
-        answered at once and ok, not sampled for the windows or a trace, not slow) leaves its
-        stage times in the version's :class:`StageTimes`; any other gets the same
+        answered at once and ok, not in the trace sample, not slow) leaves its stage times in the
+        version's :class:`StageTimes` (a windows' sample its arrays too); any other gets the same
         :class:`RequestRecord` as before, built from the same clock reads. Returns
         ``_NOT_LEAN`` when nothing was done (an unusual request, errors included: the general
         path answers it from the start), else what ``infer_inline`` returns."""
@@ -386,8 +386,10 @@ class RestApp:
         if times is not None:
             countdown = times.countdown - 1
             if (countdown and t_end - t_start <= times.slow_ns
-                    and not (handle.keep_io and (rid or t_dec >= handle.io_next_ns))):
+                    and not (rid and handle.keep_io)):
                 times.countdown = countdown
+                if handle.keep_io and t_dec >= handle.io_next_ns and handle.sample_due(t_dec):
+                    times.samples += (inputs, outputs)  # the windows' sample, beside its row
                 times.times.extend((t_start, t_dec, t_inf, t_end, rows))
                 respond(status, payload, out)
                 return None

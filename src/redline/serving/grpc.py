@@ -137,9 +137,10 @@ class InferenceServicer:
         """The answer as wire bytes (``grpc_wire``): the service's serializer passes them.
 
         Observed, the common request (answered at once and ok, no id, no caller
-        ``traceparent``, not sampled for the windows or a trace, not slow) is timed by clock
-        reads and leaves five integers in its version's ``StageTimes``, as a V2 REST request
-        does; any other gets its ``RequestRecord``, built from the same reads."""
+        ``traceparent``, not in the trace sample, not slow) is timed by clock reads and leaves
+        five integers in its version's ``StageTimes`` (a windows' sample its arrays too), as a
+        V2 REST request does; any other gets its ``RequestRecord``, built from the same
+        reads."""
         start_ns = perf_ns()
         start = start_ns * 1e-9  # the same clock as deadline.now()
         observed = bool(self.observers)
@@ -204,12 +205,14 @@ class InferenceServicer:
         assert handle is not None  # (grpc_abort raised otherwise)
         if record is None:  # answered at once
             draw: bool | None = None
-            if not (rid or TRACEPARENT in meta or handle.shadowed
-                    or (handle.keep_io and t_dec >= handle.io_next_ns)):
+            if not (rid or TRACEPARENT in meta or handle.shadowed):
                 times = self._flat.series(handle.name, handle.version_str)
                 if times is not None:
                     draw = self._flat.draw(times, t_end - start_ns)
                     if draw is None:
+                        if (handle.keep_io and t_dec >= handle.io_next_ns
+                                and handle.sample_due(t_dec)):
+                            times.samples += (inputs, outputs)  # the windows' sample
                         times.times += (start_ns, t_dec, t_inf, t_end, rows)
                         return resp
             record = _record(handle, rid, meta, rows, start_ns, t_dec)

@@ -270,11 +270,17 @@ class ModelHandle:
         if self.shadowed:
             record.inputs, record.outputs = inputs, outputs
         elif self.keep_io:
-            if t0 >= self.io_next_ns:  # a sample in time, at the windows' own rate
-                self.io_next_ns = t0 + self._io_gap_ns
-            elif not record.request_id:  # with an id a label may come: the quality join
-                return
+            if not self.sample_due(t0) and not record.request_id:
+                return  # (with an id a label may come: the quality join wants it)
             record.inputs, record.outputs = inputs, outputs
+
+    def sample_due(self, t0: int) -> bool:
+        """Whether a request that ran at ``t0`` is the monitoring windows' next sample, at
+        their own rate (the next one is then due a gap later)."""
+        if t0 >= self.io_next_ns:
+            self.io_next_ns = t0 + self._io_gap_ns
+            return True
+        return False
 
     def check_outputs(self, names: list[str]) -> None:
         """Refuse unknown requested output names before any work is done."""

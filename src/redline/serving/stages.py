@@ -143,11 +143,12 @@ def v1_times(record: RequestRecord) -> list[int]:
 class StageTimes(Protocol):
     """One series' common requests as flat integers, without a record each (the monitor's).
 
-    A V2 request (REST JSON or gRPC) answered at once, ok, with no caller ``traceparent``, not
-    sampled for the monitoring windows and not kept for a trace (nearly every request) leaves
-    ``TIME_FIELDS``
-    integers in ``times``: ``start, decoded, inferred, end`` (``perf_ns`` values: decode is
-    start..decoded, inference decoded..inferred, encode inferred..end) and its rows; the
+    A V2 request (REST JSON or gRPC) answered at once, ok, with no request id or caller
+    ``traceparent`` and not kept for a trace (nearly every request) leaves ``TIME_FIELDS``
+    integers in ``times`` (and, when it is the monitoring windows' sample, its input and output
+    arrays in ``samples``, as a ``/v1`` request does): ``start, decoded, inferred, end``
+    (``perf_ns`` values: decode is start..decoded, inference decoded..inferred, encode
+    inferred..end) and its rows; the
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
     fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
     integers in one ``list.extend`` a fraction of a microsecond.
