@@ -130,3 +130,7 @@ def test_an_identical_build_passes_the_gate_with_defaults(repo, digits, digits_m
                                   digits_npz, "-r", repo.root, "--rounds", "100"], capsys)
         assert code == 0, err
         assert "[ok] candidate median latency is" in out and "over 10 passes" in out
+
+    code, _, err = run_cli(["gate", "-m", "digits", "--candidate", "2", "--data", digits_npz,
+                            "-r", repo.root, "--passes", "1"], capsys)
+    assert code == 2 and "needs at least 2 passes" in err

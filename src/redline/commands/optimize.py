@@ -106,7 +106,8 @@ def _load_data(path: str, label: str, feature_names: list[str] | None,
               help="Timed calls per candidate and batch size (default: optimize.rounds, 300).")
 @click.option("--passes", type=int, default=None,
               help="Interleaved passes; each loads, warms and times one session at a time "
-                   "(default: optimize.passes, 5).")
+                   "and is one paired observation of every speed-up, so at least 2 give an "
+                   "interval (default: optimize.passes, 5).")
 @click.option("--bootstrap", type=int, default=None,
               help="Bootstrap resamples behind each 95% interval (default: 500).")
 @click.option("--max-seconds", type=float, default=30.0, show_default=True,
@@ -146,18 +147,18 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
              repository: str | None, config_path: str | None) -> None:
     """Make faster candidates of MODEL, measure them all on the same data, register the best.
 
-    Candidates: ONNX Runtime graph levels and threads, int8 quantization (dynamic, and static QDQ
-    with MinMax/Entropy/Percentile calibration, leaving accuracy-critical nodes in float), fp16
-    (GPU only), structured and magnitude pruning of MLPs, fewer trees for forests and boosted
-    models, and a distilled MLP student. Techniques learn on the fit rows, the pick is made on
-    the choice rows, every reported figure comes from the evaluation rows with a 95% bootstrap
-    interval. Latency is timed one session at a time over interleaved passes, and each speed-up
-    carries a 95% interval paired pass by pass; the winner must clear --min-speedup by its
-    interval's lower end, and candidates within noise of each other are reported as tied. A
-    candidate must keep the original's contract (inputs, outputs, missing-value policy); one
-    with a NaN weight or answer, or the same bytes run the same way, is not a candidate. The
-    winner is registered as a new version that serves only once promoted (redline gate
-    --promote production, or redline models promote).
+    Candidates: ONNX Runtime graph levels above the configured one and more threads, int8
+    quantization (dynamic, and static QDQ with MinMax/Entropy/Percentile calibration, leaving
+    accuracy-critical nodes in float), fp16 (GPU only), structured and magnitude pruning of
+    MLPs, fewer trees for forests and boosted models, and a distilled MLP student. Techniques
+    learn on the fit rows, the pick is made on the choice rows, every reported figure comes from
+    the evaluation rows with a 95% bootstrap interval. Latency is timed one session at a time
+    over interleaved passes, and each speed-up carries a 95% interval paired pass by pass; the
+    winner must clear --min-speedup by its interval's lower end, and candidates within noise of
+    each other are reported as tied. A candidate must keep the original's contract (inputs,
+    outputs, missing-value policy); one with a NaN weight or answer, or the same bytes run the
+    same way, is not a candidate. The winner is registered as a new version that serves only
+    once promoted (redline gate --promote production, or redline models promote).
 
     \b
     Examples:
@@ -272,7 +273,8 @@ def _stderr_console() -> Any:
 @click.option("--max-slowdown", type=float, default=1.2, show_default=True,
               help="Fail (exit 11) if the candidate's median latency is more than this multiple "
                    "of the baseline's by the whole 95% interval of their ratio (paired pass by "
-                   "pass), so noise alone never fails an identical build; 0 turns it off.")
+                   "pass), so the machine's noise does not fail an identical build; 0 turns it "
+                   "off.")
 @click.option("--max-accuracy-drop", type=float, help="Fail (exit 12) if the metric is worse "
               "than the baseline's by more than this, in the metric's units (0.01 = 1 point).")
 @click.option("--max-disagreement", type=float, default=None,

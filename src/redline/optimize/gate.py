@@ -269,6 +269,9 @@ def run_gate(
                             ("accuracy", EXIT_ACCURACY), ("disagreement", EXIT_DISAGREEMENT))]
         return result
     _check_fit(x, name, base_meta, cand_meta)
+    if opts.max_slowdown is not None and opts.passes < 2:
+        raise InvalidInput("the slowdown check pairs the models pass by pass and needs at "
+                           "least 2 passes (--passes); or turn it off with --max-slowdown 0")
     if opts.max_accuracy_drop is not None and y is None:
         raise InvalidInput("--max-accuracy-drop needs labels: pass --data with a label column")
     base_settings = settings or RuntimeSettings()
