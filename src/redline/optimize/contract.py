@@ -84,8 +84,12 @@ def answers_rows(runner: ModelRunner, probe: np.ndarray) -> np.ndarray:
     return np.asarray(np.isfinite(scores.reshape(len(scores), -1)).all(axis=1))
 
 
+_NUMPY_NAMES = {"float": "float32", "double": "float64"}
+
+
 def _dtype(onnx_type: str) -> str:
-    return onnx_type.removeprefix("tensor(").removesuffix(")")
+    name = onnx_type.removeprefix("tensor(").removesuffix(")")
+    return _NUMPY_NAMES.get(name, name)
 
 
 def _list(items: tuple[Any, ...]) -> str:

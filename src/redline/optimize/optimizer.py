@@ -179,7 +179,9 @@ class CandidateResult:
         return {
             "latency": {str(b): lat.to_dict() for b, lat in self.latency.items()},
             "speedup": {str(b): round(s, 3) for b, s in self.speedup.items()},
-            "speedup_interval": {str(b): [round(i.low, 3), round(i.high, 3)]
+            # null high end: one pass, nothing to pair (JSON has no infinity)
+            "speedup_interval": {str(b): [round(i.low, 3),
+                                          round(i.high, 3) if np.isfinite(i.high) else None]
                                  for b, i in self.speedup_interval.items()},
             "size_bytes": self.size_bytes,
             "parameters": self.n_parameters,
