@@ -134,6 +134,7 @@ def test_missing_optional_dependency_names_the_extra(capsys, monkeypatch) -> Non
         "installs the demo extras)")
 
 
+@pytest.mark.slow
 def test_usage_error_from_a_real_process() -> None:
     """The installed entry point, not just ``main``: one line, exit 2."""
     done = subprocess.run([sys.executable, "-m", "redline.cli", "models", "add"],

@@ -16,6 +16,8 @@ from redline.cli import main
 from tests.conftest import free_port
 from tests.logwatch import LoggedPopen
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def wait_ready(url: str, proc: LoggedPopen, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from redline.demo import engine_step
 from redline.models import ModelRepository
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def test_engine_step_registers_and_measures(tmp_path):

@@ -11,6 +11,8 @@ import pytest
 
 from tests.pipeline.conftest import serve  # noqa: F401,F811 - the server fixture
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fraud"
 
 

@@ -20,6 +20,8 @@ from tests.conftest import free_port
 from tests.logwatch import LoggedPopen
 from tests.serving.helpers import affine_model, slow_model
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 @pytest.fixture()
 def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]

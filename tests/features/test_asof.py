@@ -64,6 +64,7 @@ def test_columns_equal_the_replay_on_json_lines(seed: int, defs: FeatureDefiniti
     assert _same(defs, log, _labels(events, arrivals, seed)) > 50
 
 
+@pytest.mark.slow
 def test_columns_equal_the_replay_on_dataframes_of_every_dtype() -> None:
     events, arrivals, _ = _stream(21, n=600)
     rows = [{**e, "_arrival_ms": a} for e, a in zip(events, arrivals, strict=True)]

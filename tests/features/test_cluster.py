@@ -15,6 +15,8 @@ from redline.errors import StoreUnavailable
 from redline.features import Ingestor, MemoryStore, load_definitions
 from redline.features.online.redis import RedisStore
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 ROOT = Path(__file__).resolve().parents[2]
 FRAUD = ROOT / "examples" / "fraud" / "features.py"
 T0 = 1_767_225_600_000

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,6 +194,7 @@ def _check(events: list[dict[str, Any]], with_id: bool) -> None:
         _same(got, expected)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_event(), min_size=1, max_size=12), st.booleans())
 def test_fast_path_equals_the_general_functions(events: list[dict[str, Any]], with_id: bool

@@ -25,6 +25,8 @@ from redline.features.ingest.kafka import KafkaSource, dead_letter_key
 from redline.features.online.redis import RedisStore
 from tests.logwatch import LoggedPopen
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFS = str(Path(__file__).with_name("defs_tx.py"))
 BAD = [b"{not json", orjson.dumps({"card_id": "c1", "ts": 1}),

@@ -17,6 +17,8 @@ from redline.features import load_definitions
 from redline.features.online.redis import RedisStore
 from tests.logwatch import LoggedPopen
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 DEFS = str(Path(__file__).with_name("defs_tx.py"))
 STREAM = "events"
 ROOT = Path(__file__).resolve().parents[2]

@@ -116,6 +116,7 @@ def test_keys_expire_after_window_and_lateness(redis_server) -> None:
     assert view.layout().ttl_ms >= 5 * 60_000 + view.source.lateness_ms
 
 
+@pytest.mark.slow
 def test_cluster_store_equals_memory(redis_cluster) -> None:
     defs = definitions()
     view = defs.view("card_tx")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
+import pytest
 
 from redline.features import (
     Entity,
@@ -384,6 +385,7 @@ IDS = EventSource("tx", CARD, {"amount": float, "merchant": str, "n": int, "flag
 IDS_DEFS = FeatureDefinitions.of([_view(src=IDS)])
 
 
+@pytest.mark.slow
 def test_a_redelivered_event_is_applied_once_on_every_path(redis_server) -> None:
     """Was: a redelivered event (same event id) was counted twice on every path."""
     from redline.features.ingest import StreamConsumer

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from redline.models import ModelRepository
 from redline.models.metadata import profile_inputs
@@ -20,6 +21,8 @@ from redline.monitoring.routes import calibrating_report
 from redline.monitoring.threshold_file import FILE_NAME
 from tests.monitoring.served import monitored_settings, start, training_data, v2_body
 from tests.serving.helpers import ServerThread
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def _calibrated(server: Any, key: tuple[str, str]) -> DriftMonitor:

@@ -34,6 +34,8 @@ from tests.monitoring.served import (
 )
 from tests.serving.helpers import ServerThread
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 # Set to a path to keep the screenshot (docs/dashboard.png is made this way).
 SCREENSHOT_ENV = "REDLINE_DASHBOARD_SCREENSHOT"
 WIDE = [f"{topic}_{i:02d}" for i, topic in enumerate(

@@ -32,6 +32,7 @@ def test_profile_marks_low_cardinality_integers_categorical(profile: dict) -> No
     assert "categories" not in profile["features"]["age"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [300, 3_000, 50_000])
 def test_unchanged_data_does_not_alarm_at_any_size(profile: dict, n: int) -> None:
     rng = np.random.default_rng(n)
@@ -100,6 +101,7 @@ def test_prediction_drift_against_the_first_live_window(profile: dict) -> None:
     assert r["drift"] and r["drifted"] == ["prediction"]
 
 
+@pytest.mark.slow
 def test_redline_drift_headline_names_a_drifting_prediction(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """``redline drift``'s headline and ``drifted`` list name the prediction its table shows."""
     import json

@@ -9,6 +9,7 @@ import types
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks.observability.tick_stall import OneModelRegistry
 from redline.config import Settings
@@ -70,6 +71,7 @@ def test_the_loop_runs_between_every_two_units() -> None:
     assert all(seen[i + 1][0] > seen[i][1] for i in range(len(seen) - 1))
 
 
+@pytest.mark.slow
 def test_a_tick_hands_the_loop_a_turn_between_features_and_record_slices(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(0)
     names = [f"f{i}" for i in range(FEATURES)]

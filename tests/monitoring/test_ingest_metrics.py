@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,6 +36,7 @@ def test_ingest_stats_become_metrics() -> None:
     assert 0 <= fresh < 60
 
 
+@pytest.mark.slow
 def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: Path) -> None:
     """`redline ingest redis-stream` with the server's PROMETHEUS_MULTIPROC_DIR: a scrape of
     that directory (what any server worker's /metrics does) shows its events and dead letters."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.monitoring.metrics import PrometheusExport, RequestMetrics, SlowLog, latency_buckets
@@ -88,6 +89,7 @@ print(e.multiprocess, os.getpid())
 """
 
 
+@pytest.mark.slow
 def test_several_worker_processes_add_up(tmp_path: Path) -> None:
     """Two real worker processes write the multiprocess files; one scrape sums them."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),

@@ -19,6 +19,7 @@ def promtool() -> str:
     return path
 
 
+@pytest.mark.slow
 def test_rules_are_valid() -> None:
     out = subprocess.run([promtool(), "check", "rules", "redline-rules.yml"], cwd=RULES,
                          capture_output=True, text=True)
@@ -26,6 +27,7 @@ def test_rules_are_valid() -> None:
     assert "SUCCESS: 17 rules found" in out.stdout
 
 
+@pytest.mark.slow
 def test_rule_unit_tests_pass() -> None:
     out = subprocess.run([promtool(), "test", "rules", "redline-rules.test.yml"], cwd=RULES,
                          capture_output=True, text=True)

@@ -73,6 +73,7 @@ def test_options_are_checked():
         OptimizeOptions(fit_share=0.5, choice_share=0.5)
 
 
+@pytest.mark.slow
 def test_optimize_a_pytorch_model_keeps_its_signature(digits):
     torch = pytest.importorskip("torch")
     from torch import nn

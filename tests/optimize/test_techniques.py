@@ -46,6 +46,7 @@ def _initializer_sizes(data: bytes) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------- quantization
+@pytest.mark.slow
 def test_int8_dynamic_and_static_stay_within_tolerance(digits, digits_mlp, onnx_of):
     model = onnx_of(digits_mlp, digits.x_train)
     ctx = tune_context(model, digits, DIGITS)

@@ -174,6 +174,7 @@ def test_a_pick_resting_on_noise_is_not_made(monkeypatch):
     assert low < r.metrics["rmse"] < high
 
 
+@pytest.mark.slow
 def test_static_calibration_is_judged_on_other_rows_and_entropy_differs(digits, digits_mlp,
                                                                          onnx_of):
     from redline.optimize.quantize import CALIBRATION_ROWS

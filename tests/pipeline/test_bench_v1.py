@@ -11,6 +11,8 @@ import pytest
 
 from tests.pipeline.conftest import make_settings
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 @pytest.mark.parametrize("protocol", ["json", "grpc"])
 def test_bench_drives_v1_predict(serve, repo_path, defs_path, protocol):

@@ -14,6 +14,8 @@ from redline.config import ModelSettings
 from redline.models import InferenceSession, ModelRepository
 from tests.pipeline.conftest import make_settings
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def score(repo_path, name: str, row: list[float]) -> float:
     sess = InferenceSession.load(ModelRepository(repo_path), name)

@@ -8,6 +8,9 @@ import time
 
 import httpx
 import orjson
+import pytest
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def _age(text: str) -> tuple[float, float]:

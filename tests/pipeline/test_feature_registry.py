@@ -10,11 +10,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 from redline.features import load_definitions
 from redline.features.versioning import ViewRegistry, live_definitions
 from redline.models import ModelRepository
 from tests.pipeline.conftest import HERE, make_settings
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 EDITED = '''
 card_txn = FeatureView(

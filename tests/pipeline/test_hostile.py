@@ -23,6 +23,8 @@ from redline.serving.stages import RequestRecord
 from tests.pipeline.conftest import make_settings
 from tests.pipeline.test_degradation import score
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 BAD_BUDGETS = ["-5", "0", "-inf", "inf", "nan", "1e12", "abc"]
 PREDICT = "/v1/models/cards/predict"
 

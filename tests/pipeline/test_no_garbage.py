@@ -20,6 +20,9 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 REQUESTS = 200
 

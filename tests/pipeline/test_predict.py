@@ -13,6 +13,8 @@ import pytest
 from redline.models import InferenceSession, ModelRepository
 from tests.pipeline.conftest import make_settings
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def events(card: str, amounts: list[float]) -> bytes:
     ts = int(time.time() * 1000)

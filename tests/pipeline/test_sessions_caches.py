@@ -21,6 +21,8 @@ from tests.conftest import free_port
 from tests.logwatch import log_to
 from tests.pipeline.conftest import PRIMARY_FEATURES, make_settings
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def start_process(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str
                   ) -> tuple[subprocess.Popen, str]:

@@ -19,6 +19,8 @@ from redline.serving.http_protocol import RedlineHttpProtocol
 from redline.serving.warmup import _present_ids, warm_request_path
 from tests.pipeline.conftest import make_settings
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 TOKEN = "warm-token"
 ENDPOINTS = ["/v1/pipeline/stats", "/metrics", "/v1/monitoring/summary",
              "/v2/models/cards/stats", "/v2/models/cards_small/stats",

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from tests.logwatch import log_to
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -157,5 +159,6 @@ class PodLayout:
         full_env = {**os.environ, **{k: self.remap(v) for k, v in variables.items()}, **env}
         workdir = self.path(image.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(command, cwd=workdir, env=full_env, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT)
+        with log_to(log, f"pod container {container_name}") as out:
+            return subprocess.Popen(command, cwd=workdir, env=full_env, stdout=out,
+                                    stderr=subprocess.STDOUT)

@@ -15,10 +15,13 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.monitoring.served import make_repository, training_data, v2_body
 from tests.scaling.procs import Serve
 from tests.scaling.test_labels_pool import CONFIG, predict
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 TOKEN = "pool-admin"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -6,10 +6,14 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from redline.models import ModelRepository
 from redline.scaling.autoscaler import Autoscaler, LoadSample, ScalePolicy, decide
 from tests.scaling.models import slow_affine
 from tests.scaling.procs import CONFIG, Serve, SteadyLoad
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 POLICY = ScalePolicy(min_workers=1, max_workers=4, objective_p99_ms=10, queue_high=4,
                      queue_low=0.5, up_cooldown_s=5, down_cooldown_s=30)

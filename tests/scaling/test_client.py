@@ -21,6 +21,8 @@ from redline.errors import DeadlineExceeded, InvalidInput, ModelNotFound
 from tests.conftest import free_port
 from tests.scaling.procs import Serve
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 X = {"x": np.array([[1, 2, 3, 4]], np.float32)}
 
 

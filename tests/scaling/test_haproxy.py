@@ -17,6 +17,8 @@ from tests.scaling.procs import CONFIG as SERVE_CONFIG
 from tests.scaling.procs import Serve, SteadyLoad
 from tests.scaling.test_workers import grpc_infer
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
 HAPROXY = shutil.which("haproxy")
 

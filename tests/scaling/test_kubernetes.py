@@ -211,6 +211,7 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
             proc.wait(10)
 
 
+@pytest.mark.slow
 def test_the_serving_pod_starts_and_answers(tmp_path: Path, redis_server: RedisServer) -> None:
     """The serve Deployment's pod as the kubelet runs it: the bundle copied in by the init
     container, then the image's ENTRYPOINT with the manifest's args, env and mounts; its
@@ -243,6 +244,7 @@ def test_the_serving_pod_starts_and_answers(tmp_path: Path, redis_server: RedisS
         assert stop(proc) == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.slow
 def test_the_ingest_pod_starts_and_consumes(tmp_path: Path, redis_server: RedisServer) -> None:
     """The ingest Deployment's pod: the image's ENTRYPOINT with ``ingest kafka ...`` reaches
     its running state (definitions loaded from the bundle, Redis answered, a Kafka broker

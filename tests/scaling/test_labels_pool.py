@@ -24,6 +24,8 @@ from tests.conftest import RedisServer
 from tests.monitoring.served import make_repository, training_data, v2_body
 from tests.scaling.procs import Serve
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 CONFIG = ("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
           "server:\n  watch_repository: false\n  drain_timeout_s: 5\n"
           "monitoring:\n  tick_s: 0.2\n  quality_store_timeout_ms: 300\n")

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import pytest
 
 from redline.config import Settings
 from redline.models import ModelRepository
@@ -18,6 +19,8 @@ from redline.proto import redline_v1_pb2 as v1pb
 from redline.proto import redline_v1_pb2_grpc as v1g
 from redline.scaling.loadmeter import AsgiMeter, GrpcMeter, LoadBoard, LoadMeter
 from tests.serving.helpers import ServerThread, affine_model, slow_model
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def test_grpc_v2_and_v1_and_rest_are_metered(tmp_path: Path) -> None:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.conftest import RedisServer
 from tests.pipeline.conftest import HERE as PIPELINE_TESTS
 from tests.pipeline.conftest import train_models
 from tests.scaling.procs import Serve, SteadyLoad
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def test_redis_stopped_under_load_degrades_without_failures(tmp_path: Path,

@@ -27,6 +27,8 @@ from redline.scaling.rollout import (
 from tests.scaling.models import failing_affine, slow_affine
 from tests.serving.helpers import ServerThread, affine_model
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 BIG = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [5, 5, 5, 5]}]}
 
 

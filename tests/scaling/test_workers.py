@@ -24,6 +24,8 @@ from redline.scaling.workers import resolve_workers
 from tests.scaling.procs import Serve, SteadyLoad
 from tests.serving.helpers import affine_model
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def grpc_infer(target: str, body: dict | None = None) -> list[float]:  # type: ignore[type-arg]
     width = body["inputs"][0]["shape"][1] if body else 4

@@ -19,6 +19,8 @@ from tests.logwatch import log_to
 from tests.scaling import netzones
 from tests.scaling.procs import CONFIG, make_repo
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 X = {"x": np.array([[1, 2, 3, 4]], np.float32)}
 
 

@@ -177,6 +177,7 @@ async def test_adaptive_cuts_when_latency_does_not_allow(repo: ModelRepository) 
     await handle.retire(1)
 
 
+@pytest.mark.slow
 def test_loop_answers_health_while_a_long_batch_runs(tmp_path: Path) -> None:
     repo = ModelRepository(tmp_path)
     repo.add_onnx("heavy", slow_model(layers=400))

@@ -60,6 +60,7 @@ def tensors(draw: st.DrawFn) -> np.ndarray:
     return draw(hnp.arrays(dtype, shape))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(outputs=st.dictionaries(st.text(min_size=1, max_size=8), tensors(), min_size=1,
                                max_size=3),
@@ -96,6 +97,7 @@ def typed_request(array: np.ndarray, datatype: str) -> Any:
     return pb.ModelInferRequest.FromString(req.SerializeToString())
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(hnp.arrays(st.sampled_from([np.float32, np.float64]),
                   hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=70)))

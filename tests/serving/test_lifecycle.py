@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from redline.config import Settings
@@ -106,6 +107,7 @@ def test_hot_swap_under_continuous_load_has_no_failures(tmp_path: Path) -> None:
         assert set(versions[first_two:]) == {"2"}, "a request went back to the old version"
 
 
+@pytest.mark.slow
 def test_in_flight_requests_finish_on_their_version(tmp_path: Path) -> None:
     repo = ModelRepository(tmp_path)
     repo.add_onnx("s", slow_model(layers=300))

@@ -6,11 +6,14 @@ type and schema."""
 from __future__ import annotations
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from tests.serving.conftest import ADMIN_TOKEN
 from tests.serving.helpers import ServerThread
+
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
 def test_the_document_covers_every_route(served: ServerThread) -> None:

@@ -17,6 +17,8 @@ from redline.serving import warmup
 from redline.serving.app import RestApp
 from tests.serving.helpers import ServerThread, affine_model, slow_model
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 
 def test_a_slow_models_bodies_are_sent_once_a_fast_models_repeated(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
