@@ -10,6 +10,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from redline.monitoring.tracing import SpanSink
+
 
 @dataclass
 class Span:
@@ -48,7 +50,7 @@ def decode(payload: bytes) -> list[Span]:
 SERVER = ProtoSpan.SPAN_KIND_SERVER
 
 
-class MemorySink:
+class MemorySink(SpanSink):
     """A ``SpanSink`` that keeps what it is sent (decoded)."""
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ import pytest
 from redline.config import BatchingSettings, ModelSettings
 from redline.proto import redline_v1_pb2 as v1
 from redline.proto import redline_v1_pb2_grpc as v1g
-from redline.serving.stages import RequestRecord
+from redline.serving.stages import RequestObserver, RequestRecord
 from tests.pipeline.conftest import make_settings
 from tests.pipeline.test_degradation import score
 
@@ -251,7 +251,9 @@ def test_overload_on_v1_carries_retry_after_on_rest_and_grpc(serve, repo_path, d
     assert int(trailers["retry-after-ms"]) >= 1
 
 
-class _Keep:
+class _Keep(RequestObserver):
+    """An observer that keeps every record it is handed."""
+
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
 

@@ -20,7 +20,7 @@ from redline.config import Settings
 from redline.models import ModelRepository
 from redline.proto import grpc_service_pb2 as pb
 from redline.proto import grpc_service_pb2_grpc as pbg
-from redline.serving.stages import RequestRecord
+from redline.serving.stages import RequestObserver, RequestRecord
 from tests.serving.conftest import ADMIN_TOKEN
 from tests.serving.helpers import ServerThread, affine_model
 
@@ -206,7 +206,7 @@ def test_bad_budgets_are_the_same_400_on_rest_and_invalid_argument_on_grpc(
         for value in BAD_BUDGETS:
             for body in (_infer_body([1, 2, 3, 4]), _infer_body([1, 2, 3, 4], parameters={})):
                 r = c.post("/v2/models/affine/infer", content=body,
-                           headers={"x-redline-budget-ms": value.encode()})
+                           headers={b"x-redline-budget-ms": value.encode()})
                 doc = _json_error(r, 400)
                 assert doc["code"] == "invalid_input" and "x-redline-budget-ms" in doc["error"]
             with pytest.raises(grpc.RpcError) as err:
@@ -219,7 +219,9 @@ def test_bad_budgets_are_the_same_400_on_rest_and_invalid_argument_on_grpc(
         assert ok.status_code == 200
 
 
-class _Keep:
+class _Keep(RequestObserver):
+    """An observer that keeps every record it is handed."""
+
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
 
