@@ -31,6 +31,7 @@ class StragglerProxy:
         self.abandoned = 0  # clients that hung up while their answer was still to come
         self.port = 0
         self._random = random.Random(seed)
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -52,22 +53,31 @@ class StragglerProxy:
         self._ready.set()
         self._loop.run_forever()
         server.close()
+        # Cancel the pumps, not the connection handlers: a handler's gather then ends on its
+        # own, where a cancelled handler makes asyncio's stream callback log an error.
         tasks = asyncio.all_tasks(self._loop)
-        for task in tasks:
+        for task in tasks - self._handlers:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self._loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            writer.close()
-            return
-        asked = [False]  # a request went up and its answer has not started coming back yet
-        await asyncio.gather(self._pump(reader, up_writer, asked, answers=False),
-                             self._pump(up_reader, writer, asked, answers=True),
-                             return_exceptions=True)
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1",
+                                                                     self.upstream_port)
+            except OSError:
+                writer.close()
+                return
+            asked = [False]  # a request went up and its answer has not started coming back yet
+            await asyncio.gather(self._pump(reader, up_writer, asked, answers=False),
+                                 self._pump(up_reader, writer, asked, answers=True),
+                                 return_exceptions=True)
+        finally:
+            self._handlers.discard(handler)
 
     def _hold_s(self) -> float:
         self.answers += 1

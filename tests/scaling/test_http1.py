@@ -178,6 +178,9 @@ def test_a_timed_out_request_leaves_its_connection_to_the_late_answer(
         await asyncio.sleep(0.5)  # given up on: its place under the cap is free again
         with pytest.raises(TimeoutError):
             await mute.request(PATH, BODY, timeout_s=0.05)
+        await pool.close()  # before the proxy stops: it would cancel a connection still open
+        await mute.close()
+        await asyncio.sleep(0.1)
         return pool.opened, mute.opened
 
     try:
