@@ -27,6 +27,10 @@ from redline.scaling.rollout import (
 from tests.scaling.models import failing_affine, slow_affine
 from tests.serving.helpers import ServerThread, affine_model
 
+# What the failing candidate (tests/scaling/models.py) logs for each request it fails.
+FAILING_CANDIDATE = (r"unhandled error on POST /v2/models/affine/infer|Gather node"
+                     r"|model 'affine:2' failed to run")
+
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 BIG = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [5, 5, 5, 5]}]}
@@ -89,6 +93,7 @@ def wait_state(path: Path, model: str, state: str, timeout: float = 5.0) -> dict
     raise AssertionError(f"rollout not {state}: {path.read_text()}")
 
 
+@pytest.mark.allow_log(FAILING_CANDIDATE)
 def test_canary_rolls_back_a_failing_candidate(project, capsys) -> None:  # type: ignore[no-untyped-def]
     server, controller, config, root = project
     observers = server.server.observers
@@ -267,6 +272,7 @@ def test_merged_p99_is_the_p99_of_all_latencies() -> None:
     assert merged.requests == 3100 and merged.processes == 2
 
 
+@pytest.mark.allow_log(FAILING_CANDIDATE)
 def test_two_workers_roll_back_a_bad_candidate_together(tmp_path: Path) -> None:
     """``redline serve --workers 2``: traffic reaches both workers, the decision is taken on
     their sum, and after it every worker serves the baseline only."""

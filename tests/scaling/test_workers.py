@@ -172,6 +172,7 @@ def test_the_admin_api_no_longer_holds_a_pool_to_one_worker() -> None:
     assert resolve_workers(settings, 0) == 1
 
 
+@pytest.mark.allow_log(r"worker \d could not start \(exit 2\); stopping")
 def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None:
     """A user error met inside every worker is reported once and stops it all, not looped."""
     serve = Serve(tmp_path, "--workers", "2", "--redis-url", "redis://127.0.0.1:1/0",
