@@ -4,19 +4,22 @@ logs fails the test that was running, unless the test allows it by pattern."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.logwatch import WATCH, remove_logs, unexpected
+from tests.logwatch import WATCH, check_output, remove_logs, unexpected
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -220,6 +223,44 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/hook", got
     server.shutdown()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# A smaller `make demo`: the same steps and files, fewer rows and calls.
+SMALL_DEMO_ARGS = ["--calls", "200", "--cards", "300", "--days", "4", "--replay", "200",
+                   "--bench-seconds", "0.5"]
+
+
+@dataclass(frozen=True)
+class SmallDemo:
+    project: Path  # a copy of the project in which the demo ran, as a reader's clone
+    output: str  # what it printed (stdout, then stderr)
+
+
+def project_files() -> list[str]:
+    """What a fresh clone has: tracked files and new files git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if (ROOT / line).is_file()]
+
+
+@pytest.fixture(scope="session")
+def small_demo(tmp_path_factory: pytest.TempPathFactory) -> SmallDemo:
+    """``make demo`` at a small size, once per session, in a copy of the project: the doc
+    pages run in copies of it, and the demo's own tests read what it made and printed."""
+    base = tmp_path_factory.mktemp("demo") / "project"
+    for rel in project_files():
+        target = base / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    (base / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": str(base / "src")}
+    env.pop("REDLINE_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "redline.demo", *SMALL_DEMO_ARGS], cwd=base,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    check_output(done.stdout + done.stderr, "make demo")
+    return SmallDemo(base, done.stdout + done.stderr)
 
 
 # The log check (tests/logwatch.py) after each phase of each test.

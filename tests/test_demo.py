@@ -1,20 +1,29 @@
-"""`make demo` runs end to end (small call counts to keep the suite fast)."""
+"""`make demo` end to end at a small size: the session's one run (the doc pages start from it
+too), read for what it registered and what it printed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from redline.demo import engine_step
 from redline.models import ModelRepository
+from tests.conftest import SmallDemo
 
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
-def test_engine_step_registers_and_measures(tmp_path):
-    result = engine_step(tmp_path / "models", calls=300)
-    repo = ModelRepository(tmp_path / "models")
-    assert repo.list_models() == ["breast_cancer"]
+def printed(demo: SmallDemo) -> str:
+    """The demo's output as one line (the console wraps long lines at its width)."""
+    return " ".join(demo.output.split())
+
+
+def test_engine_step_registers_and_measures(small_demo: SmallDemo) -> None:
+    repo = ModelRepository(small_demo.project / ".redline" / "models")
+    assert "breast_cancer" in repo.list_models()
     assert repo.aliases("breast_cancer") == {"production": 1}
     meta = repo.metadata("breast_cancer")
     assert meta.metrics["roc_auc"] > 0.95 and meta.feature_names and len(meta.feature_names) == 30
-    assert result["redline_p50_us"] > 0 and result["sklearn_p50_us"] > 0
+    # both engines were timed: the ratio of their medians is printed
+    assert re.search(r"redline's engine is \d+x faster at the median", printed(small_demo)), \
+        small_demo.output[-3000:]

@@ -16,9 +16,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import RedisServer, free_port
+from tests.conftest import RedisServer, SmallDemo, free_port
 from tests.docs.runner import Block, key_paths, parse, run_page
-from tests.logwatch import check_output, log_to
+from tests.logwatch import log_to
 
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
@@ -30,35 +30,12 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
 # list only ever shrinks. Owner of a page: run `pytest tests/docs -k <page>` and read the message
 # (page:line, the block, its output), fix the page, remove it from here.
 PENDING_PAGES: set[str] = set()
-# A smaller `make demo`: the same steps and files, fewer rows and calls.
-DEMO_ARGS = ["--calls", "200", "--cards", "300", "--days", "4", "--replay", "200",
-             "--bench-seconds", "0.5"]
-
-
-def project_files() -> list[str]:
-    """What a fresh clone has: tracked files and new files git does not ignore."""
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if (ROOT / line).is_file()]
 
 
 @pytest.fixture(scope="session")
-def demo_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_project(small_demo: SmallDemo) -> Path:
     """A copy of the project in which the small demo has run (what a reader has)."""
-    base = tmp_path_factory.mktemp("docs") / "base"
-    for rel in project_files():
-        target = base / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, target)
-    venv = Path(sys.prefix)
-    (base / ".venv").symlink_to(venv, target_is_directory=True)
-    env = {**os.environ, "PYTHONPATH": str(base / "src")}
-    env.pop("REDLINE_CONFIG", None)
-    done = subprocess.run([sys.executable, "-m", "redline.demo", *DEMO_ARGS], cwd=base, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    check_output(done.stdout + done.stderr, "make demo")
-    return base
+    return small_demo.project
 
 
 @pytest.fixture(scope="session")

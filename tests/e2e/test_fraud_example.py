@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
+from redline.models import ModelRepository
+from tests.conftest import SmallDemo
 from tests.pipeline.conftest import serve  # noqa: F401,F811 - the server fixture
 
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
@@ -80,11 +83,15 @@ def test_fraud_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     assert np.isfinite(scores).all()
 
 
-def test_make_demo_step_two_at_a_small_size(tmp_path):
-    """`make demo` step 2 end to end: train, serve, backfill, replay, measure with redline bench."""
-    from redline.demo import fraud_step
-
-    out = fraud_step(tmp_path / "models", cards=300, days=4, replay_n=80, bench_s=0.5)
-    assert 0.5 < out["roc_auc"] <= 1.0
-    assert out["p50_ms"] > 0 and out["p99_ms"] >= out["p50_ms"]
-    assert out["rps_1"] > 0 and out["rps_8"] > 0
+def test_make_demo_step_two_at_a_small_size(small_demo: SmallDemo) -> None:
+    """`make demo` step 2 end to end: train, serve, backfill, replay, measure with redline bench
+    (the session's small demo, read for what it printed)."""
+    text = " ".join(small_demo.output.split())
+    found = re.search(r"fraud model: ROC AUC ([\d.]+) on the held-out period; /v1 predict p50 "
+                      r"([\d.]+) ms, p99 ([\d.]+) ms at 1 client, (\d+) req/s at 8 clients", text)
+    assert found, small_demo.output[-3000:]
+    auc, p50, p99, rps_8 = (float(v) for v in found.groups())
+    assert 0.5 < auc <= 1.0
+    assert p50 > 0 and p99 >= p50
+    assert rps_8 > 0
+    assert "fraud" in ModelRepository(small_demo.project / ".redline" / "models").list_models()
