@@ -102,7 +102,7 @@ def test_canary_rolls_back_a_failing_candidate(project, capsys) -> None:  # type
     assert controller not in observers and observers.stage_times is not None
     cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "2",
         "--percent", "30", "--min-requests", "20")
-    time.sleep(0.6)  # servers poll the rollout file twice a second
+    controller.refresh(force=True)  # what the server's poll of the rollout file does, now
     with httpx.Client(base_url=server.http, timeout=10) as client:
         first = post(client, 1)
         assert controller in observers and observers.stage_times is None  # every record
@@ -128,7 +128,7 @@ def test_canary_rolls_back_a_slow_candidate_and_promote_works(project, capsys) -
                          "data": [0.1, 0.2, 0.3, 0.4]}]}
     cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "3",
         "--percent", "50", "--min-requests", "30", "--max-p99-ratio", "2")
-    time.sleep(0.6)
+    controller.refresh(force=True)
     with httpx.Client(base_url=server.http, timeout=10) as client:
         results = post(client, 200, small)
         assert all(code == 200 for code, _ in results)  # slow, not wrong: every answer is fine
@@ -151,7 +151,7 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
     # A wrong candidate in shadow: every answer is still the baseline's; mismatches reported.
     cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "4",
         "--shadow", "--percent", "100")
-    time.sleep(0.6)
+    controller.refresh(force=True)
     with httpx.Client(base_url=server.http, timeout=10) as client:
         for _ in range(100):
             r = client.post("/v2/models/affine/infer", json=small)
@@ -171,7 +171,7 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
         # A slow candidate in shadow: answers come back at the baseline's speed, not its.
         cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "3",
             "--shadow", "--percent", "100")
-        time.sleep(0.6)
+        controller.refresh(force=True)
         waited = []
         for _ in range(60):
             t0 = time.perf_counter()
