@@ -136,6 +136,20 @@ class ScalingSettings:
     scale_down_cooldown_s: float = 30.0
     # canary/shadow rollouts every server follows (default: rollout.json in the project folder)
     rollout_file: str | None = field(default=None, metadata={"path": True})
+    # The bounds a rollout starts with (`redline rollout start` flags override them; see
+    # docs/scaling.md). Errors and latency, once each version has rollout_min_requests:
+    rollout_min_requests: int = 200
+    rollout_max_error_rate_delta: float = 0.01  # candidate's error rate above the baseline's
+    rollout_max_p99_ratio: float = 1.5  # candidate's p99 over the baseline's (and 1 ms worse)
+    # The answers, once each version has rollout_min_answers rows:
+    rollout_min_answers: int = 200
+    rollout_max_prediction_psi: float = 0.25  # an output's distribution vs the baseline's
+    rollout_max_mismatch_rate: float = 0.2  # shadow: share of copies answering differently
+    rollout_answer_rtol: float = 0.01  # ...beyond this relative and
+    rollout_answer_atol: float = 0.001  # ...absolute difference
+    # Realised quality, once each version has rollout_min_labels labels since the start:
+    rollout_min_labels: int = 100
+    rollout_max_loss_increase: float = 0.1  # mean squared error above the baseline's, relative
 
 
 @dataclass
@@ -161,6 +175,14 @@ class FeatureSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout_ms: float = 50.0
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster
+    # The store lost its data (restarted empty, flushed): the share of /v1 rows whose entity
+    # is missing over the last entity_loss_window_s is entity_loss_jump above its baseline
+    # (a moving average, half-life entity_loss_baseline_half_life_s) over at least
+    # entity_loss_min_rows rows (serving/entity_loss.py).
+    entity_loss_window_s: float = 10.0
+    entity_loss_jump: float = 0.3
+    entity_loss_min_rows: int = 50
+    entity_loss_baseline_half_life_s: float = 600.0
     # /v1 reads a single Redis on the event loop's own connection (no thread hop: -17% p50 at
     # 500 req/s, docs/performance.md); false: on a worker thread through redis-py
     redis_loop_reads: bool = True

@@ -57,3 +57,25 @@ def failing_affine(scale: float = 2.0) -> bytes:
     tail, tail_inits = _tail("yy")
     inits = [numpy_helper.from_array(np.array([scale] * 3, np.float32), "table")]
     return _model(nodes + tail, inits + tail_inits)
+
+
+def constant_affine(value: float = 0.5) -> bytes:
+    """Fast and error-free, but every answer is the same: ``y = value``, ``s = 4 * value``."""
+    nodes = [helper.make_node("Mul", ["x", "zero"], ["z"]),
+             helper.make_node("Add", ["z", "c"], ["y"]),
+             helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=0)]
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(value, np.float32), "c"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    return _model(nodes, inits)
+
+
+def negated_affine(scale: float = 2.0) -> bytes:
+    """``y = -x * scale``, ``s = -sum(x)``: on inputs symmetric about 0 its answers have the
+    baseline's distribution, yet each one is wrong (only labels show it)."""
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["r"], keepdims=0),
+             helper.make_node("Neg", ["r"], ["s"])]
+    inits = [numpy_helper.from_array(np.array(-scale, np.float32), "k"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    return _model(nodes, inits)

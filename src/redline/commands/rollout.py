@@ -65,18 +65,43 @@ def rollout() -> None:
               help="Canary by entity key: an entity always sees the same version (/v1).")
 @click.option("--shadow", is_flag=True,
               help="Shadow instead of canary: the candidate gets copies; answers never change.")
-@click.option("--min-requests", type=int, default=200, show_default=True,
-              help="Requests each version needs before a rollback can be decided.")
-@click.option("--max-error-rate-delta", type=float, default=0.01, show_default=True,
-              help="Roll back when the candidate's error rate exceeds the baseline's by this.")
-@click.option("--max-p99-ratio", type=float, default=1.5, show_default=True,
-              help="Roll back when the candidate's p99 exceeds the baseline's times this.")
+@click.option("--min-requests", type=int, default=None,
+              help="Requests each version needs before errors and latency are judged "
+                   "[default: scaling.rollout_min_requests, 200].")
+@click.option("--max-error-rate-delta", type=float, default=None,
+              help="Roll back when the candidate's error rate exceeds the baseline's by this "
+                   "[default: 0.01].")
+@click.option("--max-p99-ratio", type=float, default=None,
+              help="Roll back when the candidate's p99 exceeds the baseline's times this "
+                   "[default: 1.5].")
+@click.option("--min-answers", type=int, default=None,
+              help="Rows each version must answer before the answers are judged "
+                   "[default: 200].")
+@click.option("--max-prediction-psi", type=float, default=None,
+              help="Roll back when an output's distribution moves this far (PSI) from the "
+                   "baseline's [default: 0.25].")
+@click.option("--max-mismatch-rate", type=float, default=None,
+              help="Shadow: roll back when this share of copies answers differently from the "
+                   "baseline (1 = off, for a candidate meant to differ) [default: 0.2].")
+@click.option("--min-labels", type=int, default=None,
+              help="Labels each version needs before its realised loss is judged "
+                   "[default: 100].")
+@click.option("--max-loss-increase", type=float, default=None,
+              help="Roll back when the candidate's loss against labels exceeds the "
+                   "baseline's by this share [default: 0.1].")
 @json_options
 def start(config_path: str | None, repository: str | None, model: str | None, candidate: int,
-          baseline: int | None, percent: float, sticky: bool, shadow: bool, min_requests: int,
-          max_error_rate_delta: float, max_p99_ratio: float, as_json: bool,
+          baseline: int | None, percent: float, sticky: bool, shadow: bool,
+          min_requests: int | None, max_error_rate_delta: float | None,
+          max_p99_ratio: float | None, min_answers: int | None,
+          max_prediction_psi: float | None, max_mismatch_rate: float | None,
+          min_labels: int | None, max_loss_increase: float | None, as_json: bool,
           json_out: str | None) -> None:
     """Start a canary (default) or shadow rollout of version --candidate.
+
+    The candidate is rolled back on its errors, its latency, the distribution of its
+    answers, a shadow's mismatches and its loss against labels; each bound defaults to
+    the ``scaling.rollout_*`` setting.
 
     \b
     Examples:
@@ -88,6 +113,10 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
 
     name = _need_model(model)
     settings, root = settings_and_repo(config_path, repository)
+    defaults = settings.scaling
+
+    def pick(given: Any, setting: str) -> Any:
+        return given if given is not None else getattr(defaults, f"rollout_{setting}")
     repo = ModelRepository(root)
     versions = repo.versions(name)
     if candidate not in versions:
@@ -95,8 +124,16 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
     base = baseline if baseline is not None else repo.resolve(name, None)
     spec = RolloutSpec(model=name, baseline=base, candidate=candidate,
                        mode="shadow" if shadow else "canary", percent=percent, sticky=sticky,
-                       min_requests=min_requests, max_error_rate_delta=max_error_rate_delta,
-                       max_p99_ratio=max_p99_ratio)
+                       min_requests=pick(min_requests, "min_requests"),
+                       max_error_rate_delta=pick(max_error_rate_delta, "max_error_rate_delta"),
+                       max_p99_ratio=pick(max_p99_ratio, "max_p99_ratio"),
+                       min_answers=pick(min_answers, "min_answers"),
+                       max_prediction_psi=pick(max_prediction_psi, "max_prediction_psi"),
+                       max_mismatch_rate=pick(max_mismatch_rate, "max_mismatch_rate"),
+                       answer_rtol=defaults.rollout_answer_rtol,
+                       answer_atol=defaults.rollout_answer_atol,
+                       min_labels=pick(min_labels, "min_labels"),
+                       max_loss_increase=pick(max_loss_increase, "max_loss_increase"))
     spec.check()
     file = _file(settings)
     rollouts = file.read()
@@ -124,7 +161,8 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
 @json_options
 def status(config_path: str | None, model: str | None, as_json: bool,
            json_out: str | None) -> None:
-    """Show rollouts, their state (running, rolled_back...) and per-version counts.
+    """Show rollouts, their state (running, rolled_back and why...) and the current rollout's
+    per-version counts, answers compared and losses against labels.
 
     \b
     Examples:
@@ -141,7 +179,7 @@ def status(config_path: str | None, model: str | None, as_json: bool,
     rollouts = file.read()
     if model:
         rollouts = {k: v for k, v in rollouts.items() if k == model}
-    stats = aggregate_stats(file)
+    stats = aggregate_stats(file, rollouts=rollouts)
     doc = {"rollouts": {n: asdict(s) for n, s in rollouts.items()}, **stats}
     if as_json or json_out:
         emit_json(doc, as_json, json_out)
@@ -150,7 +188,8 @@ def status(config_path: str | None, model: str | None, as_json: bool,
     if not rollouts:
         click.echo("no rollouts")
     for name, s in rollouts.items():
-        extra = f" ({s.reason})" if s.reason else ""
+        extra = f" ({s.failed_check + ': ' if s.failed_check else ''}{s.reason})" \
+            if s.reason else ""
         click.echo(f"{name}: {s.mode} v{s.candidate} vs v{s.baseline} at {s.percent:g}% - "
                    f"{s.state}{extra}")
         for v in (s.baseline, s.candidate):
@@ -159,7 +198,18 @@ def status(config_path: str | None, model: str | None, as_json: bool,
                 click.echo(f"  v{v}: {counts['requests']} requests, error rate "
                            f"{counts['error_rate']:.2%}, p99 {counts['p99_ms']:.2f} ms")
         if name in stats["shadow"]:
-            click.echo(f"  shadow: {stats['shadow'][name]}")
+            sh = stats["shadow"][name]
+            click.echo(f"  shadow: {sh['compared']} compared, {sh['mismatched']} mismatched, "
+                       f"{sh['dropped']} dropped, {sh['errors']} errors, largest difference "
+                       f"{sh['max_abs_diff']:.4g}, candidate p99 {sh['candidate_p99_ms']:.2f} ms")
+        for output, shift in stats["answers"].get(name, {}).items():
+            click.echo(f"  answers '{output}': PSI {shift['psi']:.3g} (limit {shift['limit']:.3g})"
+                       f" over {shift['candidate_rows']} candidate and "
+                       f"{shift['baseline_rows']} baseline rows")
+        for version, loss in stats["labels"].get(name, {}).items():
+            if loss["labelled"]:
+                click.echo(f"  labels v{version}: {loss['labelled']}, squared error "
+                           f"{loss['loss']:.4g}")
 
 
 @rollout.command("promote")

@@ -464,6 +464,18 @@ class PrometheusExport:
                                      "dropped because the export queue was full.", registry=reg)
         self.review_queued = Counter("redline_review_queued", "Requests sampled into the review "
                                      "queue, by reason.", ["model", "reason"], registry=reg)
+        self.rollbacks = Counter("redline_rollout_rollbacks", "Rollouts this process rolled "
+                                 "back, by the check that condemned the candidate (errors|"
+                                 "latency|predictions|mismatch|labels).", ["model", "check"],
+                                 registry=reg)
+        self.entity_rows = Counter("redline_entity_rows", "/v1 rows answered from a reachable "
+                                   "online store, by whether their entity was found "
+                                   "(found|missing).", ["outcome"], registry=reg)
+        self.entities_lost = Gauge("redline_online_store_entities_lost", "1 while the share of "
+                                   "/v1 rows whose entity is missing has jumped far above its "
+                                   "recent baseline (the store lost its data: a restart "
+                                   "without persistence, a flush).", registry=reg,
+                                   multiprocess_mode="livemax")
         self._last: dict[tuple[str, ...], float] = {}
 
     # ------------------------------------------------------------------ from the records

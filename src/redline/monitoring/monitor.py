@@ -164,6 +164,7 @@ class ServerMonitor:
         self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self._observers_extra: list[Any] = []
+        self.rollouts: Any = None  # the rollout controller (scaling/rollout.py), when installed
         self._alert_leader = True
 
     # ------------------------------------------------------------------ wiring
@@ -464,6 +465,10 @@ class ServerMonitor:
             models[name]["versions"] = versions
         if point is not None:
             point["models"] = models
+        rollouts = self.rollouts
+        if rollouts is not None:
+            for (model, check), n in list(rollouts.rollbacks.items()):
+                export.count_to(export.rollbacks, ("rollback", model, check), n, model, check)
         pstats: Any = _pipeline_stats(self.pipeline)
         if pstats:
             breaker: dict[str, Any] = pstats.get("breaker") or {}
@@ -477,6 +482,12 @@ class ServerMonitor:
                 export.count_to(export.cache_misses, ("m", label), c.get("misses", 0) or 0,
                                 label)
             export.count_to(export.degraded, ("degraded",), pstats.get("degraded", 0) or 0)
+            entities: dict[str, Any] = pstats.get("entities") or {}
+            if entities:
+                export.count_to(export.entity_rows, ("ef",), entities.get("found", 0), "found")
+                export.count_to(export.entity_rows, ("em",), entities.get("missing", 0),
+                                "missing")
+                export.entities_lost.set(1 if entities.get("lost") else 0)
             if point is not None:
                 point["pipeline"] = {"breaker": breaker.get("state"),
                                      "degraded": pstats.get("degraded", 0)}

@@ -15,7 +15,17 @@ follow the same rollout, and a rollback decided by one is seen by all.
 - **shadow**: every (or ``percent`` of) baseline request is run again on the candidate after
   the response is done, off the critical path (its own ORT thread, bounded concurrency: when
   more than ``shadow_max_in_flight`` are running a copy is dropped, never queued). Outputs are
-  compared (``numpy.allclose``) and latencies recorded; the response never changes.
+  compared (``numpy.allclose`` within ``answer_rtol``/``answer_atol``) and latencies recorded;
+  the response never changes.
+
+Errors and latency do not show a candidate that answers wrongly (a constant, a rescaled score),
+so a rollout judges the answers too (``rollout_answers.py``): each output's distribution
+against the baseline's on the same traffic, a shadow's mismatch rate, and the loss against
+labels where they arrive. While a rollout runs, both versions keep every request's arrays
+(``handle.shadowed``) for it. Every check has a bound with a default in ``scaling.rollout_*``
+and waits for a minimum sample; crossing one rolls back, with the reason in the rollout file
+(``redline rollout status``), one WARNING line in the log and
+``redline_rollout_rollbacks_total{model, check}``.
 
 Per-version counts are kept here, per process, and each process writes them beside the rollout
 file (``<file>.stats/<pid>.json``, with a latency histogram) once a second. The rollback
@@ -39,13 +49,25 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from redline.config import ScalingSettings
 from redline.errors import InvalidInput, NotFound
+from redline.scaling.rollout_answers import (
+    AnswerSample,
+    MergedAnswers,
+    compare_answers,
+    judge_answers,
+    judge_labels,
+    judge_mismatch,
+    label_loss,
+    same_answer,
+)
 
 log = logging.getLogger("redline.scaling")
 
@@ -54,6 +76,9 @@ CLIENT_ERRORS = frozenset({"invalid_input", "payload_too_large", "not_found", "m
                            "version_not_found", "feature_not_found", "unauthorized",
                            "overloaded"})
 ACTIVE = "running"
+_DEFAULTS = ScalingSettings()  # config.py holds every default
+ANSWERS_EVERY = 25  # candidate answers between two judgements of the answers
+LABELS_EVERY_S = 2.0  # how often the labels joined since the start are judged
 
 
 @dataclass
@@ -66,13 +91,21 @@ class RolloutSpec:
     mode: str = "canary"  # canary | shadow
     percent: float = 10.0
     sticky: bool = False
-    min_requests: int = 200
-    max_error_rate_delta: float = 0.01
-    max_p99_ratio: float = 1.5
+    min_requests: int = _DEFAULTS.rollout_min_requests
+    max_error_rate_delta: float = _DEFAULTS.rollout_max_error_rate_delta
+    max_p99_ratio: float = _DEFAULTS.rollout_max_p99_ratio
     min_p99_delta_ms: float = 1.0
     shadow_max_in_flight: int = 4
+    min_answers: int = _DEFAULTS.rollout_min_answers
+    max_prediction_psi: float = _DEFAULTS.rollout_max_prediction_psi
+    max_mismatch_rate: float = _DEFAULTS.rollout_max_mismatch_rate
+    answer_rtol: float = _DEFAULTS.rollout_answer_rtol
+    answer_atol: float = _DEFAULTS.rollout_answer_atol
+    min_labels: int = _DEFAULTS.rollout_min_labels
+    max_loss_increase: float = _DEFAULTS.rollout_max_loss_increase
     state: str = ACTIVE  # running | promoted | aborted | rolled_back
     reason: str = ""
+    failed_check: str = ""  # errors | latency | predictions | mismatch | labels
     started: float = field(default_factory=time.time)
 
     def check(self) -> None:
@@ -82,6 +115,24 @@ class RolloutSpec:
             raise InvalidInput(f"--percent must be in (0, 100], got {self.percent}")
         if self.candidate == self.baseline:
             raise InvalidInput(f"candidate version {self.candidate} is already the baseline")
+        for flag, value in (("--min-requests", self.min_requests),
+                            ("--min-answers", self.min_answers),
+                            ("--min-labels", self.min_labels)):
+            if value < 1:
+                raise InvalidInput(f"{flag} must be at least 1 (too few answers never "
+                                   f"decide), got {value}")
+        if not 0 <= self.max_mismatch_rate <= 1:
+            raise InvalidInput(f"--max-mismatch-rate must be in [0, 1] (1 turns the check "
+                               f"off), got {self.max_mismatch_rate}")
+        bound: float
+        for flag, bound in (("--max-prediction-psi", self.max_prediction_psi),
+                            ("--max-loss-increase", self.max_loss_increase),
+                            ("--max-error-rate-delta", self.max_error_rate_delta),
+                            ("--max-p99-ratio", self.max_p99_ratio),
+                            ("scaling.rollout_answer_rtol", self.answer_rtol),
+                            ("scaling.rollout_answer_atol", self.answer_atol)):
+            if not (bound >= 0 and math.isfinite(bound)):
+                raise InvalidInput(f"{flag} must be a finite number >= 0, got {bound}")
 
 
 class RolloutFile:
@@ -210,6 +261,8 @@ class MergedStats:
 
 
 class ShadowStats:
+    """A shadow's copies: sent, dropped, compared with the baseline's answer, mismatched."""
+
     def __init__(self) -> None:
         self.sent = 0
         self.dropped = 0
@@ -226,18 +279,44 @@ class ShadowStats:
                 "candidate_p99_ms": round(self.candidate.p99_ms(), 3)}
 
 
-def decide_rollback(spec: RolloutSpec, baseline: VersionStats | MergedStats,
-                    candidate: VersionStats | MergedStats) -> str | None:
-    """Why the candidate must be rolled back, or None (also None while there is too little data)."""
+def service_verdict(spec: RolloutSpec, baseline: VersionStats | MergedStats,
+                    candidate: VersionStats | MergedStats) -> tuple[str, str] | None:
+    """(check, reason) when errors or latency condemn the candidate, else None (also while
+    there is too little data)."""
     if candidate.requests < spec.min_requests or baseline.requests < spec.min_requests:
         return None
     if candidate.error_rate > baseline.error_rate + spec.max_error_rate_delta:
-        return (f"error rate {candidate.error_rate:.1%} vs baseline {baseline.error_rate:.1%} "
-                f"over {candidate.requests} requests")
+        return "errors", (f"error rate {candidate.error_rate:.1%} vs baseline "
+                          f"{baseline.error_rate:.1%} over {candidate.requests} requests")
     c99, b99 = candidate.p99_ms(), baseline.p99_ms()
     if c99 > b99 * spec.max_p99_ratio and c99 - b99 > spec.min_p99_delta_ms:
-        return f"p99 {c99:.2f} ms vs baseline {b99:.2f} ms over {candidate.requests} requests"
+        # The p99 of a few hundred requests is their second or third slowest: a scheduler
+        # hiccup moves it. So the candidate must also be slow often enough to tell: the share
+        # of its requests beyond the bound, against the 1% a same-speed version has there.
+        bound_ms = max(b99 * spec.max_p99_ratio, b99 + spec.min_p99_delta_ms)
+        hist = candidate.hist if isinstance(candidate, MergedStats) else candidate.histogram()
+        share, n = _share_over(hist, bound_ms)
+        if share > 0.01 + 4.0 * math.sqrt(0.01 * 0.99 / max(1, n)):
+            return "latency", (f"p99 {c99:.2f} ms vs baseline {b99:.2f} ms: {share:.1%} of "
+                               f"{n} candidate requests slower than {bound_ms:.2f} ms")
     return None
+
+
+def _share_over(hist: dict[int, int], bound_ms: float) -> tuple[float, int]:
+    """The share of a latency histogram's requests wholly beyond ``bound_ms``, and how many."""
+    total = sum(hist.values())
+    if not total:
+        return 0.0, 0
+    lowest = math.log(bound_ms * 1000.0) / _STEP  # a bucket's lower edge is exp(b * _STEP) µs
+    over = sum(c for b, c in hist.items() if b >= lowest)
+    return over / total, total
+
+
+def decide_rollback(spec: RolloutSpec, baseline: VersionStats | MergedStats,
+                    candidate: VersionStats | MergedStats) -> str | None:
+    """Why errors or latency condemn the candidate, or None."""
+    verdict = service_verdict(spec, baseline, candidate)
+    return None if verdict is None else verdict[1]
 
 
 def sticky_share(entities: Any) -> float:
@@ -245,6 +324,9 @@ def sticky_share(entities: Any) -> float:
     row = entities[0] if isinstance(entities, list) and entities else entities
     text = json.dumps(row, sort_keys=True, default=str)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()) % 10000 / 100
+
+
+LabelSource = Callable[[str, str], Any]  # (model, version) -> its QualityMonitor, or None
 
 
 class RolloutController:
@@ -257,15 +339,24 @@ class RolloutController:
     """
 
     def __init__(self, registry: Any, path: str | os.PathLike[str],
-                 instance: str | None = None) -> None:
+                 instance: str | None = None, labels: LabelSource | None = None) -> None:
         self.registry = registry
         self.file = RolloutFile(path)
         self.instance = instance or str(os.getpid())  # names this process's stats file
+        self.labels = labels  # the quality monitors' label joins, when monitoring is on
         self._peers: dict[tuple[str, int], MergedStats] = {}
+        self._peer_answers: dict[tuple[str, int], MergedAnswers] = {}
+        self._peer_shadow: dict[str, tuple[int, int]] = {}
         self._peers_read = float("-inf")
         self.active: dict[str, RolloutSpec] = {}
         self.stats: dict[tuple[str, int], VersionStats] = {}
+        self.answers: dict[tuple[str, int], AnswerSample] = {}
         self.shadow: dict[str, ShadowStats] = {}
+        self.label_losses: dict[str, dict[str, Any]] = {}  # model -> version -> loss figures
+        self.rollbacks: dict[tuple[str, str], int] = {}  # (model, check) -> rollbacks decided
+        self._joined_at: dict[tuple[str, int, float], int] = {}
+        self._labels_checked = float("-inf")
+        self._labels_task: asyncio.Task[None] | None = None
         self._mtime: float | None = None
         self._checked = 0.0
         self._written = 0.0
@@ -313,37 +404,54 @@ class RolloutController:
                     # A new rollout of this model: its counts start from zero.
                     self._started[name] = spec.started
                     self.shadow.pop(name, None)
-                    for key in [k for k in self.stats if k[0] == name]:
-                        del self.stats[key]
-                self._keep_io(spec)
+                    self.label_losses.pop(name, None)
+                    for table in (self.stats, self.answers):
+                        for key in [k for k in table if k[0] == name]:
+                            del table[key]  # type: ignore[attr-defined]
+                    self._written = float("-inf")  # the stats file forgets the old counts now
             self._release_io()
             self._watch_requests()
-        if now - self._written > 1.0 and (self.stats or self.shadow):
+        for spec in self.active.values():
+            self._keep_io(spec)  # again: a candidate loads after the rollout starts
+        if now - self._written > 1.0 and (self.stats or self.shadow or self.answers
+                                          or self._written == float("-inf")):
             self._written = now
             self._write_stats()
+        if self.labels is not None and self.active and now - self._labels_checked > \
+                LABELS_EVERY_S and (self._labels_task is None or self._labels_task.done()):
+            self._labels_checked = now
+            with contextlib.suppress(RuntimeError):  # no running loop: the next refresh
+                self._labels_task = asyncio.get_running_loop().create_task(
+                    self._judge_labels(list(self.active.values())))
 
     def _keep_io(self, spec: RolloutSpec) -> None:
-        if spec.mode != "shadow":
-            return
-        with contextlib.suppress(Exception):
-            handle = self.registry.get(spec.model, str(spec.baseline))
-            handle.shadowed = True  # every request's arrays, not monitoring's sample
-            self._keeping.add(handle)
+        """Every request of the versions judged keeps its arrays: a shadow replays the
+        baseline's, and the answers of both are compared."""
+        versions = (spec.baseline,) if spec.mode == "shadow" else (spec.baseline, spec.candidate)
+        for version in versions:
+            with contextlib.suppress(Exception):  # not loaded (yet): the next refresh
+                handle = self.registry.get(spec.model, str(version))
+                if handle not in self._keeping:
+                    handle.shadowed = True  # every request's arrays, not monitoring's sample
+                    self._keeping.add(handle)
 
     def _release_io(self) -> None:
-        """Handles no longer shadowed stop keeping each request's arrays."""
-        wanted = {(s.model, s.baseline) for s in self.active.values() if s.mode == "shadow"}
+        """Handles no longer in a rollout stop keeping each request's arrays."""
+        wanted = {(s.model, v) for s in self.active.values()
+                  for v in ((s.baseline,) if s.mode == "shadow" else (s.baseline, s.candidate))}
         for handle in list(self._keeping):
             if (handle.name, handle.version) not in wanted:
                 handle.shadowed = False
                 self._keeping.discard(handle)
 
     def _write_stats(self) -> None:
+        models = {m for m, _ in self.stats} | set(self.shadow) | {m for m, _ in self.answers}
         doc = {"pid": os.getpid(), "time": time.time(),
-               "started": {m: self._started[m] for m in {m for m, _ in self.stats}
-                           if m in self._started},
+               "started": {m: self._started[m] for m in models if m in self._started},
                "versions": {f"{m}:{v}": s.as_dict() for (m, v), s in self.stats.items()},
-               "shadow": {m: s.as_dict() for m, s in self.shadow.items()}}
+               "answers": {f"{m}:{v}": a.as_dict() for (m, v), a in self.answers.items()},
+               "shadow": {m: s.as_dict() for m, s in self.shadow.items()},
+               "labels": self.label_losses}
         folder = self.file.stats_dir
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
@@ -359,6 +467,8 @@ class RolloutController:
             return self._peers
         self._peers_read = now
         peers: dict[tuple[str, int], MergedStats] = {}
+        answers: dict[tuple[str, int], MergedAnswers] = {}
+        shadow: dict[str, tuple[int, int]] = {}
         folder = self.file.stats_dir
         try:
             paths = [p for p in folder.glob("*.json") if p.stem != self.instance]
@@ -369,16 +479,23 @@ class RolloutController:
                 doc = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue  # being replaced, or gone: the next read will have it
-            started = doc.get("started", {})
+            current = _current_models(doc, self.active)
             for key, s in doc.get("versions", {}).items():
                 model, _, version = key.rpartition(":")
-                spec = self.active.get(model)
-                if spec is None or started.get(model) != spec.started:
-                    continue
-                merged = peers.setdefault((model, int(version)), MergedStats())
-                merged.add(int(s["requests"]), int(s["errors"]),
-                           {int(b): int(c) for b, c in s.get("hist", {}).items()})
-        self._peers = peers
+                if model in current:
+                    merged = peers.setdefault((model, int(version)), MergedStats())
+                    merged.add(int(s["requests"]), int(s["errors"]),
+                               {int(b): int(c) for b, c in s.get("hist", {}).items()})
+            for key, part in doc.get("answers", {}).items():
+                model, _, version = key.rpartition(":")
+                if model in current:
+                    answers.setdefault((model, int(version)), MergedAnswers()).add_doc(part)
+            for model, s in doc.get("shadow", {}).items():
+                if model in current:
+                    compared, mismatched = shadow.get(model, (0, 0))
+                    shadow[model] = (compared + int(s.get("compared", 0)),
+                                     mismatched + int(s.get("mismatched", 0)))
+        self._peers, self._peer_answers, self._peer_shadow = peers, answers, shadow
         return peers
 
     def merged(self, model: str, version: int) -> MergedStats:
@@ -394,6 +511,19 @@ class RolloutController:
             out.processes += peer.processes
             for bucket, count in peer.hist.items():
                 out.hist[bucket] = out.hist.get(bucket, 0) + count
+        return out
+
+    def merged_answers(self, model: str, version: int) -> MergedAnswers:
+        """This process's answer sample plus the other processes' last written ones."""
+        out = MergedAnswers()
+        own = self.answers.get((model, version))
+        if own is not None:
+            out.add_sample(own)
+        self._peer_stats()
+        peer = self._peer_answers.get((model, version))
+        if peer is not None:
+            for name in peer.rows:
+                out.add(name, *peer.get(name))
         return out
 
     # ------------------------------------------------------------------ request path
@@ -424,25 +554,79 @@ class RolloutController:
             return
         stats = self.stats.setdefault((spec.model, version), VersionStats())
         stats.add(status == "ok", record.total_us)
+        outputs = getattr(record, "outputs", None)
+        if status == "ok" and outputs is not None:
+            self._answer_sample(spec.model, version).add(outputs)
         if spec.mode == "shadow":
             if version == spec.baseline and status == "ok" and record.inputs is not None:
                 self._start_shadow(spec, record)
             return
-        if version == spec.candidate and stats.requests % 10 == 0:
+        if version != spec.candidate:
+            return
+        if stats.requests % 10 == 0:
             # Decided on the sums over every worker (and replica sharing the project folder),
             # so N workers take one decision on N times the traffic, not N on a share each.
-            why = decide_rollback(spec, self.merged(spec.model, spec.baseline),
-                                  self.merged(spec.model, spec.candidate))
-            if why is not None:
-                self.roll_back(spec, why)
+            verdict = service_verdict(spec, self.merged(spec.model, spec.baseline),
+                                      self.merged(spec.model, spec.candidate))
+            if verdict is not None:
+                self.roll_back(spec, verdict[1], verdict[0])
+                return
+        if stats.requests % ANSWERS_EVERY == 0:
+            self._judge_answers(spec)
 
-    def roll_back(self, spec: RolloutSpec, why: str) -> None:
-        log.warning("rollout of %s v%s rolled back: %s", spec.model, spec.candidate, why)
+    def _answer_sample(self, model: str, version: int) -> AnswerSample:
+        sample = self.answers.get((model, version))
+        if sample is None:
+            sample = self.answers[(model, version)] = AnswerSample()
+        return sample
+
+    def _judge_answers(self, spec: RolloutSpec) -> None:
+        why = judge_answers(spec, self.merged_answers(spec.model, spec.baseline),
+                            self.merged_answers(spec.model, spec.candidate))
+        if why is not None:
+            self.roll_back(spec, why, "predictions")
+
+    async def _judge_labels(self, specs: list[RolloutSpec]) -> None:
+        """The loss of each version over the labels joined since its rollout began (a shared
+        label join is read on a worker thread, never on the loop)."""
+        assert self.labels is not None
+        for spec in specs:
+            pairs: dict[int, np.ndarray] = {}
+            for version in (spec.baseline, spec.candidate):
+                quality = self.labels(spec.model, str(version))
+                mark_key = (spec.model, version, spec.started)
+                if quality is None:
+                    # No monitor yet: whatever it joins comes after the start.
+                    self._joined_at.setdefault(mark_key, 0)
+                    pairs[version] = np.zeros((0, 2))
+                    continue
+                try:
+                    snap = await asyncio.to_thread(quality.state.snapshot)
+                except Exception:  # noqa: BLE001 - a shared join down: judged next time
+                    return
+                mark = self._joined_at.setdefault(mark_key, snap.joined)
+                fresh = min(max(0, snap.joined - mark), int(snap.labelled.shape[0]))
+                pairs[version] = snap.labelled[snap.labelled.shape[0] - fresh:] if fresh \
+                    else np.zeros((0, 2))
+            if self.active.get(spec.model) is not spec:
+                continue  # ended (or replaced) meanwhile
+            self.label_losses[spec.model] = {str(v): label_loss(p) for v, p in pairs.items()}
+            why = judge_labels(spec, pairs[spec.baseline], pairs[spec.candidate])
+            if why is not None:
+                self.roll_back(spec, why, "labels")
+
+    def roll_back(self, spec: RolloutSpec, why: str, check: str = "errors") -> None:
+        if self.active.get(spec.model) is not spec:
+            return  # already ended here (a decision from a check that was in flight)
+        log.warning("rollout of %s v%s rolled back (%s): %s", spec.model, spec.candidate,
+                    check, why)
+        key = (spec.model, check)
+        self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
         self.active.pop(spec.model, None)
         self._release_io()
         self._watch_requests()
         try:
-            self.file.update(spec.model, state="rolled_back", reason=why)
+            self.file.update(spec.model, state="rolled_back", reason=why, failed_check=check)
         except Exception as exc:  # noqa: BLE001 - the file may be read-only: still stop here
             log.warning("cannot record the rollback in %s: %s", self.file.path, exc)
         self._mtime = None
@@ -461,12 +645,13 @@ class RolloutController:
         except Exception:  # noqa: BLE001 - not loaded yet, or no loop: nothing to shadow
             return
         stats.sent += 1
-        task = loop.create_task(self._shadow(candidate, record.inputs, record.outputs, stats))
+        task = loop.create_task(self._shadow(spec, candidate, record.inputs, record.outputs,
+                                             stats))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    async def _shadow(self, candidate: Any, inputs: Any, primary: Any, stats: ShadowStats
-                      ) -> None:
+    async def _shadow(self, spec: RolloutSpec, candidate: Any, inputs: Any, primary: Any,
+                      stats: ShadowStats) -> None:
         await asyncio.sleep(0)  # after the primary's response has gone
         start = time.perf_counter_ns()
         try:
@@ -476,27 +661,34 @@ class RolloutController:
             stats.candidate.add(False, (time.perf_counter_ns() - start) / 1000)
             return
         stats.candidate.add(True, (time.perf_counter_ns() - start) / 1000)
+        if self.active.get(spec.model) is not spec:
+            return  # the rollout ended while this copy ran
+        self._answer_sample(spec.model, spec.candidate).add(outputs)
         stats.compared += 1
-        same = True
-        for name, value in (primary or {}).items():
-            other = outputs.get(name)
-            if other is None or np.shape(other) != np.shape(value):
-                same = False
-                continue
-            if np.issubdtype(np.asarray(value).dtype, np.number):
-                diff = float(np.max(np.abs(np.asarray(other, np.float64)
-                                           - np.asarray(value, np.float64)), initial=0.0))
-                stats.max_abs_diff = max(stats.max_abs_diff, diff)
-                same = same and bool(np.allclose(other, value, rtol=1e-4, atol=1e-5))
-            else:
-                same = same and bool(np.array_equal(other, value))
+        same, diff = same_answer(primary, outputs, spec.answer_rtol, spec.answer_atol)
+        stats.max_abs_diff = max(stats.max_abs_diff, diff)
         if not same:
             stats.mismatched += 1
+        if stats.compared % ANSWERS_EVERY == 0:
+            self._peer_stats()
+            compared, mismatched = self._peer_shadow.get(spec.model, (0, 0))
+            why = judge_mismatch(spec, stats.compared + compared, stats.mismatched + mismatched)
+            if why is not None:
+                self.roll_back(spec, why, "mismatch")
+                return
+            self._judge_answers(spec)
 
     def report(self) -> dict[str, Any]:
         return {"rollouts": {n: asdict(s) for n, s in self.active.items()},
                 "versions": {f"{m}:{v}": s.as_dict() for (m, v), s in self.stats.items()},
                 "shadow": {m: s.as_dict() for m, s in self.shadow.items()}}
+
+
+def _current_models(doc: dict[str, Any], rollouts: dict[str, RolloutSpec]) -> set[str]:
+    """The models whose counts in a stats file belong to the rollout running now (a file
+    written during an earlier rollout of the same model carries that one's start)."""
+    started = doc.get("started", {})
+    return {m for m, spec in rollouts.items() if started.get(m) == spec.started}
 
 
 def rollout_path(settings: Any) -> Path:
@@ -506,19 +698,36 @@ def rollout_path(settings: Any) -> Path:
 
 
 def install(server: Any) -> RolloutController:
-    """Make a server follow ``scaling.rollout_file`` (router + observer)."""
-    controller = RolloutController(server.registry, rollout_path(server.settings))
+    """Make a server follow ``scaling.rollout_file`` (router + observer), its rollbacks
+    counted in the server's metrics and judged on its labels when monitoring is on."""
+    monitor = getattr(server, "monitor", None)
+    windows = getattr(monitor, "windows", None)
+    labels = None
+    if windows is not None:
+        def labels(model: str, version: str) -> Any:
+            return windows.quality.get((model, version))
+    controller = RolloutController(server.registry, rollout_path(server.settings),
+                                   labels=labels)
     server.registry.router = controller.route
     controller.observe(server.observers)  # an observer while a rollout is active
     server.rollouts = controller
+    if monitor is not None:
+        monitor.rollouts = controller  # redline_rollout_rollbacks_total
     return controller
 
 
-def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0) -> dict[str, Any]:
-    """Per-version counts added up over every process that wrote recently."""
+def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0,
+                    rollouts: dict[str, RolloutSpec] | None = None) -> dict[str, Any]:
+    """Per-version counts of each model's latest rollout, added up over every process that
+    wrote recently (a file's counts of an earlier rollout of the same model are left out),
+    and each rollout's answers compared."""
+    if rollouts is None:
+        rollouts = file.read()
     versions: dict[str, dict[str, Any]] = {}
     shadow: dict[str, dict[str, Any]] = {}
+    labels: dict[str, dict[str, dict[str, Any]]] = {}
     hists: dict[str, dict[int, int]] = {}
+    answers: dict[str, MergedAnswers] = {}
     processes = 0
     now = time.time()
     for path in sorted(file.stats_dir.glob("*.json")) if file.stats_dir.exists() else []:
@@ -529,7 +738,10 @@ def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0) -> dict[str, Any
         if now - doc.get("time", 0) > max_age_s:
             continue
         processes += 1
+        current = _current_models(doc, rollouts)
         for key, s in doc.get("versions", {}).items():
+            if key.rpartition(":")[0] not in current:
+                continue
             into = versions.setdefault(key, {"requests": 0, "errors": 0, "p99_ms": 0.0})
             into["requests"] += s["requests"]
             into["errors"] += s["errors"]
@@ -537,13 +749,31 @@ def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0) -> dict[str, Any
             hist = hists.setdefault(key, {})
             for bucket, count in s.get("hist", {}).items():
                 hist[int(bucket)] = hist.get(int(bucket), 0) + int(count)
+        for key, part in doc.get("answers", {}).items():
+            if key.rpartition(":")[0] in current:
+                answers.setdefault(key, MergedAnswers()).add_doc(part)
         for key, s in doc.get("shadow", {}).items():
+            if key not in current:
+                continue
             into = shadow.setdefault(key, {})
             for k, v in s.items():
                 into[k] = max(into.get(k, 0), v) if k in ("max_abs_diff", "candidate_p99_ms") \
                     else into.get(k, 0) + v
+        for model, per_version in doc.get("labels", {}).items():
+            if model in current:  # labels are judged per process: the largest sample shows
+                for version, loss in per_version.items():
+                    shown = labels.setdefault(model, {}).get(version)
+                    if shown is None or loss["labelled"] > shown["labelled"]:
+                        labels[model][version] = loss
     for key, s in versions.items():
         s["error_rate"] = round(s["errors"] / s["requests"], 4) if s["requests"] else 0.0
         if hists.get(key):
             s["p99_ms"] = round(_histogram_p99_ms(hists[key]), 3)  # of the merged latencies
-    return {"processes": processes, "versions": versions, "shadow": shadow}
+    compared: dict[str, Any] = {}
+    for name, spec in rollouts.items():
+        base = answers.get(f"{name}:{spec.baseline}")
+        cand = answers.get(f"{name}:{spec.candidate}")
+        if base is not None and cand is not None:
+            compared[name] = compare_answers(spec, base, cand)
+    return {"processes": processes, "versions": versions, "shadow": shadow,
+            "answers": compared, "labels": labels}
