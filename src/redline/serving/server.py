@@ -130,7 +130,8 @@ class RedlineServer:
             await companion.models_loaded()
         self.phases.done("models loaded and warm", f"{len(self.registry.models())} models")
         # The online store's reachability: logged now and on every change, in the health body.
-        store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url)
+        store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url,
+                                   entity_loss=self.pipeline.entity_loss)
         await store_health.check()
         self.phases.done("online store checked")
         self.app.health_details = store_health.body  # type: ignore[attr-defined]

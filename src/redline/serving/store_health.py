@@ -1,5 +1,8 @@
 """Is the online store reachable? Logged at start and on every change, shown in the health body.
 
+Beside it, once a second, whether a reachable store seems to have lost its data
+(``serving/entity_loss.py``): reachable and empty is a condition of its own.
+
 An unreachable store does not make the server unready: ``/v1`` answers degrade (near cache,
 declared defaults, ``degraded: true``) instead of failing, and a Redis outage taking every replica
 out of the load balancer at once would turn a degraded service into no service. Readiness stays
@@ -20,8 +23,10 @@ log = logging.getLogger("redline.serving")
 class StoreHealth:
     """Pings the store off the event loop every ``interval_s``; reports only changes."""
 
-    def __init__(self, store: Any, url: str = "", interval_s: float = 1.0) -> None:
+    def __init__(self, store: Any, url: str = "", interval_s: float = 1.0,
+                 entity_loss: Any = None) -> None:
         self.store = store
+        self.entity_loss = entity_loss  # serving/entity_loss.py: reachable, but emptied?
         self.url = url
         self.interval_s = interval_s
         self.reachable: bool | None = None  # None: not checked yet
@@ -59,6 +64,8 @@ class StoreHealth:
         while True:
             await asyncio.sleep(self.interval_s)
             await self.check()
+            if self.entity_loss is not None:
+                self.entity_loss.update()
 
     def body(self) -> dict[str, Any]:
         """Fields added to the ``/v2/health/ready`` body."""
@@ -69,4 +76,6 @@ class StoreHealth:
         if not self.reachable:
             store["error"] = self.error
             return {"degraded": True, "online_store": store}
+        if self.entity_loss is not None:
+            store["entities_lost"] = self.entity_loss.lost
         return {"degraded": False, "online_store": store}

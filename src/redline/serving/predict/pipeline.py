@@ -37,6 +37,7 @@ from redline.features.definitions import FeatureDefinitions, RequestTransform
 from redline.features.ingest import Ingestor
 from redline.features.online.base import OnlineStore
 from redline.serving.deadline import Budget
+from redline.serving.entity_loss import EntityLossDetector
 from redline.serving.handle import ModelHandle
 from redline.serving.predict.breaker import CircuitBreaker
 from redline.serving.predict.cache import FeatureNearCache, PredictionCache
@@ -86,6 +87,11 @@ class PredictPipeline:
         self.paths = {PRIMARY: 0, FALLBACK: 0, CACHE: 0, DEFAULT: 0}
         self.degraded = 0
         self._ingestor: Ingestor | None = None
+        f = settings.features
+        # Rows read from a reachable store, found or missing: a store that lost its data.
+        self.entity_loss = EntityLossDetector(f.entity_loss_window_s, f.entity_loss_min_rows,
+                                              f.entity_loss_jump,
+                                              f.entity_loss_baseline_half_life_s, f.redis_url)
 
     def admit(self, handle: ModelHandle) -> None:
         """Load-time check of a model version that reads features (``ModelRegistry.admit``):
@@ -138,6 +144,8 @@ class PredictPipeline:
         window = self._window(handle)
         got = await self.features.read(route, ids, n, budget, window.estimate(), reasons)
         feats, missing = got[0], got[1]
+        if not reasons and route.reader is not None:
+            self.entity_loss.count(n, int(np.count_nonzero(missing)))
         if len(got) > 2:
             _feature_age(record, got[2])
         t = _mark(record, FEATURES, t)
@@ -343,6 +351,7 @@ class PredictPipeline:
             "p99_ms": {f"{n}:{v}": round(w.estimate() * 1e3, 3)
                        for (n, v), w in self._latency.items()},
             "probes": sum(w.probes for w in self._latency.values()),
+            "entities": self.entity_loss.as_dict(),
             "store_reads": {f"{k[0]}:{k[1]}": {"calls": f.calls, "requests": f.requests}
                             for k, r in self._routes.items()
                             if (f := self.features.made(r)) is not None},
