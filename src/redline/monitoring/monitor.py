@@ -467,7 +467,12 @@ class ServerMonitor:
             point["models"] = models
         rollouts = self.rollouts
         if rollouts is not None:
-            for (model, check), n in list(rollouts.rollbacks.items()):
+            # Every check of a running rollout is exposed from zero, so a rollback is a rise
+            # (``increase()`` sees no rise in a series that first appears at 1).
+            counts = dict.fromkeys(((m, c) for m in list(rollouts.active)
+                                    for c in rollouts.CHECKS), 0)
+            counts.update(rollouts.rollbacks)
+            for (model, check), n in counts.items():
                 export.count_to(export.rollbacks, ("rollback", model, check), n, model, check)
         pstats: Any = _pipeline_stats(self.pipeline)
         if pstats:

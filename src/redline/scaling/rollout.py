@@ -338,6 +338,8 @@ class RolloutController:
     flat stage times it leaves when the monitor is the one observer (``serving/stages.py``).
     """
 
+    CHECKS = ("errors", "latency", "predictions", "mismatch", "labels")
+
     def __init__(self, registry: Any, path: str | os.PathLike[str],
                  instance: str | None = None, labels: LabelSource | None = None) -> None:
         self.registry = registry
