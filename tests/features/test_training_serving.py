@@ -1,6 +1,6 @@
 """Training equals serving on every input: one decoder, one merge, one tie rule, one value identity.
 
-Each test here failed before the fix it names (issue 10's list of defects), and the last one is a
+Each test holds one rule of that identity on the case that breaks it, and the last one is a
 brute-force recomputation of every window over a generated stream with late, out-of-order,
 duplicate, tied and malformed events, compared with every online path and the offline builder.
 """

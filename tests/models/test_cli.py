@@ -171,7 +171,7 @@ def test_console_script_help_is_instant_and_teaches():
 
 
 def test_add_refuses_a_nan_default_into_a_model_that_rejects_nan(capsys, tmp_path, model_file):
-    """Issue 10: checked at registration as at load, with the fix named; nothing is written."""
+    """Checked at registration as at load, with the fix named; nothing is written."""
     defs = tmp_path / "defs.py"
     text = ("from redline.features import Entity, EventSource, FeatureView, count, mean\n"
             "card = Entity('card', 'card_id')\n"

@@ -1,4 +1,4 @@
-"""Feature age at read (issue 13): the /v1 features stage observes ``redline_feature_age_seconds``
+"""Feature age at read: the /v1 features stage observes ``redline_feature_age_seconds``
 from the newest event time the store's read returns, on the memory store and on Redis."""
 
 from __future__ import annotations

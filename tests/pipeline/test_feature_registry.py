@@ -1,4 +1,4 @@
-"""Serving reads the feature registry (issue 10): `features apply` decides which view version is
+"""Serving reads the feature registry: `features apply` decides which view version is
 live, an edit without `apply` changes nothing served, and a model that could only answer 409 (a
 version the registry does not have) or 400 (a NaN default into a model that rejects NaN) fails
 to load with its reason instead of serving."""

@@ -1,4 +1,4 @@
-"""Hostile and careless clients on ``/v1`` (issue 9: F1-F4, F7, one Budget, retry-after, records).
+"""Hostile and careless clients on ``/v1``: one Budget, retry-after, records.
 
 A client's bad input or its own tight budget must never change another client's answer, never
 open the store's circuit breaker, and one burst must never latch a model into its fallback.
@@ -39,8 +39,8 @@ def _load_cards(c: httpx.Client, cards: list[str]) -> None:
 
 def test_an_entity_given_twice_is_a_400_and_never_opens_the_breaker(serve, repo_path,
                                                                     defs_path):
-    """F2/F3 on the memory store: ``card_id`` and ``card`` name one entity. It was a 200
-    "feature store unavailable", and three in a row put everyone on defaults."""
+    """On the memory store ``card_id`` and ``card`` naming one entity is the client's error: a
+    400, never a "feature store unavailable" that would put everyone on defaults."""
     srv = serve(make_settings(repo_path, defs_path))
     with httpx.Client(base_url=srv.url, timeout=10) as c:
         _load_cards(c, ["a1"])
@@ -60,7 +60,7 @@ def test_an_entity_given_twice_is_a_400_and_never_opens_the_breaker(serve, repo_
 
 async def test_hostile_clients_never_change_honest_answers(serve, repo_path, defs_path,
                                                           redis_server):
-    """F2 on Redis: coalesced reads were sliced by position, so a doubled entity shifted other
+    """On Redis, coalesced reads are joined by key, so a doubled entity cannot shift other
     clients' rows. Honest and hostile clients run concurrently (Redis paused now and then so
     reads coalesce); every honest answer must equal the score of its own card's features."""
     settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
@@ -122,9 +122,9 @@ async def test_hostile_clients_never_change_honest_answers(serve, repo_path, def
 
 async def test_a_clients_own_tiny_budget_never_opens_the_breaker(serve, repo_path, defs_path,
                                                                 redis_server):
-    """F3 on Redis: three requests with a valid 0.3 ms budget opened the breaker for everyone,
-    because a read cut short by the client's budget counted as a store failure. Redis is
-    paused for 40 ms (slow, well within its 1 s socket timeout) so every read is cut short."""
+    """On Redis, a read cut short by the client's own budget (a valid 0.3 ms) is not a store
+    failure: it never opens the breaker for everyone. Redis is paused for 40 ms (slow, well
+    within its 1 s socket timeout) so every read is cut short."""
     settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
     settings.features.redis_timeout_ms = 1000
     srv = serve(settings)
@@ -147,9 +147,9 @@ async def test_a_clients_own_tiny_budget_never_opens_the_breaker(serve, repo_pat
 
 
 def test_one_burst_never_latches_the_model_into_its_fallback(serve, repo_path, defs_path):
-    """F1: after a burst of large batches pushed the model's p99 past its SLO, every later
-    request on an idle server took ``path=default`` for good (74 of 74 over 15 s). The p99 now
-    ages (a 1 s window here) and a probe runs the primary while it says "won't fit"."""
+    """A burst of large batches that pushes the model's p99 past its SLO does not send every
+    later request to ``path=default`` for good: the p99 ages (a 1 s window here) and a probe
+    runs the primary while it says "won't fit"."""
     settings = make_settings(repo_path, defs_path)
     settings.models["cards"] = ModelSettings(slo_ms=50.0, default_answer=[0.25])
     settings.pipeline.latency_window_s = 1.0
@@ -189,8 +189,8 @@ def test_one_burst_never_latches_the_model_into_its_fallback(serve, repo_path, d
 
 
 def test_bad_budgets_are_the_same_400_on_v1_rest_and_grpc(serve, repo_path, defs_path):
-    """F4: the ``/v1`` header went through ``float()`` only (-5, 0 → default answer; nan, inf →
-    unlimited). Now one ``parse_budget``: the same refusal as on ``/v2``, naming the source."""
+    """-5, 0, nan and inf are refused by the one ``parse_budget``: the same 400 as on ``/v2``,
+    naming the source, never a default answer or an unlimited budget."""
     srv = serve(make_settings(repo_path, defs_path))
     body = {"entities": {"card_id": "x1"}, "request": {"amount": 5.0}}
     with httpx.Client(base_url=srv.url, timeout=10) as c, \
@@ -214,7 +214,7 @@ def test_bad_budgets_are_the_same_400_on_v1_rest_and_grpc(serve, repo_path, defs
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, number
             assert "field budget_ms" in (err.value.details() or "")
         r = c.post(PREDICT, json={**body, "request": {"amount": True}})
-        assert r.status_code == 400 and "must be a number" in r.json()["error"]  # F7: not 1
+        assert r.status_code == 400 and "must be a number" in r.json()["error"]  # True is not 1
         for amount in (1e39, -1e39):
             r = c.post(PREDICT, json={**body, "request": {"amount": amount}})
             assert r.status_code == 400 and "finite number" in r.json()["error"]
@@ -293,7 +293,7 @@ def test_v1_records_are_the_timings_and_reach_observers(serve, repo_path, defs_p
 
 
 async def test_coalesced_reads_are_joined_by_key_not_position() -> None:
-    """F2 at the seam: requests riding one store call get the rows of their own keys, even when
+    """At the seam: requests riding one store call get the rows of their own keys, even when
     they repeat a key, share one, or come in another order than the store answers."""
     from concurrent.futures import ThreadPoolExecutor
 

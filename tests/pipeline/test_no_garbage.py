@@ -4,7 +4,7 @@ Whatever a request allocates should be freed by reference counting when it ends.
 in a reference cycle instead wait for the collector, and under load they set how often its
 young collections stop the event loop and how long each takes: a /v1 Redis read's reply
 callback that named itself (for its retry) made 521 young collections in a benchmark run at
-500 req/s, 191 without the cycle (docs/performance.md#pipeline). Here a real server (in
+500 req/s, 191 without the cycle. Here a real server (in
 this process, so one ``gc.collect()`` sees its garbage) answers /v1 and V2 requests from a raw
 socket client that allocates no cycles of its own, with the collector off, and the collection
 afterwards must find (almost) nothing.

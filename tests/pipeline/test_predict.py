@@ -142,7 +142,7 @@ def test_model_pinned_to_other_view_versions_is_refused(serve, repo_path, defs_p
         r = c.post("/v1/models/stale/predict",
                    json={"entities": {"card_id": "c"}, "request": {"amount": 1}})
         ready = c.get("/v2/models/stale/ready")
-    # refused when it loads (issue 10): not ready, the reason logged and in every answer
+    # refused when it loads: not ready, the reason logged and in every answer
     assert r.status_code == 503 and ready.status_code != 200
     doc = r.json()
     assert doc["code"] == "model_not_ready"

@@ -87,7 +87,7 @@ def test_declines_what_it_does_not_recognise(body: bytes) -> None:
 
 
 def test_overflow_is_declined_even_when_the_model_allows_missing_values() -> None:
-    """F7: 1e39 is not a missing value; it would become inf in FP32. The fast path declines it
+    """1e39 is not a missing value; it would become inf in FP32. The fast path declines it
     (the general path answers 400) whatever the model's missing-value policy."""
     fast = JsonFastPath.for_model([X], OUTS, "m", "1", False)
     assert fast is not None

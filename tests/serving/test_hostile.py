@@ -1,7 +1,7 @@
-"""Hostile and careless clients on the V2 API (issue 9, F5-F11, one Budget, observers).
+"""Hostile and careless clients on the V2 API: one Budget, observers.
 
-Each case was a 5xx, an UNKNOWN, a silent coercion or a wrong status before; each must now be a
-clear 4xx with the JSON error body (INVALID_ARGUMENT and friends on gRPC).
+Each case is a clear 4xx with the JSON error body (INVALID_ARGUMENT and friends on gRPC), never
+a 5xx, an UNKNOWN, a silent coercion or a wrong status.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _json_error(r: httpx.Response, status: int) -> dict[str, str]:
 
 
 def test_deep_nesting_is_a_400_not_a_500(served: ServerThread) -> None:
-    """F5: JSON nested ~1,000 deep (under orjson's own limit) in id, parameters, BYTES data."""
+    """JSON nested ~1,000 deep (under orjson's own limit) in id, parameters, BYTES data."""
     deep = b"[" * 1000 + b"1.0" + b"]" * 1000
     deep_str = b"[" * 1000 + b'"a"' + b"]" * 1000
     head = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": '
@@ -60,7 +60,8 @@ def test_deep_nesting_is_a_400_not_a_500(served: ServerThread) -> None:
 
 
 def test_unicode_digit_versions_are_not_found_on_both_transports(served: ServerThread) -> None:
-    """F6: ``str.isdigit()`` takes '²' and '①', ``int()`` then raised: a 500 / UNKNOWN."""
+    """Versions such as '²' and '①' pass ``str.isdigit()`` but are no number: a 4xx and
+    NOT_FOUND, never a 500 / UNKNOWN from ``int()``."""
     with httpx.Client(base_url=served.http, timeout=10) as c:
         for version in ("²", "①", "٣"):
             r = c.post(f"/v2/models/affine/versions/{version}/infer",
@@ -80,7 +81,7 @@ def test_unicode_digit_versions_are_not_found_on_both_transports(served: ServerT
     [1e39, 2, 3, 4], [[1.0, 2.0], "x"],
 ])
 def test_float_data_is_never_coerced(served: ServerThread, data: list[object]) -> None:
-    """F7: strings, booleans and null in FP32 data, and values beyond FP32's range, are 400s,
+    """Strings, booleans and null in FP32 data, and values beyond FP32's range, are 400s,
     whether or not the model allows missing values and whatever the first element is."""
     with httpx.Client(base_url=served.http, timeout=10) as c:
         for model, width in (("affine", 4), ("id_fp32", 3)):  # rejects / allows missing values
@@ -92,7 +93,8 @@ def test_float_data_is_never_coerced(served: ServerThread, data: list[object]) -
 
 def test_grpc_undecodable_and_doubly_typed_messages_are_invalid_argument(
         served: ServerThread) -> None:
-    """F8: an undecodable message was UNKNOWN; raw + typed contents ignored the typed data."""
+    """An undecodable message, or raw and typed contents together, is INVALID_ARGUMENT, never
+    UNKNOWN or the typed data silently ignored."""
     with grpc.insecure_channel(served.grpc) as channel:
         raw_call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         with pytest.raises(grpc.RpcError) as err:
@@ -120,7 +122,7 @@ def test_grpc_undecodable_and_doubly_typed_messages_are_invalid_argument(
     b"FROB /v2 HTTP/1.1\r\nHost: x\r\n\r\n",
 ])
 def test_http_framing_errors_get_the_json_error_body(served: ServerThread, raw: bytes) -> None:
-    """F9: uvicorn answered these itself in text/plain."""
+    """Malformed HTTP gets redline's JSON error body, not uvicorn's own text/plain answer."""
     with socket.create_connection(("127.0.0.1", served.server.http_port), timeout=10) as sock:
         sock.sendall(raw)
         data = b""
@@ -137,7 +139,8 @@ def test_http_framing_errors_get_the_json_error_body(served: ServerThread, raw: 
 
 
 def test_admin_routes_do_not_exist_when_admin_is_off(tmp_path: Path) -> None:
-    """F10: with admin off, GET on an admin route answered 405 with ``Allow: POST``."""
+    """With admin off, an admin route does not exist for any method: no 405 with
+    ``Allow: POST`` that would reveal it."""
     repo = ModelRepository(tmp_path / "repo")
     repo.add_onnx("affine", affine_model())
     settings = Settings()
@@ -155,7 +158,8 @@ def test_admin_routes_do_not_exist_when_admin_is_off(tmp_path: Path) -> None:
 
 
 def test_admin_load_of_an_impossible_name_is_a_400(served: ServerThread) -> None:
-    """F10: a 300-character name reached the filesystem (ENAMETOOLONG): a 500."""
+    """A 300-character name is refused before it reaches the filesystem (ENAMETOOLONG would be
+    a 500)."""
     auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     with httpx.Client(base_url=served.http, timeout=10, headers=auth) as c:
         for name in ("a" * 300, "bad name!", "-x"):
@@ -165,8 +169,8 @@ def test_admin_load_of_an_impossible_name_is_a_400(served: ServerThread) -> None
 
 @pytest.mark.allow_log(r"does not match its recorded sha256")
 def test_a_tampered_latest_version_does_not_take_the_model_down(tmp_path: Path) -> None:
-    """F11: under ``latest: 1`` a corrupt newest version left nothing loaded (503); the newest
-    intact earlier version serves instead, and the index says why the latest does not."""
+    """Under ``latest: 1`` a corrupt newest version does not leave nothing loaded: the newest
+    intact earlier version serves, and the index says why the latest does not."""
     repo = ModelRepository(tmp_path / "repo")
     repo.add_onnx("m", affine_model(scale=2.0))
     repo.add_onnx("m", affine_model(scale=3.0))
