@@ -9,7 +9,7 @@ Nearly every REST JSON request to a tabular model has one shape::
 against the model in a few comparisons, and answers with one ``orjson.dumps`` whose per-output
 strings were built once per model version.
 
-Why it is shaped so: measured against the bare ASGI floor (``../shared/peers/raw_asgi.py``: orjson,
+Why it is shaped so: measured against the bare ASGI floor (``benchmarks/serving/floors``: orjson,
 ``np.asarray``, ONNX Runtime, nothing else), one row of the 30-feature demo forest cost ~11 µs
 more server CPU in redline, nearly all of it Python-level work spread over the general decoder
 (every key, datatype, shape and nested-data check), ``InferRequest``, the model's input check and

@@ -2,7 +2,7 @@
 
 Why: building the response as a protobuf object (a message, a tensor per output, its shape and
 contents set field by field) and then serializing it was the largest single share of redline's
-own work on a gRPC request (16 % of ``ModelInfer`` under cProfile; docs/performance.md). The
+own work on a gRPC request (16 % of ``ModelInfer`` under cProfile). The
 wire format of this one message is small and fixed (``proto/grpc_service.proto``), so the
 servicer writes the bytes itself and the service's serializer passes bytes through. The common
 contents are written directly -- raw tensors, packed FP32/FP64, small non-negative integers as

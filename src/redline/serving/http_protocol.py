@@ -9,13 +9,13 @@ Two changes to :class:`HttpToolsProtocol`, nothing else:
   with one ``transport.write``. Why: a one-row request costs the model ~5 µs, while the ASGI
   plumbing around it — a scope dict, a ``RequestResponseCycle`` with its ``asyncio.Event``, a
   task, two send coroutines with their message dicts and per-header checks, two writes (two
-  ``send`` system calls) — cost more than redline's own work (py-spy under c=8 load,
-  ``docs/performance.md#serving``). When the model cannot run on the spot, ``infer_inline``
-  returns an ASGI app that finishes the already-decoded request through the batcher's queue,
-  and it runs as a normal uvicorn request (same cycle, same task, same flow control). Every
-  other request — other paths and methods, chunked or large bodies, upgrades, pipelined
-  requests behind an unfinished one — takes uvicorn's own path unchanged. The answers are the
-  same bytes as the ASGI path's (``tests/serving/test_http_inline.py``).
+  ``send`` system calls) — cost more than redline's own work (py-spy under c=8 load;
+  ``docs/architecture.md``, "Findings that shape the hot path"). When the model cannot run on the
+  spot, ``infer_inline`` returns an ASGI app that finishes the already-decoded request through the
+  batcher's queue, and it runs as a normal uvicorn request (same cycle, same task, same flow
+  control). Every other request — other paths and methods, chunked or large bodies, upgrades,
+  pipelined requests behind an unfinished one — takes uvicorn's own path unchanged. The answers
+  are the same bytes as the ASGI path's (``tests/serving/test_http_inline.py``).
 - **Framing errors in the JSON body.** A request the HTTP parser refuses (a bad or duplicate
   ``Content-Length``, broken chunked encoding, an invalid header name, an unknown method) never
   reaches the app: uvicorn answers it with ``text/plain`` "Invalid HTTP request received.";

@@ -150,7 +150,7 @@ class StageTimes(Protocol):
     (``perf_ns`` values: decode is start..decoded, inference decoded..inferred, encode
     inferred..end) and its rows; the
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
-    fold cost ~8 µs of server CPU a request (a 31 µs V2 request, docs/performance.md), five
+    fold cost ~8 µs of server CPU a request (a quarter of a 31 µs V2 request), five
     integers in one ``list.extend`` a fraction of a microsecond.
 
     A ``/v1`` request (REST or gRPC) of the same kind is timed on a record (its answer carries

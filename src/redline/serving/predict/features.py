@@ -181,7 +181,7 @@ async def _fetch(fetcher: FeatureFetcher, ids: dict[str, list[str]], n: int, bud
     (``asyncio.sleep(0)``: one zero-timeout poll per turn, other ready work still runs) up to
     ``spin_s`` before it sleeps. Why: every sleep needs a wake-up, and a woken process waits for
     its core behind whatever else runs there — on a shared machine the largest part of the /v1
-    tail (docs/performance.md, "the /v1 tail"). Polling through the ~50-100 µs round trip halves
+    tail (docs/architecture.md). Polling through the ~50-100 µs round trip halves
     the wake-ups per request (3,700 -> 1,900 context switches in a 3.5 s slice at 500 req/s) for
     about the same CPU time. Only a lone waiter polls: under concurrency the loop is busy anyway
     and N pollers would cost N task steps per turn."""

@@ -4,9 +4,9 @@ Why not the worker thread (``fetcher.py``'s executor): each read woke the worker
 had to win the GIL from the event loop, and its answer woke the loop again through
 ``call_soon_threadsafe``: two wake-ups and two GIL hand-overs for a ~50 µs round trip. Here the
 loop writes the command to a non-blocking socket and the reply arrives as one more readable
-socket in the loop's own poll — the same way the HTTP request itself arrived. Measured at 500
-req/s open loop (docs/performance.md, "the /v1 tail"): p50 0.438 -> 0.365 ms; the p99 did not
-move (it is the process being stalled while it waits, not the hop).
+socket in the loop's own poll — the same way the HTTP request itself arrived. At 500 req/s
+open loop it lowers the p50 by about a sixth; the p99 does not move (it is the process being
+stalled while it waits, not the hop).
 
 One connection per process, pipelined: commands are answered in the order they were sent, so a
 FIFO of callbacks joins each reply to its call. ``timeout_s`` plays the part of redis-py's socket
@@ -226,8 +226,8 @@ class _ScriptReply:
     reference cycle (function -> its cell -> the function), so every read's callback, with
     everything it held (keys, arguments, the fetcher's batch), lived until the garbage
     collector found it -- 13 objects a read, 20 a /v1 request (tests/pipeline/
-    test_no_garbage.py) -- which set the young collections' pace and length on the /v1 path
-    (docs/performance.md#pipeline). Without the cycle it is freed as soon as it has run."""
+    test_no_garbage.py) -- which set the young collections' pace and length on the /v1 path.
+    Without the cycle it is freed as soon as it has run."""
 
     __slots__ = ("client", "reader", "n", "keys", "args", "done", "retry")
 
