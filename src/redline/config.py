@@ -62,7 +62,7 @@ class BatchingSettings:
     adaptive_target: float = 0.5  # fraction of slo_ms the slowest request of a batch may use
     # Runs predicted shorter than this happen on the event loop: below a thread hop's own cost
     # (>= 100 µs of a request's latency here) and below a one-row 3x1024 MLP (~210 µs), which
-    # gains from batching (docs/performance.md, "The inline limit").
+    # gains from batching (docs/architecture.md, "Findings that shape the hot path").
     inline_max_us: int = 120
 
 
@@ -162,7 +162,7 @@ class PipelineSettings:
     session_max_events: int = 20
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
-    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age, F1)
+    latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age)
     probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
                                       # runs the primary anyway, so a recovered model is seen
 
@@ -183,12 +183,12 @@ class FeatureSettings:
     entity_loss_jump: float = 0.3
     entity_loss_min_rows: int = 50
     entity_loss_baseline_half_life_s: float = 600.0
-    # /v1 reads a single Redis on the event loop's own connection (no thread hop: -17% p50 at
-    # 500 req/s, docs/performance.md); false: on a worker thread through redis-py
+    # /v1 reads a single Redis on the event loop's own connection (no thread hop, one wake-up
+    # less a read); false: on a worker thread through redis-py
     redis_loop_reads: bool = True
     # ... and a request alone in waiting for its read keeps the loop polling this long before
     # it sleeps: the reply (~50-100 µs on loopback) is caught without a second wake-up of the
-    # process (docs/performance.md, "the /v1 tail"); 0 = sleep at once
+    # process (docs/architecture.md); 0 = sleep at once
     redis_spin_us: float = 200.0
     # feature-view versions on disk (default: <project>/features)
     registry: str = field(default=".redline/features", metadata={"path": True})

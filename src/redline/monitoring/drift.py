@@ -383,9 +383,9 @@ class DriftMonitor:
     # ------------------------------------------------------------------ calibration
     def calibrate(self, background: bool = True) -> None:
         """Work out every feature's thresholds for every window size now, so no report pays
-        for it (the first one used to: ~0.6 s of CPU for three features, on the thread that
-        asked). In the background (a daemon thread, in small chunks that give the GIL back),
-        or here and now with ``background=False``. Idempotent."""
+        for it (left to the first report, it costs ~0.6 s of CPU for three features, on the
+        thread that asked). In the background (a daemon thread, in small chunks that give the
+        GIL back), or here and now with ``background=False``. Idempotent."""
         with self._lock:
             if self._calibration is not None or self._calibrated.is_set():
                 return
@@ -507,8 +507,9 @@ class DriftMonitor:
             if not self._prediction_calibrated and prediction["thresholds"]:
                 # The baseline's thresholds for every other window size too, now, once (after
                 # the class this report needed, so its numbers are those it always had):
-                # computed as the window filled, each new size class was ~1 ms of thresholds
-                # in one piece in a later report on the tick. Here in hand-over-sized chunks.
+                # computed as the window fills, each new size class would be ~1 ms of
+                # thresholds in one piece in a later report on the tick. Here in hand-over-sized
+                # chunks.
                 _calibrate_all([self.prediction_ref], self.predictions.capacity)
                 self._prediction_calibrated = True
         drifted = [f["feature"] for f in features if f["drift"]]

@@ -3,8 +3,8 @@
 The monitoring tick runs its window work (``ModelWindows.absorb``, the drift and quality
 reports) on a worker thread so the loop keeps serving. But that thread holds the GIL while it
 runs Python, and CPython takes the GIL from it only after the switch interval (5 ms): a
-request that arrived meanwhile waited up to that long in its queue stage, once a second
-(``docs/performance.md#observability``). ``time.sleep(0)`` does not help: the releasing thread
+request that arrived meanwhile waited up to that long in its queue stage, once a second.
+``time.sleep(0)`` does not help: the releasing thread
 usually takes the GIL straight back before the waiting one runs.
 
 So the work is cut into units of a few hundred microseconds (a version's slice of records, one

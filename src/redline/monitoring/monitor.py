@@ -78,9 +78,8 @@ class RecordFeed:
     the work off every response and keeps each stall of the loop short (a batch of 64 took
     ~50 µs, and at concurrency 1 the next request, arriving meanwhile, paid it at p99).
     Folding a whole second's records on the tick instead held the loop for ~1 ms per slice of
-    1,000 records, which the 1% of requests that arrived meanwhile paid in their p99
-    (``docs/performance.md#observability``). The tick folds what is left, and every read that
-    needs the latest folds first."""
+    1,000 records, which the 1% of requests that arrived meanwhile paid in their p99. The tick
+    folds what is left, and every read that needs the latest folds first."""
 
     def __init__(self, monitor: ServerMonitor) -> None:
         self.records: list[Any] = []

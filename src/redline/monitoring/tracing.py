@@ -14,9 +14,8 @@ hands the kept records to a bounded queue; a background thread encodes each as o
 span with a child span per stage (real start and end times, from the record's clock anchor,
 and the ids the response named) directly into OTLP protobuf messages (``opentelemetry-proto``)
 and posts them in batches, about once a second. No OpenTelemetry SDK span is made: SDK spans
-plus their OTLP encoding cost ~160 µs per kept request, these messages ~15 µs
-(``docs/performance.md#observability``). When the queue is full the record is dropped and
-counted: export never blocks a request.
+plus their OTLP encoding cost ~160 µs per kept request, these messages ~15 µs. When the queue
+is full the record is dropped and counted: export never blocks a request.
 
 The parent of a request's span is the caller's ``traceparent`` (HTTP header or gRPC metadata),
 so redline's spans join the caller's trace. Spans go over OTLP/HTTP (protobuf) when

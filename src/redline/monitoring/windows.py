@@ -143,8 +143,8 @@ class ModelWindows:
                 rest = random.sample(rest, room)
             order = with_id + rest
         # A slice at a time, each slice's arrays let go of before the next hand-over: freeing
-        # a tick's ~500 requests' worth at once held the GIL for ~2.5 ms in one piece, after
-        # the last slice (measured when the records themselves were kept until here).
+        # a tick's ~500 requests' worth at once holds the GIL for ~2.5 ms in one piece, after
+        # the last slice.
         for start in range(0, len(order), ABSORB_SLICE):
             yield_to_loop()  # on the tick's thread: the loop first
             chunk = order[start:start + ABSORB_SLICE]

@@ -20,7 +20,7 @@ from redline.features.online.base import OnlineStore, now_ms
 def settle_heap() -> None:
     """Move what exists now (modules, clients, definitions) out of the garbage collector's
     reach: an ingest process lives for its loop, and a full collection walking the startup heap
-    stalled a batch for ~55 ms (measured on the Kafka freshness run, docs/performance.md)."""
+    stalled a batch for ~55 ms."""
     gc.collect()
     gc.freeze()
 
