@@ -98,7 +98,7 @@ def test_canary_rolls_back_a_constant_candidate_on_its_answers(project, caplog) 
     rng = np.random.default_rng(0)
     run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
             str(CONSTANT), "--percent", "50")
-    time.sleep(0.6)  # servers poll the rollout file twice a second
+    controller.refresh(force=True)  # what the server's poll of the rollout file does, now
     with caplog.at_level(logging.WARNING, logger="redline.scaling"), \
             httpx.Client(base_url=server.http, timeout=10) as client:
         answers = send_until(client, rng, root, "rolled_back", 2000)
@@ -127,7 +127,7 @@ def test_an_identical_candidate_is_kept_and_promoted(project) -> None:  # type: 
     rng = np.random.default_rng(1)
     run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
             str(IDENTICAL), "--percent", "50")
-    time.sleep(0.6)
+    controller.refresh(force=True)
     with httpx.Client(base_url=server.http, timeout=10) as client:
         answers = send_until(client, rng, root, "rolled_back", 900)
     assert len(answers) == 900 and state(root)["state"] == "running", state(root)
@@ -147,7 +147,7 @@ def test_shadow_rolls_back_a_constant_candidate_but_keeps_an_identical_one(proje
     rng = np.random.default_rng(2)
     run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
             str(IDENTICAL), "--shadow", "--percent", "100")
-    time.sleep(0.6)
+    controller.refresh(force=True)
     with httpx.Client(base_url=server.http, timeout=10) as client:
         for _ in range(400):
             client.post("/v2/models/affine/infer", json=body(rng))
@@ -158,7 +158,7 @@ def test_shadow_rolls_back_a_constant_candidate_but_keeps_an_identical_one(proje
         run_cli("rollout", "abort", "--config", config, "-m", "affine")
         run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
                 str(CONSTANT), "--shadow", "--percent", "100")
-        time.sleep(0.6)
+        controller.refresh(force=True)
         for _ in range(600):
             x = rng.normal(0, 1, 4).astype(np.float32)
             r = client.post("/v2/models/affine/infer", json={"inputs": [
@@ -183,7 +183,7 @@ def test_labels_roll_back_a_candidate_wrong_on_every_row(project) -> None:  # ty
     rng = np.random.default_rng(3)
     run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
             str(NEGATED), "--percent", "50", "--min-labels", "40")
-    time.sleep(0.6)
+    controller.refresh(force=True)
     with httpx.Client(base_url=server.http, timeout=10) as client:
         labels = []
         for i in range(240):
@@ -194,9 +194,15 @@ def test_labels_roll_back_a_candidate_wrong_on_every_row(project) -> None:  # ty
         assert state(root)["state"] == "running"  # nothing else tells it apart
         joined = client.post("/v1/labels", json={"labels": labels}).json()
         assert joined["joined"] == 240, joined
-        answers = send_until(client, rng, root, "rolled_back", 1500)
+        # Labels are judged every 2 s, on the server's loop, as requests come.
+        answers = []
+        deadline = time.monotonic() + 20
+        while state(root)["state"] != "rolled_back" and time.monotonic() < deadline:
+            answers += send_until(client, rng, root, "rolled_back", 20)
+            time.sleep(0.05)
     doc = state(root)
-    assert doc["state"] == "rolled_back" and doc["failed_check"] == "labels", (doc, len(answers))
+    assert doc["state"] == "rolled_back" and doc["failed_check"] == "labels", (
+        doc, len(answers), controller.label_losses)
     assert "realised loss" in doc["reason"]
 
 
@@ -206,7 +212,7 @@ def test_a_second_rollouts_status_counts_only_its_own_requests(project) -> None:
     with httpx.Client(base_url=server.http, timeout=10) as client:
         run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
                 str(IDENTICAL), "--percent", "50")
-        time.sleep(0.6)
+        controller.refresh(force=True)
         for _ in range(150):
             client.post("/v2/models/affine/infer", json=body(rng))
         time.sleep(1.1)
@@ -217,7 +223,7 @@ def test_a_second_rollouts_status_counts_only_its_own_requests(project) -> None:
         run_cli("rollout", "start", "--config", config, "-m", "affine", "--candidate",
                 str(IDENTICAL), "--percent", "50")
         assert status_json(config)["versions"] == {}  # none of the first rollout's
-        time.sleep(0.6)
+        controller.refresh(force=True)
         for _ in range(40):
             client.post("/v2/models/affine/infer", json=body(rng))
     time.sleep(1.1)

@@ -387,6 +387,8 @@ class RolloutController:
     def refresh(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._checked < 0.5:
+            if self._labels_checked == float("-inf"):
+                self._check_labels(now)  # a new rollout's start marks, before its labels
             return
         self._checked = now
         try:
@@ -411,6 +413,8 @@ class RolloutController:
                         for key in [k for k in table if k[0] == name]:
                             del table[key]  # type: ignore[attr-defined]
                     self._written = float("-inf")  # the stats file forgets the old counts now
+                    # The label joins' counts at the start, before this rollout's labels come.
+                    self._labels_checked = float("-inf")
             self._release_io()
             self._watch_requests()
         for spec in self.active.values():
@@ -419,12 +423,19 @@ class RolloutController:
                                           or self._written == float("-inf")):
             self._written = now
             self._write_stats()
-        if self.labels is not None and self.active and now - self._labels_checked > \
-                LABELS_EVERY_S and (self._labels_task is None or self._labels_task.done()):
+        if now - self._labels_checked > LABELS_EVERY_S:
+            self._check_labels(now)
+
+    def _check_labels(self, now: float) -> None:
+        """Judge the labels on the loop, one check at a time (from a thread without a
+        loop nothing starts: the next refresh on the server's loop does it)."""
+        if self.labels is None or not self.active or not (
+                self._labels_task is None or self._labels_task.done()):
+            return
+        with contextlib.suppress(RuntimeError):
+            self._labels_task = asyncio.get_running_loop().create_task(
+                self._judge_labels(list(self.active.values())))
             self._labels_checked = now
-            with contextlib.suppress(RuntimeError):  # no running loop: the next refresh
-                self._labels_task = asyncio.get_running_loop().create_task(
-                    self._judge_labels(list(self.active.values())))
 
     def _keep_io(self, spec: RolloutSpec) -> None:
         """Every request of the versions judged keeps its arrays: a shadow replays the
@@ -610,15 +621,21 @@ class RolloutController:
                 fresh = min(max(0, snap.joined - mark), int(snap.labelled.shape[0]))
                 pairs[version] = snap.labelled[snap.labelled.shape[0] - fresh:] if fresh \
                     else np.zeros((0, 2))
-            if self.active.get(spec.model) is not spec:
+            if not self._running(spec):
                 continue  # ended (or replaced) meanwhile
             self.label_losses[spec.model] = {str(v): label_loss(p) for v, p in pairs.items()}
             why = judge_labels(spec, pairs[spec.baseline], pairs[spec.candidate])
             if why is not None:
                 self.roll_back(spec, why, "labels")
 
+    def _running(self, spec: RolloutSpec) -> bool:
+        """Whether ``spec``'s rollout is still the model's running one (the file re-read
+        makes new objects of the same rollout)."""
+        current = self.active.get(spec.model)
+        return current is not None and current.started == spec.started
+
     def roll_back(self, spec: RolloutSpec, why: str, check: str = "errors") -> None:
-        if self.active.get(spec.model) is not spec:
+        if not self._running(spec):
             return  # already ended here (a decision from a check that was in flight)
         log.warning("rollout of %s v%s rolled back (%s): %s", spec.model, spec.candidate,
                     check, why)
@@ -663,7 +680,7 @@ class RolloutController:
             stats.candidate.add(False, (time.perf_counter_ns() - start) / 1000)
             return
         stats.candidate.add(True, (time.perf_counter_ns() - start) / 1000)
-        if self.active.get(spec.model) is not spec:
+        if not self._running(spec):
             return  # the rollout ended while this copy ran
         self._answer_sample(spec.model, spec.candidate).add(outputs)
         stats.compared += 1
