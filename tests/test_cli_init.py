@@ -69,7 +69,7 @@ def test_init_serves_at_once_then_trains_and_predicts(tmp_path: Path, capsys) ->
         proc.terminate()
         proc.wait(30)
     # every start-up phase is logged with its time, the preload with its rate
-    log = proc.stdout.read() if proc.stdout else ""
+    log = proc.log_text()
     phases = [line.split("start-up: ", 1)[1] for line in log.splitlines() if "start-up: " in line]
     names = [p.split(" in ")[0] for p in phases]
     assert names[0] == "imports and settings" and names[-1].startswith("ready"), phases

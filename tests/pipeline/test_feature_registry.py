@@ -36,6 +36,7 @@ def _model(repo: Path, name: str, features: list[str], views: dict[str, str]) ->
                                         feature_names=features, feature_views=views)
 
 
+@pytest.mark.allow_log(r"model new is not ready: .* cannot be served with these features")
 def test_an_edit_without_apply_changes_nothing_served(serve, tmp_path) -> None:
     defs_file = tmp_path / "defs.py"
     shutil.copy(HERE / "defs_cards.py", defs_file)
@@ -70,6 +71,7 @@ def test_an_edit_without_apply_changes_nothing_served(serve, tmp_path) -> None:
     assert f"served at version {v1}" in refused.json()["error"] and v2 in refused.json()["error"]
 
 
+@pytest.mark.allow_log(r"model strict is not ready: .* rejects NaN inputs")
 def test_a_nan_default_into_a_model_that_rejects_nan_fails_to_load(serve, tmp_path) -> None:
     defs_file = tmp_path / "defs.py"
     text = (HERE / "defs_cards.py").read_text().replace(
