@@ -9,6 +9,7 @@ import time
 
 import httpx
 import orjson
+import pytest
 
 from redline.serving.entity_loss import EntityLossDetector
 from tests.pipeline.conftest import make_settings
@@ -20,6 +21,7 @@ def events(ts: int) -> bytes:
     return b"\n".join(orjson.dumps({"card_id": c, "amount": 30.0, "ts": ts}) for c in CARDS)
 
 
+@pytest.mark.slow
 async def test_redis_restarted_empty_is_reported_and_clears(serve, repo_path, defs_path,
                                                           redis_server, caplog) -> None:
     settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)

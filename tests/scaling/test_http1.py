@@ -19,6 +19,8 @@ from redline.scaling.http1 import ConnectError, ConnectionPool
 from tests.conftest import free_port
 from tests.scaling.procs import Serve
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
                                  "data": [1, 2, 3, 4]}]})
 PATH = "/v2/models/affine/infer"

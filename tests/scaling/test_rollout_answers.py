@@ -24,6 +24,8 @@ from redline.scaling.rollout import RolloutController, install
 from tests.scaling.models import constant_affine, negated_affine
 from tests.serving.helpers import ServerThread, affine_model
 
+pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
+
 BASELINE, CONSTANT, IDENTICAL, NEGATED = 1, 2, 3, 4
 
 
