@@ -294,12 +294,14 @@ class EventDecoder:
 
     def decode(
         self, raws: Sequence[Any], arrivals_ms: Sequence[int] | int,
-        tags: Sequence[int] | None = None, flat: bool | None = None,
+        tags: Sequence[int] | None = None, flat: bool | None = None, str_keys: bool = False,
     ) -> UpdateBatch:
         """Validate ``raws`` (JSON bytes, dicts, flat string maps) arriving at ``arrivals_ms``.
 
         ``flat=True`` says every value may arrive as a string (CSV rows); by default a map with
-        bytes keys (a Redis Stream entry) is flat and anything else is JSON-typed."""
+        bytes keys (a Redis Stream entry) is flat and anything else is JSON-typed.
+        ``str_keys=True`` says every map has text keys (events read from a file), so none needs
+        its keys checked for a Redis Stream entry's."""
         batch = UpdateBatch()
         n = len(raws)
         arrivals = [arrivals_ms] * n if isinstance(arrivals_ms, int) else arrivals_ms
@@ -314,6 +316,8 @@ class EventDecoder:
                     event = None
                 if type(event) is not dict:
                     event = None
+            elif str_keys and type(raw) is dict and not (len(raw) == 1 and "d" in raw):
+                event = raw
             if event is not None:
                 reason = self._add(batch, event, bool(flat), arrivals[i], tag)
             else:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +28,17 @@ import pandas as pd
 
 from redline.errors import InvalidInput
 from redline.features.definitions import FeatureDefinitions, FeatureView
-from redline.features.events import EventDecoder, to_ms
-from redline.features.online.memory import MemoryStore
 
-ARRIVAL = "_arrival_ms"
+# Event files and arrival times live in ``eventfile`` (no pandas); the builder reads them too.
+from redline.features.eventfile import (  # noqa: F401 - ARRIVAL, read_events: public here too
+    ARRIVAL,
+    EventLog,
+    _existing,
+    arrival_of,
+    read_events,
+)
+from redline.features.events import EventDecoder
+from redline.features.online.memory import MemoryStore
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -50,41 +56,6 @@ def read_table(path: str | Path) -> pd.DataFrame:
     except (ValueError, OSError, orjson.JSONDecodeError) as exc:
         raise InvalidInput(f"cannot read {p}: {exc}") from exc
     raise InvalidInput(f"{p}: unknown table format '{suffix}' (use .jsonl, .csv or .parquet)")
-
-
-def _existing(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise InvalidInput(f"file {p} does not exist")
-    return p
-
-
-@dataclass
-class EventLog:
-    """Raw events as ingest would receive them; ``flat``: every value is text (CSV rows)."""
-
-    raws: list[Any]
-    flat: bool = False
-
-
-def read_events(path: str | Path) -> EventLog:
-    """An event file as raw events: JSON lines stay bytes (parsed by the decoder, as over HTTP),
-    CSV rows are text maps (decoded like Redis Stream fields, empty cells are absent), Parquet
-    rows are typed values."""
-    p = _existing(path)
-    suffix = p.suffix.lower()
-    try:
-        if suffix in (".jsonl", ".ndjson", ".json"):
-            return EventLog([ln for ln in p.read_bytes().splitlines() if ln.strip()])
-        if suffix == ".csv":
-            df = pd.read_csv(p, dtype=str, keep_default_na=False)
-            return EventLog([{k: v for k, v in r.items() if v != ""}
-                             for r in df.to_dict("records")], flat=True)
-        if suffix in (".parquet", ".pq"):
-            return EventLog(frame_events(pd.read_parquet(p)))
-    except (ValueError, OSError) as exc:
-        raise InvalidInput(f"cannot read {p}: {exc}") from exc
-    raise InvalidInput(f"{p}: unknown event file format '{suffix}' (use .jsonl, .csv or .parquet)")
 
 
 def frame_events(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -126,21 +97,6 @@ def _arrivals(raws: list[Any], decoder: EventDecoder) -> tuple[list[Any], list[i
         parsed.append(obj)
         arrivals.append(arrival_of(obj, decoder))
     return parsed, arrivals
-
-
-def arrival_of(obj: Any, decoder: EventDecoder, arrival_column: str = ARRIVAL) -> int:
-    """When an event from a file arrived: its ``arrival_column``, else its event time, else 0."""
-    if isinstance(obj, Mapping):
-        ms = to_ms(obj.get(arrival_column))
-        if ms is not None:
-            return ms
-        src = obj.get("source", decoder.default_source)
-        plan = decoder.plans.get(src) if isinstance(src, str) else None
-        if plan is not None:
-            ms = to_ms(obj.get(plan.source.timestamp))
-            if ms is not None:
-                return ms
-    return 0
 
 
 def build_training_set(

@@ -15,8 +15,8 @@ from redline.features.online.base import now_ms
 def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
                 arrival_column: str = "_arrival_ms") -> IngestResult:
     """Backfill from JSONL/CSV/Parquet, read exactly as ``training-set`` reads it (the same
-    ``offline.read_events``); arrival = ``arrival_column`` or the event time itself."""
-    from redline.features.offline import arrival_of, read_events
+    ``eventfile.read_events``); arrival = ``arrival_column`` or the event time itself."""
+    from redline.features.eventfile import arrival_of, read_events
 
     log = read_events(path)
     raws: list[Any] = []
@@ -38,7 +38,8 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
     rejected: list[Rejected] = []
     for i in range(0, len(raws), batch):
         chunk = raws[i:i + batch]
-        decoded = ingestor.decoder.decode(chunk, arrivals[i:i + batch], flat=log.flat)
+        decoded = ingestor.decoder.decode(chunk, arrivals[i:i + batch], flat=log.flat,
+                                           str_keys=True)
         ingestor.apply(decoded, measure=False)
         accepted += len(decoded.accepted)
         for r in decoded.rejected:
