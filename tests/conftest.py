@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,32 @@ from typing import Any
 import pytest
 
 from tests.logwatch import WATCH, check_output, remove_logs, unexpected
+
+
+def _share_httpx_default_tls() -> None:
+    """httpx builds an SSL context for every client it makes, reading the whole CA bundle: about
+    20 ms of CPU for each one-off ``httpx.get``/``post``, and the suite's readiness polls and
+    load loops make thousands. Every server the suite talks to with httpx speaks plain HTTP, so
+    the default context is made once and shared (a context is safe to share once made)."""
+    try:
+        import httpx._transports.default as transport
+    except ImportError:  # another layout: pay the bundle per client
+        return
+    make = transport.create_ssl_context
+    made: dict[tuple[object, ...], Any] = {}
+
+    def shared(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if key not in made:
+            made[key] = make(verify=True, cert=None, trust_env=trust_env)
+        return made[key]
+
+    transport.create_ssl_context = shared
+
+
+_share_httpx_default_tls()
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -244,23 +271,54 @@ def project_files() -> list[str]:
     return [line for line in out.splitlines() if (ROOT / line).is_file()]
 
 
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of this run sees: the session's own, or with pytest-xdist the
+    parent of the workers' folders (so a session fixture can be built once for all of them)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Held by one process of the run at a time (the others wait for it)."""
+    import fcntl
+
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def small_demo(tmp_path_factory: pytest.TempPathFactory) -> SmallDemo:
-    """``make demo`` at a small size, once per session, in a copy of the project: the doc
-    pages run in copies of it, and the demo's own tests read what it made and printed."""
-    base = tmp_path_factory.mktemp("demo") / "project"
-    for rel in project_files():
-        target = base / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, target)
-    (base / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
-    env = {**os.environ, "PYTHONPATH": str(base / "src")}
-    env.pop("REDLINE_CONFIG", None)
-    done = subprocess.run([sys.executable, "-m", "redline.demo", *SMALL_DEMO_ARGS], cwd=base,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    check_output(done.stdout + done.stderr, "make demo")
-    return SmallDemo(base, done.stdout + done.stderr)
+    """``make demo`` at a small size, once per run (shared by pytest-xdist's workers), in a copy
+    of the project: the doc pages run in copies of it, and the demo's own tests read what it
+    made and printed."""
+    shared = _shared_dir(tmp_path_factory)
+    base = shared / "small-demo" / "project"
+    printed = shared / "small-demo" / "output.txt"
+    with _exclusive(shared / "small-demo.lock"):
+        if printed.is_file():  # another worker built it
+            return SmallDemo(base, printed.read_text())
+        if base.exists():  # a worker failed half-way: start again
+            shutil.rmtree(base)
+        for rel in project_files():
+            target = base / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, target)
+        (base / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+        env = {**os.environ, "PYTHONPATH": str(base / "src")}
+        env.pop("REDLINE_CONFIG", None)
+        done = subprocess.run([sys.executable, "-m", "redline.demo", *SMALL_DEMO_ARGS],
+                              cwd=base, env=env, capture_output=True, text=True, timeout=300)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, (
+            f"the demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        check_output(output, "make demo")
+        printed.write_text(output)
+    return SmallDemo(base, output)
 
 
 # The log check (tests/logwatch.py) after each phase of each test.

@@ -54,17 +54,31 @@ def canned_server():
     thread.join(10)
 
 
+# A load timed on a shared CPU can be preempted as a whole: a schedule missed once may be the
+# machine, one missed every time is the generator. Each try must send everything and answer
+# everything; the timing bounds must hold in one of ATTEMPTS tries.
+ATTEMPTS = 3
+
+
+def _on_schedule(spec: LoadSpec, late_s: float, p50_ms: float) -> None:
+    seen = []
+    for _ in range(ATTEMPTS):
+        result = run_load(spec)
+        assert result.sent == 200 and result.ok == 200 and not result.errors
+        seen.append((round(result.elapsed_s, 3), round(result.percentile_ms(50), 2)))
+        if result.elapsed_s < spec.duration_s + late_s and result.percentile_ms(50) < p50_ms:
+            return
+    pytest.fail(f"late in every try (elapsed s, p50 ms): {seen}; bounds {late_s} s, {p50_ms} ms")
+
+
 @pytest.mark.parametrize("spin_yield", [False, True])
 @pytest.mark.parametrize("spin_s", [0.0015, 0.0])
 def test_open_loop_sends_on_schedule(canned_server, spin_yield, spin_s):
     spec = LoadSpec(url=canned_server, model="-", rate=400.0, connections=8, duration_s=0.5,
                     warmup_s=0.0, v1_body=b"{}", path="/", spin_s=spin_s,
                     spin_yield=spin_yield)
-    result = run_load(spec)
-    assert result.sent == 200 and result.ok == 200 and not result.errors
     # Spinning sends on time; sleeping alone (spin_s=0) may be up to a timer tick late.
-    assert result.elapsed_s < 0.5 + (0.05 if spin_s else 0.25)
-    assert result.percentile_ms(50) < (5.0 if spin_s else 20.0)
+    _on_schedule(spec, 0.05 if spin_s else 0.25, 5.0 if spin_s else 20.0)
 
 
 def test_open_loop_on_a_timerfd_sends_on_schedule(canned_server):
@@ -74,9 +88,7 @@ def test_open_loop_on_a_timerfd_sends_on_schedule(canned_server):
         pytest.skip("timerfd is Linux only")
     spec = LoadSpec(url=canned_server, model="-", rate=400.0, connections=8, duration_s=0.5,
                     warmup_s=0.0, v1_body=b"{}", path="/", precise_timer=True)
-    result = run_load(spec)
-    assert result.sent == 200 and result.ok == 200 and not result.errors
-    assert result.elapsed_s < 0.5 + 0.05
+    _on_schedule(spec, 0.05, float("inf"))
 
 
 def test_precise_timer_never_wakes_early():

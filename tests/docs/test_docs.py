@@ -38,7 +38,7 @@ def demo_project(small_demo: SmallDemo) -> Path:
     return small_demo.project
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed: run `make services` (tools/services.d)")
@@ -102,7 +102,7 @@ def shown_answers() -> list[object]:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def demo_server(demo_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The demo's server as the README starts it, on a free port."""
     copy = tmp_path_factory.mktemp("answers") / "project"

@@ -125,10 +125,32 @@ def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str) -> Log
         [sys.executable, "-m", "redline.cli", "ingest", "kafka", "-d", DEFS, "--redis-url", url,
          "--bootstrap-servers", bootstrap, "--topic", topic, "--group", f"{topic}-group",
          "--batch", "200",
-         "--stats-every", "0", "--kafka-option", "session.timeout.ms=6000",
+         "--stats-every", "0.2", "--kafka-option", "session.timeout.ms=6000",
          "--kafka-option", "heartbeat.interval.ms=500", "--kafka-option", f"client.id={name}",
          *extra],
         source=f"ingest kafka {name}", env=env, stdout=subprocess.PIPE, cwd=ROOT)
+
+
+def _last_stats(member: LoggedPopen) -> dict[str, Any]:
+    """The member's latest stats line (it logs one every 0.2 s); {} before the first."""
+    for line in reversed(member.log_text().splitlines()):
+        if line.startswith("{"):
+            try:
+                stats: dict[str, Any] = orjson.loads(line)
+                return stats
+            except orjson.JSONDecodeError:  # a line being written
+                continue
+    return {}
+
+
+def _wait_until(what: str, done: Any, members: list[LoggedPopen], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        for p in members:
+            assert p.poll() is None, p.log_text()[-2000:]
+        assert time.monotonic() < deadline, (
+            f"not {what} in {timeout:.0f} s: {[_last_stats(p) for p in members]}")
+        time.sleep(0.1)
 
 
 def _wait_for(store: RedisStore, want: dict[str, list[float]], n: int) -> None:
@@ -158,19 +180,29 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
     procs = [a, b]
     try:
         producer.start()
-        time.sleep(3.5)
-        for p in procs:
-            assert p.poll() is None, p.log_text()[-2000:]
+        # mid-stream: both members own partitions and a has applied some of them
+        _wait_until("both members consuming", lambda: _last_stats(b).get("partitions")
+                    and _last_stats(a).get("partitions") and _last_stats(a).get("accepted"),
+                    [a, b])
+        assert producer.is_alive(), "the stream ended before the kill: not mid-stream"
         a.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, offsets not committed
         a.wait(10)
-        procs.append(_member(kafka_broker.bootstrap, url, topic, "a2", *extra))
-        time.sleep(2.0)
+        a2 = _member(kafka_broker.bootstrap, url, topic, "a2", *extra)
+        procs.append(a2)
+        _wait_until("the restarted member polling", lambda: _last_stats(a2), [a2, b])
         procs.append(_member(kafka_broker.bootstrap, url, topic, "c", *extra))  # joins: rebalance
         producer.join(60)
         want = result["want"]
         _wait_for(store, want, n)
-        # a second wave once the third member has surely joined (its start, ~3 s of rebalance)
-        time.sleep(6.0)
+        # a second wave once the third member has joined: the group's rebalance is over when
+        # the three live members own the four partitions between them, each once
+        live = procs[1:]
+
+        def rebalanced() -> bool:
+            owned = [_last_stats(p).get("partitions") or [] for p in live]
+            return all(owned) and sorted(sum(owned, [])) == [0, 1, 2, 3]
+
+        _wait_until("rebalanced over three members", rebalanced, live)
         more, _ = _produce(kafka_broker.bootstrap, topic, 3000, seed=8)
         for card, (cnt, amount) in more.items():
             cur = want.setdefault(card, [0, 0.0])

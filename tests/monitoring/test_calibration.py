@@ -94,7 +94,6 @@ def test_requests_during_a_calibration_are_not_delayed(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     wide = rng.normal(size=(5000, 40))
     names = [f"f{i}" for i in range(40)]
-    drift = DriftMonitor("wide", "1", profile_inputs(wide, names), names, 5000, 200)
     x = training_data(rng, 1)
     body = v2_body(x)
 
@@ -103,24 +102,36 @@ def test_requests_during_a_calibration_are_not_delayed(tmp_path: Path) -> None:
         assert http.post("/v2/models/fraud/infer", json=body).status_code == 200
         return time.perf_counter() - t
 
+    def one_calibration(http: httpx.Client) -> tuple[float, float, float]:
+        """(median during, median after, slowest during) for one background calibration."""
+        drift = DriftMonitor("wide", "1", profile_inputs(wide, names), names, 5000, 200)
+        during: list[float] = []
+        drift.calibrate()  # background
+        assert isinstance(drift._calibration, threading.Thread)
+        while not drift.calibrated:
+            during.append(timed(http))
+        after = [timed(http) for _ in range(max(200, len(during)))]
+        assert len(during) >= 20, f"calibration too short to measure ({len(during)} requests)"
+        return statistics.median(during), statistics.median(after), max(during)
+
+    # Not delayed beyond noise: a calibration on the event loop would hold requests for the
+    # whole calibration (about a second); here the median stays within a small factor and no
+    # request waits a quarter of a second. A shared CPU can stall the whole process once, so
+    # the bounds must hold in one of three calibrations (a real hold fails every one).
+    tries = []
     try:
         with httpx.Client(base_url=server.http, timeout=30) as http:
             for _ in range(200):
                 timed(http)  # warm
-            during: list[float] = []
-            drift.calibrate()  # background
-            while not drift.calibrated:
-                during.append(timed(http))
-            after = [timed(http) for _ in range(max(200, len(during)))]
+            for _ in range(3):
+                med_during, med_after, slowest = one_calibration(http)
+                tries.append((med_during, med_after, slowest))
+                if med_during <= 3 * med_after + 0.002 and slowest < 0.25:
+                    break
     finally:
         server.stop()
-    assert isinstance(drift._calibration, threading.Thread)
-    assert len(during) >= 20, f"calibration too short to measure ({len(during)} requests)"
-    # Not delayed beyond noise: a calibration on the event loop would hold requests for the
-    # whole calibration (about a second); here the median stays within a small factor.
-    med_during, med_after = statistics.median(during), statistics.median(after)
-    assert med_during <= 3 * med_after + 0.002, (med_during, med_after, len(during))
-    assert max(during) < 0.25, max(during)
+    med_during, med_after, slowest = tries[-1]
+    assert med_during <= 3 * med_after + 0.002 and slowest < 0.25, tries
 
 
 def test_the_calibration_covers_every_window_size_a_report_meets() -> None:

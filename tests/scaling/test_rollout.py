@@ -308,11 +308,19 @@ def test_two_workers_roll_back_a_bad_candidate_together(tmp_path: Path) -> None:
         for t in threads:
             t.join(60)
         assert "error rate" in doc["reason"]
-        time.sleep(1.2)  # each worker's last counts reach its stats file
-        files = [json.loads(p.read_text())
-                 for p in (tmp_path / "rollout.json.stats").glob("*.json")]
-        per_worker = [f["versions"].get("affine:2", {}).get("requests", 0) for f in files]
-        assert len(files) == 2 and all(n > 0 for n in per_worker), per_worker  # both served it
+        # A worker writes its counts to its stats file at most once a second, when a request
+        # comes: requests to the baseline (the candidate gets none now) until both have.
+        deadline = time.monotonic() + 30
+        while True:
+            files = [json.loads(p.read_text())
+                     for p in (tmp_path / "rollout.json.stats").glob("*.json")]
+            per_worker = [f["versions"].get("affine:2", {}).get("requests", 0) for f in files]
+            if len(files) == 2 and all(n > 0 for n in per_worker):
+                break  # both served it
+            assert time.monotonic() < deadline, per_worker
+            r = httpx.post(f"{serve.url}/v2/models/affine/infer", json=BIG, timeout=10)
+            assert (r.status_code, r.json()["model_version"]) == (200, "1")
+            time.sleep(0.05)
         failed = [c for c, _ in codes if c != 200]
         assert 60 <= len(failed) < 300, len(failed)  # stopped early: bounded damage
         after = [httpx.post(f"{serve.url}/v2/models/affine/infer", json=BIG, timeout=10)

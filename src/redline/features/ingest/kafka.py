@@ -212,9 +212,17 @@ class KafkaSource:
 
     def stats(self) -> dict[str, Any]:
         return {"consumer": self.name, "topic": self.topic, "group": self.group,
+                "partitions": self._owned(),
                 "accepted": self.counts.accepted, "dead": self.counts.dead,
                 "dead_by_reason": dict(self.counts.by_reason), "errors": self.errors,
                 "freshness": self.freshness.summary()}
+
+    def _owned(self) -> list[int]:
+        """The partitions the group gives this member now (none while it rebalances)."""
+        try:
+            return sorted(tp.partition for tp in self.consumer.assignment())
+        except RuntimeError:  # closed
+            return []
 
     def close(self) -> None:
         try:
