@@ -35,7 +35,7 @@ def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
     proc = LoggedPopen(
         [sys.executable, "-m", "redline.cli", "serve", "--config", str(config), "--repository",
          str(tmp_path / "repo"), "--http-port", str(http), "--grpc-port", str(grpc_port),
-         "--no-watch"],
+         "--no-watch", "--workers", "1"],  # one process: one queue the drain test can watch
         source="redline serve", log=tmp_path / "serve.log",
     )
     url = f"http://127.0.0.1:{http}"
@@ -93,12 +93,13 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
                        headers={"x-redline-budget-ms": "20000"})
         results.append(r.status_code)
 
+    # imported before the threads start, so the gRPC call is not late to the queue
+    import grpc
+
+    from redline.proto import grpc_service_pb2 as pb
+    from redline.proto import grpc_service_pb2_grpc as pbg
+
     def grpc_call() -> None:
-        import grpc
-
-        from redline.proto import grpc_service_pb2 as pb
-        from redline.proto import grpc_service_pb2_grpc as pbg
-
         req = pb.ModelInferRequest(model_name="heavy")
         req.inputs.add(name="x", datatype="FP32", shape=[1, 384])
         req.raw_input_contents.append(x.tobytes())
@@ -116,10 +117,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(server_process) -> None: 
     # Wait until all four are in flight: one running, three queued (max_batch_size 1). A fixed
     # sleep lost this race on a busy shared CPU (SIGTERM came before the clients connected).
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    while True:
         stats = httpx.get(f"{url}/v2/models/heavy/stats", timeout=5).json()
         if stats["queued"] >= 3:
             break
+        assert time.monotonic() < deadline and stats["served"] == 0, (
+            f"the four requests were never in flight together: {stats}")
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     for t in threads:

@@ -60,12 +60,16 @@ def snapshot(url: str) -> dict[str, Any]:
     return out
 
 
+# The monitor's tick in these tests: short, so waiting for one costs little.
+TICK_S = 0.25
+
+
 def settled(url: str) -> dict[str, Any]:
     """Two equal snapshots a monitor tick apart (startup's own work, such as drift
     calibration, has ended; reading the endpoints changes nothing)."""
     last = snapshot(url)
-    for _ in range(20):
-        time.sleep(1.1)
+    for _ in range(80):
+        time.sleep(TICK_S + 0.1)
         now = snapshot(url)
         if now == last:
             return now
@@ -89,6 +93,7 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     settings.server.admin_enabled = True
     settings.server.admin_token = TOKEN
     settings.monitoring.trace_sample_ratio = 1.0
+    settings.monitoring.tick_s = TICK_S
     settings.runtime.warmup_batch_sizes = [1, 4]
     srv = serve(settings)
     ts = int(time.time() * 1000)
@@ -115,7 +120,7 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     assert routed == [] and server.registry.router is not None
     server.registry.router = None
     assert answered == 2  # cards (V2 and /v1) and cards_small (V2) answered the private app
-    time.sleep(1.2)  # a tick: anything the warm-up handed the monitor would show now
+    time.sleep(TICK_S + 0.2)  # a tick: anything the warm-up handed the monitor would show now
     after = snapshot(srv.url)
     for path in ENDPOINTS:
         assert after[path] == before[path], f"{path}: {after[path]} != {before[path]}"
