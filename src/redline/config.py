@@ -160,6 +160,7 @@ class PipelineSettings:
     breaker_reset_ms: float = 250.0  # first wait before a half-open probe (doubles, up to 8x)
     session_ttl_s: float = 1800.0
     session_max_events: int = 20
+    session_max_items: int = 50  # items (id, event type, time) a session keeps, newest first
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
     latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age)

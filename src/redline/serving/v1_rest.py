@@ -1,6 +1,7 @@
 """The REST edge of ``/v1``: JSON in, :class:`PredictRequest` and :class:`Budget` out, JSON back.
 
-``POST /v1/models/{name}[/versions/{version}]/predict``, ``GET /v1/pipeline/stats`` and, with
+``POST /v1/models/{name}[/versions/{version}]/predict``, ``GET /v1/pipeline/stats``, a
+session's item events (``POST /v1/sessions/{id}/events``, ``GET /v1/sessions/{id}``) and, with
 feature definitions and a store, ``POST /v1/events`` (embedded ingest) are mounted on the REST
 app with its public :meth:`RestApp.add_route`. The budget is the body's ``budget_ms``, else the
 ``x-redline-budget-ms`` header, else the model's SLO, validated by ``deadline.parse_budget``.
@@ -17,6 +18,8 @@ from redline.serving.deadline import BUDGET_HEADER, FROM_BODY, FROM_HEADER, Budg
 from redline.serving.edge import JSON_HEADER, as_redline_error, http_error
 from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, parse_request
+from redline.serving.predict.session_events import parse_session_events
+from redline.serving.predict.sessions import check_session_id
 from redline.serving.stages import RequestEnd, RequestRecord, v1_times
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
@@ -42,6 +45,8 @@ class V1Rest:
         app.add_route("POST", "/v1/models/{name}/predict", self.predict)
         app.add_route("POST", "/v1/models/{name}/versions/{version}/predict", self.predict)
         app.add_route("GET", "/v1/pipeline/stats", self.stats)
+        app.add_route("POST", "/v1/sessions/{session_id}/events", self.session_events)
+        app.add_route("GET", "/v1/sessions/{session_id}", self.session)
         if self.pipeline.defs is not None and self.pipeline.store is not None:
             app.add_route("POST", "/v1/events", self.events)
 
@@ -87,8 +92,22 @@ class V1Rest:
     async def stats(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse.json(self.pipeline.stats())
 
+    async def session_events(self, request: HttpRequest) -> HttpResponse:
+        """Append item events to a session; the answer is the session after them."""
+        session_id = check_session_id(request.params["session_id"])
+        items = parse_session_events(request.json())
+        state = self.pipeline.add_session_events(session_id, items)
+        return HttpResponse.json({"accepted": len(items), "session": state.to_dict()})
+
+    async def session(self, request: HttpRequest) -> HttpResponse:
+        """A session's items, most recent first (empty for an unknown or expired session)."""
+        session_id = check_session_id(request.params["session_id"])
+        items = self.pipeline.sessions.items(session_id)
+        return HttpResponse.json({"id": session_id, "items": [i.to_dict() for i in items]})
+
     async def events(self, request: HttpRequest) -> HttpResponse:
         from redline.features.ingest import handle_events
 
         status, body = await handle_events(self.pipeline.ingestor, request.body)
         return HttpResponse(status, body)
+

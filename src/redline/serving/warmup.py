@@ -260,7 +260,8 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
     if pipeline is not None:
         cfg = settings.pipeline
         shadow = PredictPipeline(twins, settings, pipeline.defs, pipeline.store,
-                                 MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events))
+                                 MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events,
+                                                    cfg.session_max_items))
         V1Rest(shadow, app).install(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -338,9 +339,10 @@ async def _connect_store(pipeline: Any) -> None:
         await pipeline.features.connect()
         sessions = pipeline.sessions
         if sessions.kind == "redis":
-            from redline.serving.predict.sessions import UPDATE_SCRIPT
+            from redline.serving.predict.sessions import ITEMS_SCRIPT, UPDATE_SCRIPT
 
             await asyncio.to_thread(sessions.client.script_load, UPDATE_SCRIPT)
+            await asyncio.to_thread(sessions.client.script_load, ITEMS_SCRIPT)
     except Exception as exc:  # noqa: BLE001 - the first request meets it and reports it
         log.debug("warm-up could not reach the store: %s", exc)
 

@@ -61,8 +61,8 @@ def open_sessions(store: OnlineStore | None, settings: Settings) -> SessionStore
 
         assert isinstance(store, RedisStore)
         return RedisSessionStore(store.client, store.url, cfg.session_ttl_s,
-                                 cfg.session_max_events)
-    return MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events)
+                                 cfg.session_max_events, cfg.session_max_items)
+    return MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events, cfg.session_max_items)
 
 
 __all__ = ["CACHE", "DEFAULT", "FALLBACK", "PRIMARY", "PredictPipeline", "PredictRequest",

@@ -45,7 +45,7 @@ from redline.serving.predict.features import FeatureRead
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
-from redline.serving.predict.sessions import SessionState, SessionStore
+from redline.serving.predict.sessions import SessionItem, SessionState, SessionStore
 from redline.serving.registry import HandleLookup
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
 
@@ -223,6 +223,42 @@ class PredictPipeline:
         if shared:
             self.breaker.success()
         return state
+
+    def session_items(self, session_id: str, limit: int | None = None,
+                      reasons: list[str] | None = None) -> list[SessionItem]:
+        """The session's items, most recent first (at most ``limit``), for a request's graph.
+
+        ``session_items(session_id: str, limit: int | None = None,
+        reasons: list[str] | None = None) -> list[SessionItem]``; each
+        :class:`SessionItem` has ``item_id``, ``type`` (``click``...) and ``ts_ms``. An unknown
+        or expired session has no items (a cold start, not an error). When the shared store is
+        down or its circuit is open the answer is ``[]`` and the reason is appended to
+        ``reasons`` (the request's ``degraded_reasons``), so the caller answers degraded
+        instead of failing. Reads only: it neither changes the session nor extends its TTL.
+        """
+        shared = self.sessions_shared
+        if shared and not self.breaker.allow():
+            if reasons is not None:
+                reasons.append("session store circuit open: session items not read")
+            return []
+        try:
+            items = self.sessions.items(session_id, limit)
+        except Exception as exc:  # noqa: BLE001 - degrade: answer without session items
+            if shared:
+                self.breaker.failure()
+            if reasons is not None:
+                reasons.append(f"session store unavailable ({type(exc).__name__}): session "
+                               "items not read")
+            return []
+        if shared:
+            self.breaker.success()
+        return items
+
+    def add_session_events(self, session_id: str, items: list[SessionItem]) -> SessionState:
+        """Store a session's new item events (oldest first) atomically and return its state:
+        the next read on any replica sharing the store sees them. A store that is down is a
+        :class:`~redline.errors.StoreUnavailable` (503): an event is never dropped silently."""
+        return self.sessions.add_items(session_id, items)
 
     async def _run(self, plan: ModelPlan, x: np.ndarray, budget: Budget | None,
                    window: LatencyWindow | None, record: RequestRecord

@@ -1,0 +1,233 @@
+"""A session's items: stored newest first, shared by replicas over Redis and Redis Cluster,
+nothing lost under concurrent events, expired after the TTL, bad events refused with a 400."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from redline.features.online.redis import connect
+from redline.serving.predict.session_events import parse_session_events
+from redline.serving.predict.sessions import (
+    MemorySessionStore,
+    RedisSessionStore,
+    SessionItem,
+    SessionStore,
+)
+from tests.conftest import free_port
+from tests.logwatch import log_to
+from tests.pipeline.conftest import make_settings
+from tests.pipeline.test_sessions_caches import wait_ready
+
+
+def _items(n: int, kind: str = "click", start: int = 0) -> list[SessionItem]:
+    return [SessionItem(f"i{start + k}", kind, 1_000 + start + k) for k in range(n)]
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+def store_of(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """``store_of(ttl_s, max_items)``: a session store of each kind, on a real Redis or Cluster."""
+    clients: list[Any] = []
+
+    def make(ttl_s: float = 60.0, max_items: int = 5) -> SessionStore:
+        if request.param == "memory":
+            return MemorySessionStore(ttl_s, 20, max_items)
+        fixture = "redis_server_module" if request.param == "redis" else "redis_cluster"
+        server = request.getfixturevalue(fixture)
+        client = connect(server.url, cluster=request.param == "cluster", timeout_ms=2000)
+        clients.append(client)
+        return RedisSessionStore(client, server.url, ttl_s, 20, max_items)
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.slow
+def test_items_newest_first_bounded_and_counted(store_of):
+    store = store_of(max_items=5)
+    sid = f"s-{time.monotonic_ns()}"
+    assert store.items(sid) == []  # unknown session: no items, no error
+    store.add_items(sid, _items(3))
+    state = store.add_items(sid, _items(4, "add_to_cart", start=3))
+    assert state.items == 5
+    assert state.counters == {"items": 7.0, "items_click": 3.0, "items_add_to_cart": 4.0}
+    got = store.items(sid)
+    assert [i.item_id for i in got] == ["i6", "i5", "i4", "i3", "i2"]
+    assert got[0] == SessionItem("i6", "add_to_cart", 1_006)
+    assert [i.item_id for i in store.items(sid, 2)] == ["i6", "i5"]
+    assert store.items(sid, 0) == []
+    # a predict request of the same session sees the item counters next to its own
+    assert store.update(sid, {"requests": 1.0}).counters["items"] == 7.0
+    # ids with braces keep every key of the session on one cluster slot
+    odd = "}{a}" + sid
+    store.add_items(odd, _items(1))
+    assert [i.item_id for i in store.items(odd)] == ["i0"]
+
+
+@pytest.mark.slow
+def test_concurrent_events_lose_nothing(store_of):
+    store = store_of(max_items=1000)
+    sid = f"c-{time.monotonic_ns()}"
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.add_items(sid, _items(2, start=2 * k)), range(100)))
+    assert store.update(sid, {}).counters["items"] == 200.0
+    assert sorted(i.ts_ms for i in store.items(sid)) == list(range(1_000, 1_200))
+
+
+@pytest.mark.slow
+def test_items_expire_after_ttl(store_of):
+    store = store_of(ttl_s=0.3)
+    sid = f"t-{time.monotonic_ns()}"
+    store.add_items(sid, _items(2))
+    assert len(store.items(sid)) == 2
+    time.sleep(0.45)
+    assert store.items(sid) == []
+    assert store.update(sid, {}).counters == {}
+
+
+def test_parse_session_events_defaults_ts_to_now():
+    one = parse_session_events({"item_id": "i1", "type": "click"}, now_ms=5)
+    assert one == [SessionItem("i1", "click", 5)]
+    many = parse_session_events([{"item_id": "a", "type": "view", "ts_ms": 1},
+                                 {"item_id": "b", "type": "add_to_cart", "ts_ms": 2}])
+    assert [i.item_id for i in many] == ["a", "b"]
+
+
+# ---------------------------------------------------------------------- real servers
+
+def _start(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str,
+           workers: int = 0) -> tuple[subprocess.Popen, str]:
+    config = tmp / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "repository": str(repo),
+        "server": {"watch_repository": False},
+        "runtime": {"warmup_batch_sizes": [1], "warmup_runs": 1},
+        "features": {"definitions": str(defs), "store": "redis", "redis_url": redis_url},
+    }))
+    port = free_port()
+    args = [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
+            "--http-port", str(port), "--no-grpc"]
+    if workers:
+        args += ["--workers", str(workers)]
+    with log_to(tmp / f"{name}.log") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+async def test_event_on_one_replica_is_read_on_another(tmp_path, repo_path, defs_path,
+                                                       redis_server):
+    """A server of two workers and a second server share one Redis: each event posted
+    to one is seen by the next read on the other; concurrent posts to both lose nothing."""
+    procs = [_start(tmp_path, "pool", repo_path, defs_path, redis_server.url, workers=2),
+             _start(tmp_path, "single", repo_path, defs_path, redis_server.url)]
+    try:
+        for proc, url in procs:
+            await asyncio.to_thread(wait_ready, url, proc)
+        clients = [httpx.AsyncClient(base_url=u, timeout=10) for _, u in procs]
+        for k in range(6):  # read-your-writes, alternating replicas (and the pool's workers)
+            writer, reader = clients[k % 2], clients[(k + 1) % 2]
+            r = await writer.post("/v1/sessions/rw/events",
+                                  json={"item_id": f"i{k}", "type": "click", "ts_ms": k})
+            assert r.status_code == 200, r.text
+            assert r.json()["session"]["counters"]["items"] == k + 1
+            seen = (await reader.get("/v1/sessions/rw")).json()["items"]
+            assert seen[0] == {"item_id": f"i{k}", "type": "click", "ts_ms": k}
+            assert len(seen) == k + 1
+        # a predict on the other replica counts the session's items among its counters
+        body = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": "rw"}
+        doc = (await clients[0].post("/v1/models/cards/predict", json=body)).json()
+        assert doc["session"]["counters"]["items_click"] == 6
+
+        async def post(k: int) -> int:
+            batch = [{"item_id": f"b{k}-{j}", "type": "view", "ts_ms": 100 * k + j}
+                     for j in range(3)]
+            r = await clients[k % 2].post("/v1/sessions/burst/events", json=batch)
+            assert r.status_code == 200, r.text
+            return int(r.json()["session"]["counters"]["items"])
+
+        counts = await asyncio.gather(*(post(k) for k in range(40)))
+        assert sorted(counts) == [3 * (k + 1) for k in range(40)], "an event was lost"
+        items = (await clients[1].get("/v1/sessions/burst")).json()["items"]
+        assert len(items) == 50  # pipeline.session_max_items keeps the newest 50
+        for c in clients:
+            await c.aclose()
+    finally:
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def memory_server(tmp_path_factory, trained_repo, defs_path) -> Iterator[Any]:
+    import shutil
+
+    from tests.pipeline.conftest import ServerThread
+
+    repo = tmp_path_factory.mktemp("items") / "models"
+    shutil.copytree(trained_repo, repo)
+    srv = ServerThread(make_settings(repo, defs_path)).start()
+    yield srv
+    srv.stop()
+
+
+BAD_EVENTS = [
+    (b'{"item_id": "i1", "type": "click"', "not valid JSON"),
+    (b"[]", "no events"),
+    (b'"click"', "must be a JSON object"),
+    (b'{"item_id": "", "type": "click"}', "item_id must be"),
+    (b'{"item_id": 7, "type": "click"}', "item_id must be"),
+    (b'{"item_id": "i1"}', "type must be"),
+    (b'{"item_id": "i1", "type": "a b"}', "type must be"),
+    (b'{"item_id": "i1", "type": "click", "ts_ms": -1}', "ts_ms must be"),
+    (b'{"item_id": "i1", "type": "click", "ts_ms": "now"}', "ts_ms must be"),
+    (b'{"item_id": "i1", "type": "click", "price": 3}', "unknown fields"),
+    (b'[{"item_id": "i1", "type": "click"}, {"item_id": "i2"}]', "event 1"),
+]
+
+
+@pytest.mark.slow
+def test_bad_events_are_refused_and_store_nothing(memory_server):
+    with httpx.Client(base_url=memory_server.url, timeout=30) as c:
+        for body, says in BAD_EVENTS:
+            r = c.post("/v1/sessions/bad/events", content=body)
+            assert r.status_code == 400, (body, r.text)
+            assert says in r.text, (body, r.text)
+        assert c.get("/v1/sessions/bad").json()["items"] == []  # the valid first event too
+        many = [{"item_id": "i", "type": "click"}] * 1001
+        assert c.post("/v1/sessions/bad/events", json=many).status_code == 413
+        long_id = "x" * 129
+        r = c.post(f"/v1/sessions/{long_id}/events", json={"item_id": "i", "type": "click"})
+        assert r.status_code == 400 and "at most 128 characters" in r.text
+        assert len(r.content) < 1000  # the answer does not echo the id back whole
+
+
+@pytest.mark.slow
+def test_ten_megabyte_session_id_is_refused_fast(memory_server):
+    huge = "s" * (10 * 1024 * 1024)
+    t0 = time.monotonic()
+    with httpx.Client(base_url=memory_server.url, timeout=30) as c:
+        try:
+            r = c.post(f"/v1/sessions/{huge}/events", json={"item_id": "i", "type": "click"})
+            status = r.status_code
+            assert status in (400, 413, 414, 431), r.text[:200]
+            assert len(r.content) < 1000
+        except httpx.RemoteProtocolError:
+            pass  # the server closed the connection on the oversized request line
+        body = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": huge}
+        r = c.post("/v1/models/cards/predict", json=body)
+        assert r.status_code in (400, 413) and len(r.content) < 1000, r.text[:200]
+        assert c.get("/v2/health/ready").status_code == 200  # the server still serves
+    assert time.monotonic() - t0 < 10
