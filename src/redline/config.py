@@ -161,6 +161,7 @@ class PipelineSettings:
     session_ttl_s: float = 1800.0
     session_max_events: int = 20
     session_max_items: int = 50  # items (id, event type, time) a session keeps, newest first
+    session_events_timeout_ms: float = 1000.0  # Redis timeout of POST /v1/sessions/{id}/events
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
     latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age)

@@ -214,20 +214,72 @@ def test_bad_events_are_refused_and_store_nothing(memory_server):
         assert len(r.content) < 1000  # the answer does not echo the id back whole
 
 
+def _raw_post(url: str, path_head: bytes, path_len: int, body: bytes) -> bytes:
+    """Send a POST whose path is ``path_len`` bytes on a raw socket, in pieces; the server's
+    answer (or ``b""`` if it closed the connection) as soon as it comes."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST " + path_head)
+        sent = 0
+        try:
+            while sent < path_len:
+                chunk = b"s" * min(65536, path_len - sent)
+                sock.sendall(chunk)
+                sent += len(chunk)
+            sock.sendall(b"/events HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass  # refused mid-way: the server stopped reading
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer:
+                got = sock.recv(65536)
+                if not got:
+                    break
+                answer += got
+        except OSError:
+            pass
+        return answer
+
+
 @pytest.mark.slow
 def test_ten_megabyte_session_id_is_refused_fast(memory_server):
-    huge = "s" * (10 * 1024 * 1024)
+    body = b'{"item_id": "i", "type": "click"}'
+    answer = _raw_post(memory_server.url, b"/v1/sessions/", 2000, body)
+    assert answer.startswith(b"HTTP/1.1 400") and b"at most 128 characters" in answer, answer
     t0 = time.monotonic()
+    answer = _raw_post(memory_server.url, b"/v1/sessions/", 10 * 1024 * 1024, body)
+    # refused while the request line still arrives: the 10 MB are never held whole
+    assert answer.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in answer, answer
+    assert time.monotonic() - t0 < 3
     with httpx.Client(base_url=memory_server.url, timeout=30) as c:
-        try:
-            r = c.post(f"/v1/sessions/{huge}/events", json={"item_id": "i", "type": "click"})
-            status = r.status_code
-            assert status in (400, 413, 414, 431), r.text[:200]
-            assert len(r.content) < 1000
-        except httpx.RemoteProtocolError:
-            pass  # the server closed the connection on the oversized request line
-        body = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": huge}
-        r = c.post("/v1/models/cards/predict", json=body)
+        huge = "s" * (10 * 1024 * 1024)
+        doc = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": huge}
+        r = c.post("/v1/models/cards/predict", json=doc)
         assert r.status_code in (400, 413) and len(r.content) < 1000, r.text[:200]
         assert c.get("/v2/health/ready").status_code == 200  # the server still serves
-    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.slow
+def test_accessor_reads_items_and_degrades_when_redis_is_down(serve, repo_path, defs_path,
+                                                              redis_server):
+    """``PredictPipeline.session_items``: newest first; with Redis gone, no items and a reason
+    (the request answers degraded), and an event post is a 503 rather than a lost event."""
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    settings.pipeline.breaker_reset_ms = 10_000
+    srv = serve(settings)
+    pipeline = srv.server.pipeline
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        events = [{"item_id": f"i{k}", "type": "click", "ts_ms": k} for k in range(3)]
+        assert c.post("/v1/sessions/acc/events", json=events).status_code == 200
+        reasons: list[str] = []
+        got = pipeline.session_items("acc", 2, reasons)
+        assert [(i.item_id, i.ts_ms) for i in got] == [("i2", 2), ("i1", 1)] and reasons == []
+        assert pipeline.session_items("nobody", None, reasons) == [] and reasons == []
+        redis_server.kill()
+        assert pipeline.session_items("acc", None, reasons) == []
+        assert len(reasons) == 1 and "session store unavailable" in reasons[0]
+        r = c.post("/v1/sessions/acc/events", json=events[0])
+        assert r.status_code == 503 and "unavailable" in r.text

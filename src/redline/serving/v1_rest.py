@@ -9,6 +9,7 @@ app with its public :meth:`RestApp.add_route`. The budget is the body's ``budget
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -96,13 +97,14 @@ class V1Rest:
         """Append item events to a session; the answer is the session after them."""
         session_id = check_session_id(request.params["session_id"])
         items = parse_session_events(request.json())
-        state = self.pipeline.add_session_events(session_id, items)
+        # a thread: a slow store must not stall the event loop's other requests
+        state = await asyncio.to_thread(self.pipeline.add_session_events, session_id, items)
         return HttpResponse.json({"accepted": len(items), "session": state.to_dict()})
 
     async def session(self, request: HttpRequest) -> HttpResponse:
         """A session's items, most recent first (empty for an unknown or expired session)."""
         session_id = check_session_id(request.params["session_id"])
-        items = self.pipeline.sessions.items(session_id)
+        items = await asyncio.to_thread(self.pipeline.sessions.items, session_id, None, True)
         return HttpResponse.json({"id": session_id, "items": [i.to_dict() for i in items]})
 
     async def events(self, request: HttpRequest) -> HttpResponse:

@@ -60,8 +60,16 @@ def open_sessions(store: OnlineStore | None, settings: Settings) -> SessionStore
         from redline.features.online.redis import RedisStore
 
         assert isinstance(store, RedisStore)
+        from redline.features.online.redis import connect
+
+        # Event posts and session reads outside a request's budget get their own, patient
+        # connection: the store's request-path timeout is tuned for budgets of milliseconds.
+        patient = connect(store.url, cluster=store.cluster,
+                          timeout_ms=max(cfg.session_events_timeout_ms,
+                                         settings.features.redis_timeout_ms))
         return RedisSessionStore(store.client, store.url, cfg.session_ttl_s,
-                                 cfg.session_max_events, cfg.session_max_items)
+                                 cfg.session_max_events, cfg.session_max_items,
+                                 patient_client=patient)
     return MemorySessionStore(cfg.session_ttl_s, cfg.session_max_events, cfg.session_max_items)
 
 

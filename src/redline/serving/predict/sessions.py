@@ -130,7 +130,8 @@ class SessionStore(Protocol):
 
     def add_items(self, session_id: str, items: list[SessionItem]) -> SessionState: ...
 
-    def items(self, session_id: str, limit: int | None = None) -> list[SessionItem]: ...
+    def items(self, session_id: str, limit: int | None = None,
+              patient: bool = False) -> list[SessionItem]: ...
 
 
 class _Entry:
@@ -195,7 +196,8 @@ class MemorySessionStore:
             return SessionState(session_id, dict(counters), list(entry.events),
                                 len(entry.items))
 
-    def items(self, session_id: str, limit: int | None = None) -> list[SessionItem]:
+    def items(self, session_id: str, limit: int | None = None,
+              patient: bool = False) -> list[SessionItem]:
         with self._lock:
             entry = self._data.get(session_id)
             if entry is None or entry.expires < time.monotonic():
@@ -210,19 +212,26 @@ class MemorySessionStore:
 
 
 class RedisSessionStore:
-    """Sessions in Redis, shared by every replica; keys share a hash tag (cluster-safe)."""
+    """Sessions in Redis, shared by every replica; keys share a hash tag (cluster-safe).
+
+    ``client`` serves the request path (its timeout fits a budget); ``patient_client``, when
+    given, stores item events and serves ``items(patient=True)``, where a slow store should
+    be waited for rather than refused.
+    """
 
     kind = "redis"
 
     def __init__(self, client: Any, url: str = "", ttl_s: float = 1800.0,
-                 max_events: int = 20, max_items: int = 50) -> None:
+                 max_events: int = 20, max_items: int = 50,
+                 patient_client: Any = None) -> None:
         self.client = client
+        self.patient_client = patient_client if patient_client is not None else client
         self.url = url
         self.ttl_ms = int(ttl_s * 1000)
         self.max_events = max_events
         self.max_items = max_items
         self.script = client.register_script(UPDATE_SCRIPT)
-        self.items_script = client.register_script(ITEMS_SCRIPT)
+        self.items_script = self.patient_client.register_script(ITEMS_SCRIPT)
 
     @staticmethod
     def keys(session_id: str) -> list[str]:
@@ -264,12 +273,14 @@ class RedisSessionStore:
             raise self._unavailable(exc) from exc
         return SessionState(session_id, _counters(counters_raw), [], int(kept))
 
-    def items(self, session_id: str, limit: int | None = None) -> list[SessionItem]:
-        stop = -1 if limit is None else max(0, limit) - 1
-        if stop < 0 and limit is not None:
+    def items(self, session_id: str, limit: int | None = None,
+              patient: bool = False) -> list[SessionItem]:
+        if limit is not None and limit <= 0:
             return []
+        stop = -1 if limit is None else limit - 1
+        client = self.patient_client if patient else self.client
         try:
-            raw = self.client.lrange(self.keys(session_id)[2], 0, stop)
+            raw = client.lrange(self.keys(session_id)[2], 0, stop)
         except Exception as exc:  # noqa: BLE001 - any client failure means "unavailable"
             raise self._unavailable(exc) from exc
         return [SessionItem.decode(r) for r in raw]
