@@ -275,18 +275,22 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
                           batch=batch or fs.ingest_batch,
                           claim_idle_ms=fs.claim_idle_ms if claim_idle_ms is None
                           else claim_idle_ms)
-    click.echo(f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}", err=True)
-    _run(cons, max_events, stats_every)
+    _run(cons, max_events, stats_every,
+         f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}")
 
 
-def _run(source: Any, max_events: int | None, stats_every: float) -> None:
-    """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C."""
+def _run(source: Any, max_events: int | None, stats_every: float, running: str) -> None:
+    """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C.
+
+    SIGTERM is taken over before the ``running`` line is printed: a stop sent once that line
+    shows (an orchestrator's, a test's) always ends in a clean exit."""
     from redline.features.ingest import run_source
     from redline.monitoring.ingest import metered
 
-    source = metered(source)  # ingest metrics, when the server's metrics directory is shared
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    source = metered(source)  # ingest metrics, when the server's metrics directory is shared
+    click.echo(running, err=True)
     try:
         stats = run_source(source, stop=lambda: bool(stopping), max_events=max_events,
                            stats_every=stats_every, log=lambda line: click.echo(line, err=True))
@@ -343,8 +347,8 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
                       bootstrap=bootstrap_servers or fs.kafka_bootstrap_servers,
                       group=group or fs.kafka_group, batch=batch or fs.ingest_batch,
                       config=config)
-    click.echo(f"ingest: {src.name} on kafka topic {src.topic} group {src.group}", err=True)
-    _run(src, max_events, stats_every)
+    _run(src, max_events, stats_every,
+         f"ingest: {src.name} on kafka topic {src.topic} group {src.group}")
 
 
 @ingest.command("file")
