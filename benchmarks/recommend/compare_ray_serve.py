@@ -1,0 +1,214 @@
+"""redline's recommender graph against the same graph in Ray Serve, in one interleaved run.
+
+Starts a Redis on a free port (both servers keep session state there), loads the sessions, user
+and item windows the peer reads, starts the Ray Serve peer from its own environment (made by
+``setup_ray_serve.sh`` under the system temporary folder) in each configuration asked for, and
+measures every target in alternation: c=1 and c=8 closed loop (throughput, p50, p99), then an
+open-loop ladder of rates, keeping the highest rate whose p99 stays at or below ``--p99-ms``.
+
+    python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
+        --data examples/recommend/data --peer three:1:8 --peer one:2:4 \
+        [--redline-url http://127.0.0.1:8000 --redline-model recommend]
+
+Prints one JSON document: per target the best of its rounds, and redline's ratios to the best
+peer configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "recommend"))
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.recommend.load import closed_loop, open_loop  # noqa: E402
+
+RATES = [20, 40, 80, 150, 250, 400, 600, 900, 1300, 1800, 2500]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis() -> tuple[subprocess.Popen, str, Path]:
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="redline-rec-redis-"))
+    proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port),
+                             "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                            stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url, folder
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def load_peer_state(redis_url: str, data: object, sessions: int) -> list[dict]:
+    """The peer's Redis keys: session item lists, user and item windows (counts over the data).
+    Returns the request bodies (user, session) of the last ``sessions`` sessions."""
+    import redis
+
+    items = {it["item_id"]: i for i, it in enumerate(data.items)}  # type: ignore[attr-defined]
+    events = data.events  # type: ignore[attr-defined]
+    r = redis.Redis.from_url(redis_url)
+    pipe = r.pipeline(transaction=False)
+    item_counts: dict[int, list[float]] = {}
+    user_counts: dict[str, list[float]] = {}
+    by_session: dict[str, tuple[str, list[int]]] = {}
+    for e in events:
+        i = items[e["item_id"]]
+        cart = 1.0 if e["type"] == "add_to_cart" else 0.0
+        ic = item_counts.setdefault(i, [0.0, 0.0, 0.0, 0.0])
+        ic[1] += 1
+        ic[2] += 1
+        ic[3] += cart
+        uc = user_counts.setdefault(e["user_id"], [0.0, 0.0, 0.0])
+        uc[0] += 1
+        uc[1] += 1
+        uc[2] += cart
+        by_session.setdefault(e["session_id"], (e["user_id"], []))[1].append(i)
+    for i, c in item_counts.items():
+        pipe.hset(f"peer:item:{i}", mapping=dict(zip(
+            ("count_1h", "count_1d", "count_7d", "cart_sum_1d"), c, strict=True)))
+    for u, c in user_counts.items():
+        pipe.hset(f"peer:user:{u}", mapping=dict(zip(
+            ("count_1d", "count_7d", "cart_sum_7d"), c, strict=True)))
+    bodies = []
+    for sid, (user, seen) in list(by_session.items())[-sessions:]:
+        pipe.lpush(f"peer:session:{sid}", *seen)
+        bodies.append({"user_id": user, "session_id": sid, "n": 10})
+    pipe.execute()
+    return bodies
+
+
+def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tuple[
+        subprocess.Popen, str]:
+    layout, replicas, ongoing = config.split(":")
+    port = free_port()
+    log = open(Path(tempfile.gettempdir()) / f"redline-ray-serve-{port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([python, str(HERE / "ray_serve_app.py"), "--artifacts", artifacts,
+                             "--redis-url", redis_url, "--port", str(port), "--layout", layout,
+                             "--replicas", replicas, "--max-ongoing", ongoing],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/recommend"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"Ray Serve exited; see {log.name}")
+        try:
+            if httpx.post(url, json={"user_id": "u0", "session_id": "none"},
+                          timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"Ray Serve did not answer in 180 s; see {log.name}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, 9)
+
+
+def measure(targets: dict[str, tuple[str, object]], rounds: int, duration: float,
+            p99_ms: float) -> dict[str, dict]:
+    """Interleaved: each round runs every target at c=1, then c=8; then the open-loop ladder,
+    every target at each rate until it misses the p99 bound."""
+    best: dict[str, dict] = {name: {} for name in targets}
+    for _ in range(rounds):
+        for c in (1, 8):
+            for name, (url, bodies) in targets.items():
+                res = asyncio.run(closed_loop(url, bodies, c, duration)).to_dict()
+                prev = best[name].get(f"c{c}")
+                if prev is None or res["rps"] > prev["rps"]:
+                    best[name][f"c{c}"] = res
+    alive = set(targets)
+    for rate in RATES:
+        for name in list(alive):
+            url, bodies = targets[name]
+            res = asyncio.run(open_loop(url, bodies, rate, duration)).to_dict()
+            best[name].setdefault("ladder", []).append({"rate": rate, **res})
+            if res["p99_ms"] <= p99_ms and not res["errors"]:
+                best[name]["max_rate_p99_ok"] = rate
+            else:
+                alive.discard(name)
+        if not alive:
+            break
+    return best
+
+
+def main() -> None:
+    from generate import read
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", required=True, help="what train.py wrote")
+    parser.add_argument("--data", required=True, help="what generate.py wrote")
+    parser.add_argument("--peer", action="append", default=None,
+                        help="layout:replicas:max_ongoing_requests (repeatable)")
+    parser.add_argument("--peer-python", default=None,
+                        help="the peer venv's python (default: run setup_ray_serve.sh)")
+    parser.add_argument("--redline-url", default=None)
+    parser.add_argument("--redline-model", default="recommend")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--p99-ms", type=float, default=20.0)
+    parser.add_argument("--sessions", type=int, default=500)
+    args = parser.parse_args()
+    python = args.peer_python or subprocess.run(
+        ["bash", str(HERE / "setup_ray_serve.sh")], check=True, capture_output=True,
+        text=True).stdout.strip().splitlines()[-1]
+    redis_proc, redis_url, redis_dir = start_redis()
+    report: dict = {"p99_bound_ms": args.p99_ms, "peers": {}}
+    try:
+        bodies = load_peer_state(redis_url, read(Path(args.data)), args.sessions)
+        encoded = [orjson.dumps(b) for b in bodies]
+
+        def body_of(n: int) -> bytes:
+            return encoded[n % len(encoded)]
+
+        for config in args.peer or ["three:1:8"]:
+            proc, url = start_peer(python, str(Path(args.artifacts).resolve()), redis_url,
+                                   config)
+            try:
+                targets: dict[str, tuple[str, object]] = {f"ray-serve {config}": (url, body_of)}
+                if args.redline_url:
+                    targets["redline"] = (f"{args.redline_url}/v1/models/"
+                                          f"{args.redline_model}/predict", body_of)
+                report["peers"][config] = measure(targets, args.rounds, args.duration,
+                                                  args.p99_ms)
+            finally:
+                stop(proc)
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(10)
+        shutil.rmtree(redis_dir, ignore_errors=True)
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""A small HTTP load tool for the recommender comparison: closed loop and open loop.
+
+Closed loop: ``c`` workers each send the next request when the last one answered. Open loop:
+requests are due at a fixed rate and latency counts from the due time, so a server that falls
+behind is charged for the queue it builds (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+
+
+@dataclass
+class Result:
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def to_dict(self) -> dict:
+        return {"rps": round(self.rate, 1), "p50_ms": round(self.p50_ms, 2),
+                "p99_ms": round(self.p99_ms, 2), "requests": self.requests,
+                "errors": self.errors}
+
+
+def _result(latencies: list[float], errors: int, seconds: float) -> Result:
+    lat = np.asarray(latencies) * 1000 if latencies else np.asarray([np.inf])
+    return Result(len(latencies), errors, seconds, float(np.percentile(lat, 50)),
+                  float(np.percentile(lat, 99)))
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:
+    async with session.post(url, data=body,
+                            headers={"content-type": "application/json"}) as r:
+        await r.read()
+        return r.status == 200
+
+
+async def closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: int,
+                      duration_s: float, warmup_s: float = 0.5) -> Result:
+    latencies: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        start = time.perf_counter()
+        measure_from = start + warmup_s
+        end = measure_from + duration_s
+
+        async def worker(w: int) -> None:
+            nonlocal errors
+            n = w
+            while (t0 := time.perf_counter()) < end:
+                ok = await _post(session, url, bodies(n))
+                n += concurrency
+                if t0 >= measure_from:
+                    if ok:
+                        latencies.append(time.perf_counter() - t0)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return _result(latencies, errors, duration_s)
+
+
+async def open_loop(url: str, bodies: Callable[[int], bytes], rate: float, duration_s: float,
+                    warmup_s: float = 0.5, connections: int = 64) -> Result:
+    latencies: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        start = time.perf_counter() + 0.05
+        total = int((warmup_s + duration_s) * rate)
+        warm = int(warmup_s * rate)
+
+        async def one(n: int, due: float) -> None:
+            nonlocal errors
+            ok = await _post(session, url, bodies(n))
+            if n >= warm:
+                if ok:
+                    latencies.append(time.perf_counter() - due)
+                else:
+                    errors += 1
+
+        tasks = []
+        for n in range(total):
+            due = start + n / rate
+            pause = due - time.perf_counter()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            tasks.append(asyncio.create_task(one(n, due)))
+        await asyncio.gather(*tasks)
+    return _result(latencies, errors, duration_s)
