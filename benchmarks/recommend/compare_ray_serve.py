@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.recommend.load import closed_loop, open_loop  # noqa: E402
 
-RATES = [20, 40, 80, 150, 250, 400, 600, 900, 1300, 1800, 2500]
+RATES = [5, 10, 20, 40, 80, 150, 250, 400, 600, 900, 1300, 1800, 2500]
 
 
 def free_port() -> int:

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "examples" / "recommend"))
+EXAMPLE = HERE.parents[1] / "examples" / "recommend"
+sys.path.insert(0, str(EXAMPLE))
 
 from ranking import candidate_features  # noqa: E402
 
@@ -161,7 +162,9 @@ def main() -> None:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    # Replicas are other processes: they import the example's ranking features from its folder.
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(EXAMPLE)}})
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app(args), route_prefix="/recommend", blocking=False)
     print("READY", flush=True)

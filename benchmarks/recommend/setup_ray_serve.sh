@@ -9,6 +9,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
 fi
-"$VENV/bin/pip" install -q 'ray[serve]' onnxruntime numpy redis httpx >&2
+"$VENV/bin/pip" install -q 'ray[serve]' onnxruntime numpy pyarrow redis httpx >&2
 "$VENV/bin/python" -c 'import ray; import ray.serve' >&2
 echo "$VENV/bin/python"

@@ -104,12 +104,14 @@ def popularity_ranking(train_events: list[dict], index: dict[str, int], n_items:
 
 
 def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_share: float = 0.3,
-          epochs: int = 2, trees: int = 100, max_rank_requests: int = 3000,
-          max_eval_requests: int = 3000, seed: int = 0, log=print) -> dict:  # noqa: ANN001
+          epochs: int = 3, trees: int = 100, max_rank_requests: int = 3000,
+          max_eval_requests: int = 3000, candidates: int = K, seed: int = 0,
+          log=print) -> dict:  # noqa: ANN001
     """Train both stages, evaluate, write ``items.npy``, ``items.parquet``, ``encoder.onnx``,
     ``ranker.onnx`` and ``metrics.json`` into ``out``; returns the metrics."""
     from redline.features import load_definitions
 
+    k = candidates
     t0 = time.perf_counter()
     defs = load_definitions(HERE / "features.py")
     items = data.items  # type: ignore[attr-defined]
@@ -141,15 +143,15 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
         return windows(defs, user_events, "user_id", r.user_id, r.ts, USER_FEATURES)
 
     item_matrix, encoder_onnx = embeddings.train(
-        tower_reqs.padded(n_items), user_windows(tower_reqs), tower_reqs.target, n_items,
-        epochs=epochs, seed=seed)
+        tower_reqs.padded(n_items), user_windows(tower_reqs), tower_reqs.target, category,
+        popularity, epochs=epochs, seed=seed)
     encoder = embeddings.Encoder(encoder_onnx)
     log(f"two-tower model: {len(tower_reqs.ts)} requests, {time.perf_counter() - t0:.1f} s")
 
     def retrieve(r: Requests) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         uw = user_windows(r)
         queries = encoder(r.padded(n_items), uw)
-        cands = embeddings.top_k(queries, item_matrix, K, [set(s) for s in r.session])
+        cands = embeddings.top_k(queries, item_matrix, k, [set(s) for s in r.session])
         scores = np.einsum("nd,nkd->nk", queries, item_matrix[cands])
         return cands, scores, uw
 
@@ -157,7 +159,7 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
                   uw: np.ndarray) -> np.ndarray:
         flat = cands.reshape(-1)
         iw = windows(defs, item_events, "item_id", [items[i]["item_id"] for i in flat],
-                     np.repeat(r.ts, K), ITEM_FEATURES).reshape(len(r.ts), K, -1)
+                     np.repeat(r.ts, k), ITEM_FEATURES).reshape(len(r.ts), k, -1)
         return np.stack([ranking.candidate_features(cands[n], scores[n], r.session[n], iw[n],
                                                     uw[n], category, price, popularity)
                          for n in range(len(r.ts))])
@@ -167,23 +169,23 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
     y = (cands == rank_reqs.target[:, None]).astype(int)
     useful = y.any(axis=1)
     ranker = ranking.train_ranker(x[useful].reshape(-1, x.shape[2]), y[useful].reshape(-1),
-                                  [K] * int(useful.sum()), trees=trees, seed=seed)
+                                  [k] * int(useful.sum()), trees=trees, seed=seed)
     ranker_onnx = ranking.to_onnx(ranker, x.shape[2])
-    log(f"ranker: {int(useful.sum())} requests x {K} candidates, "
+    log(f"ranker: {int(useful.sum())} requests x {k} candidates, "
         f"{time.perf_counter() - t0:.1f} s")
 
     cands, scores, uw = retrieve(held)
     xh = rank_rows(held, cands, scores, uw)
-    ranked_scores = ranker.predict(xh.reshape(-1, xh.shape[2])).reshape(len(held.ts), K)
+    ranked_scores = ranker.predict(xh.reshape(-1, xh.shape[2])).reshape(len(held.ts), k)
     reranked = np.take_along_axis(cands, np.argsort(-ranked_scores, axis=1), 1)
     popular = popularity_ranking([e for e in events if e["ts"] < split], index, n_items,
                                  held.session, 10)
     result = {"holdout_requests": len(held.ts), "train_requests": len(tower_reqs.ts),
-              "rank_requests": int(useful.sum()), "candidates": K}
+              "rank_requests": int(useful.sum()), "candidates": k}
     for name, ranked in (("popularity", popular), ("retrieval", cands), ("ranked", reranked)):
         recall, ndcg = recall_ndcg(ranked, held.target, 10)
         result[f"{name}_recall_at_10"], result[f"{name}_ndcg_at_10"] = recall, ndcg
-    result[f"retrieval_recall_at_{K}"] = recall_ndcg(cands, held.target, K)[0]
+    result["retrieval_recall_at_k"] = recall_ndcg(cands, held.target, k)[0]
     write_artifacts(Path(out), items, item_matrix, encoder_onnx, ranker_onnx, result)
     result["seconds"] = time.perf_counter() - t0
     return result
@@ -219,7 +221,7 @@ def main() -> None:
           f"popularity {r['popularity_recall_at_10']:.3f} / {r['popularity_ndcg_at_10']:.3f}, "
           f"retrieval {r['retrieval_recall_at_10']:.3f} / {r['retrieval_ndcg_at_10']:.3f}, "
           f"retrieval + ranker {r['ranked_recall_at_10']:.3f} / {r['ranked_ndcg_at_10']:.3f} "
-          f"(recall@{K} of retrieval {r[f'retrieval_recall_at_{K}']:.3f}); "
+          f"(recall@{K} of retrieval {r['retrieval_recall_at_k']:.3f}); "
           f"artifacts in {args.out}/")
 
 

@@ -1,0 +1,63 @@
+"""The recommender example at a small size: generate, train both stages, evaluate, artifacts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow  # seconds of training: not in test-fast
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "recommend"
+
+
+@pytest.fixture(scope="module")
+def example():
+    sys.path.insert(0, str(EXAMPLE))
+    import generate
+    import train
+
+    yield generate, train
+    sys.path.remove(str(EXAMPLE))
+
+
+def test_recommend_example_trains_and_beats_popularity(example, tmp_path):
+    generate, train = example
+    data = generate.generate(items=3000, users=600, days=4, seed=3, categories=8,
+                             styles_per_category=6)
+    assert len(data.items) == 3000
+    assert {e["type"] for e in data.events} == {"click", "add_to_cart"}
+    assert all(a["ts"] <= b["ts"] for a, b in zip(data.events[:-1], data.events[1:],
+                                                  strict=True))
+    generate.write(data, tmp_path / "data")
+    again = generate.read(tmp_path / "data")
+    assert again.events == data.events and again.items == data.items
+
+    result = train.train(again, tmp_path / "art", holdout_days=1.0, epochs=4, trees=30,
+                         max_rank_requests=500, max_eval_requests=400, candidates=30)
+    assert result["holdout_requests"] > 200
+    # Learning pays: both stages find the next click far more often than popularity does.
+    assert result["retrieval_recall_at_10"] > 2 * result["popularity_recall_at_10"]
+    assert result["ranked_recall_at_10"] > 2 * result["popularity_recall_at_10"]
+    assert result["ranked_ndcg_at_10"] > result["popularity_ndcg_at_10"]
+
+    art = tmp_path / "art"
+    items = np.load(art / "items.npy")
+    catalogue = pd.read_parquet(art / "items.parquet")
+    assert items.shape == (3000, 33) and items.dtype == np.float32
+    assert list(catalogue["item_id"][:3]) == ["i0", "i1", "i2"]
+    encoder = ort.InferenceSession(str(art / "encoder.onnx"))
+    session_items = np.array([[5, 7, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000],
+                              [3000] * 10], dtype=np.int64)  # the catalogue size pads
+    query = encoder.run(["query"], {"session_items": session_items,
+                                    "user_features": np.zeros((2, 3), np.float32)})[0]
+    assert query.shape == (2, 33) and np.isfinite(query).all()
+    assert np.allclose(query[:, -1], 1.0)  # the bias column of items.npy counts once
+    ranker = ort.InferenceSession(str(art / "ranker.onnx"))
+    width = len(train.ranking.RANK_FEATURES)
+    scores = ranker.run(None, {"candidates": np.zeros((100, width), np.float32)})[0]
+    assert scores.shape[0] == 100
