@@ -44,6 +44,8 @@ _PRIORITY = {"name": "x-redline-priority", "in": "header", "required": False,
              "schema": {"type": "string", "enum": ["high", "low"]}}
 _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
 _VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
+_SESSION = {"name": "session_id", "in": "path", "required": True,
+            "schema": {"type": "string", "maxLength": 128}}
 
 _OBJECT = {"type": "object"}
 _ANY: dict[str, Any] = {}
@@ -178,6 +180,10 @@ def builtin_operations() -> dict[tuple[str, str], dict[str, Any]]:
             params=[_NAME, _VERSION, _BUDGET]),
         ("GET", "/v1/pipeline/stats"): _op("pipeline counters"),
         ("POST", "/v1/events"): _op("ingest events (JSON lines or array)"),
+        ("POST", "/v1/sessions/{session_id}/events"): _op(
+            "add item events to a session (one or a list)", params=[_SESSION]),
+        ("GET", "/v1/sessions/{session_id}"): _op("a session's items, newest first",
+                                                  params=[_SESSION]),
     }
     for prefix, params in (("/v2/models/{name}", [_NAME]),
                            ("/v2/models/{name}/versions/{version}", [_NAME, _VERSION])):
