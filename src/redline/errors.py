@@ -122,6 +122,15 @@ class ProviderUnavailable(RedlineError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class ModelFailed(RedlineError):
+    """The model itself raised while running a request's inputs (a bug or a bad model file, not
+    the client's input): the client gets a 500 naming the model, the log one ERROR line."""
+
+    code = "model_failed"
+    http_status = 500
+    grpc_status = "INTERNAL"
+
+
 class Overloaded(RedlineError):
     """Admission refused the request: the queue is full or the budget cannot be met."""
 

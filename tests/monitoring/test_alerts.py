@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -37,14 +38,21 @@ def test_backoff_doubles_then_resolves(webhook_receiver: tuple[str, list[dict]])
     assert hook.suppressed == 200 - 7
 
 
-@pytest.mark.allow_log(r"alert webhook \S+ failed")
-def test_a_dead_receiver_never_blocks_or_raises() -> None:
+def test_a_dead_receiver_never_blocks_or_raises(caplog: pytest.LogCaptureFixture) -> None:
     hook = AlertWebhook("http://127.0.0.1:9/nothing-listens", timeout_s=0.2)
     t = time.perf_counter()
-    hook.update({"latency:m": {"kind": "latency"}})
-    assert time.perf_counter() - t < 0.05
-    deadline = time.monotonic() + 5
-    while hook.failed == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    hook.close()
-    assert hook.failed == 1 and hook.sent == 0
+    with caplog.at_level(logging.WARNING, "redline.monitoring"):
+        hook.update({"latency:m": {"kind": "latency"}, "drift:m:1": {"kind": "drift"}})
+        assert time.perf_counter() - t < 0.05
+        deadline = time.monotonic() + 5
+        while hook.failed < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hook.close()
+    assert hook.failed == 2 and hook.sent == 0
+    # One WARNING line for the outage (address and reason, no traceback), not one per send.
+    lines = [r for r in caplog.records if r.name == "redline.monitoring"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].levelno == logging.WARNING and lines[0].exc_info is None
+    message = lines[0].getMessage()
+    assert "http://127.0.0.1:9/nothing-listens" in message and "Error" in message
+    assert "\n" not in message

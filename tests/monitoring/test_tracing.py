@@ -3,6 +3,7 @@ OTLP/HTTP protobuf export to a real receiver."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -84,7 +85,6 @@ def test_head_sampling_and_tail_keep() -> None:
     assert not next(s for s in roots if s.attributes["redline.request_id"] == "slow").error
 
 
-@pytest.mark.allow_log(r"trace export failed")
 def test_a_full_queue_drops_and_counts_and_export_errors_never_raise() -> None:
     entered, gate = threading.Event(), threading.Event()
 
@@ -109,8 +109,8 @@ def test_a_full_queue_drops_and_counts_and_export_errors_never_raise() -> None:
     assert tracing.failed_exports == 11 and tracing.exported == 0
 
 
-@pytest.mark.allow_log(r"trace export failed")
-def test_otlp_http_export_to_a_real_receiver_and_its_failures() -> None:
+def test_otlp_http_export_to_a_real_receiver_and_its_failures(
+        caplog: pytest.LogCaptureFixture) -> None:
     receiver = OtlpReceiver()
     try:
         sink = OtlpHttpSink(receiver.endpoint)
@@ -125,9 +125,16 @@ def test_otlp_http_export_to_a_real_receiver_and_its_failures() -> None:
         assert len(receiver.spans) == 300 * 5
         assert set(receiver.content_types) == {"application/x-protobuf"}
         receiver.status = 503  # the collector refuses: counted, and the thread goes on
-        tracing.request_finished(record(request_id="refused"))
-        assert tracing.flush()
-        assert tracing.failed_exports == 1
+        with caplog.at_level(logging.WARNING, "redline.monitoring"):
+            for i in range(3):
+                tracing.request_finished(record(request_id=f"refused{i}"))
+                assert tracing.flush()
+        assert tracing.failed_exports == 3
+        # One WARNING line naming the collector and the reason, no traceback, rate-limited.
+        lines = [r for r in caplog.records if r.name == "redline.monitoring"]
+        assert len(lines) == 1, [r.getMessage() for r in lines]
+        assert lines[0].exc_info is None and receiver.endpoint in lines[0].getMessage()
+        assert "503" in lines[0].getMessage()
         receiver.status = 200
         tracing.request_finished(record(request_id="after"))
         assert tracing.flush()

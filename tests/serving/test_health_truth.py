@@ -144,3 +144,4 @@ def test_a_model_that_cannot_load_is_named_with_why_and_the_fix(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     named = [m for m in errors if m.startswith("model broken is not ready")]
     assert len(named) == 1 and "sha256" in named[0] and "To fix:" in named[0]
+    assert ". ." not in named[0] and ".." not in named[0].replace("...", "")  # one full stop

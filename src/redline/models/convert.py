@@ -215,7 +215,8 @@ def _load_onnx(model: Any, x: np.ndarray) -> ConvertedModel:
         session.run(None, {inputs[0].name: x})
     except Exception as exc:
         raise ConversionError(
-            f"the ONNX model does not run on the sample: {exc}. Check the sample's shape "
+            f"the ONNX model does not run on the sample: {str(exc).rstrip('. ')}. "
+            "Check the sample's shape "
             "and dtype against the model's input."
         ) from exc
     is_classifier = "probabilities" in outputs
@@ -323,7 +324,8 @@ def _reference_outputs(model: Any, converted: ConvertedModel, x: np.ndarray) -> 
         raise
     except Exception as exc:
         raise ConversionError(
-            f"the original {type(model).__name__} fails on the sample: {exc}. The sample must be "
+            f"the original {type(model).__name__} fails on the sample: "
+            f"{str(exc).rstrip('. ')}. The sample must be "
             "rows the model accepts (same features, in training order)."
         ) from exc
 

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from redline.monitoring.outage_log import OutageLog
+
 log = logging.getLogger("redline.monitoring")
 
 
@@ -46,6 +48,7 @@ class AlertWebhook:
         self.sent = 0
         self.failed = 0
         self.suppressed = 0
+        self._outage = OutageLog(log, "alert webhook", url, every_s=min_interval_s)
         self._thread = threading.Thread(target=self._run, name="redline-alerts", daemon=True)
         self._thread.start()
 
@@ -93,10 +96,9 @@ class AlertWebhook:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     response.read()
                 self.sent += 1
-            except Exception:  # noqa: BLE001 - the receiver's trouble is logged, never raised
+            except Exception as exc:  # noqa: BLE001 - the receiver's trouble is logged, never raised
                 self.failed += 1
-                log.warning("alert webhook %s failed for %s", self.url, body["alert"],
-                            exc_info=True)
+                self._outage.failed(exc, f"for {body['alert']}")
 
     def close(self) -> None:
         self._outbox.put(None)

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from redline.monitoring.outage_log import OutageLog
+
 if TYPE_CHECKING:
     from redline.serving.stages import RequestRecord
 
@@ -103,6 +105,8 @@ class TraceExport:
         self._random = random.random
         self._bits = random.getrandbits
         self.fed_by_monitor = False  # set by ServerMonitor: its feed brings the records
+        self._outage = OutageLog(log, "trace export to",
+                                 str(getattr(sink, "endpoint", type(sink).__name__)))
         self._thread = threading.Thread(target=self._run, name="redline-trace-export",
                                         daemon=True)
         self._thread.start()
@@ -201,10 +205,9 @@ class TraceExport:
                 try:
                     self.sink.send(encode_spans(batch, self.service))
                     self.exported += len(batch)
-                except Exception:  # noqa: BLE001 - a collector outage must not kill the thread
+                except Exception as exc:  # noqa: BLE001 - an outage must not kill the thread
                     self.failed_exports += len(batch)
-                    log.warning("trace export failed for %d requests", len(batch),
-                                exc_info=True)
+                    self._outage.failed(exc, f"for {len(batch)} requests")
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far is exported (tests, shutdown)."""

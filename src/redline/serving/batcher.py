@@ -25,6 +25,7 @@ halves it when one does not (additive increase, multiplicative decrease).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -35,9 +36,16 @@ from typing import Any
 import numpy as np
 
 from redline.config import BatchingSettings
-from redline.errors import DeadlineExceeded, ModelNotReady, Overloaded, RedlineError
+from redline.errors import (
+    DeadlineExceeded,
+    ModelFailed,
+    ModelNotReady,
+    Overloaded,
+    RedlineError,
+)
 from redline.serving.deadline import HIGH, AdmissionStats, CostModel, now
 
+log = logging.getLogger("redline.serving")
 Inputs = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 # An idle request the estimate sends to the queue runs inline anyway, once in PROBE_EVERY,
@@ -142,7 +150,7 @@ class Batcher:
         except RedlineError:
             raise
         except Exception as exc:  # noqa: BLE001 - same message as a failed batch
-            raise RuntimeError(f"model '{self.name}' failed to run: {exc}") from exc
+            raise self._model_failed(exc) from None
         if timed:
             cost.observe(rows, now() - t0)
         stats = self.stats
@@ -346,9 +354,15 @@ class Batcher:
         elif rows >= self.cap:
             self.cap = min(self.max_batch, self.cap + 1)
 
+    def _model_failed(self, exc: BaseException) -> ModelFailed:
+        """The error a request gets when the model raised; logged once, as one line."""
+        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        log.error("model '%s' failed to run: %s", self.name, reason)
+        return ModelFailed(f"model '{self.name}' failed to run: {reason}", model=self.name)
+
     def _fail(self, batch: list[_Entry], exc: BaseException) -> None:
         if not isinstance(exc, RedlineError):
-            exc = RuntimeError(f"model '{self.name}' failed to run: {exc}")
+            exc = self._model_failed(exc)
         for entry in batch:
             if not entry.future.done():
                 entry.future.set_exception(exc)

@@ -179,8 +179,8 @@ class ModelRegistry:
         if name not in self._applied:
             return {"model": name, "state": "LOADING", "reason": "not loaded yet",
                     "fix": "wait: its versions are loading"}
-        reasons = [f"version {v}: {why}" for (n, v), why in sorted(self.failures.items())
-                   if n == name]
+        reasons = [f"version {v}: {str(why).rstrip('. ')}"
+                   for (n, v), why in sorted(self.failures.items()) if n == name]
         if name in self._entry_errors:
             reasons.insert(0, self._entry_errors[name])
         reason = "; ".join(reasons) or "no version of it is live (see its version policy)"
@@ -200,10 +200,11 @@ class ModelRegistry:
             name = problem["model"]
             if problem["state"] == "LOADING" or self._logged_not_ready.get(name) == now[name]:
                 continue
-            log.error("model %s is not ready: %s. To fix: %s. %s", name, problem["reason"],
-                      problem["fix"], "The server answers not ready until it is "
-                      "(server.strict_readiness: true)." if strict else "The server is ready "
-                      "without it (server.strict_readiness: false).")
+            log.error("model %s is not ready: %s. To fix: %s. %s", name,
+                      str(problem["reason"]).rstrip(". "), str(problem["fix"]).rstrip(". "),
+                      "The server answers not ready until it is (server.strict_readiness: "
+                      "true)." if strict else "The server is ready without it "
+                      "(server.strict_readiness: false).")
         for name in set(self._logged_not_ready) - set(now):
             log.info("model %s is ready", name)
         self._logged_not_ready = now
