@@ -123,7 +123,7 @@ def test_ties_of_last_are_broken_like_the_store() -> None:
     _same(DEFS, pd.DataFrame(rows[::-1]), labels)
 
 
-def test_events_of_several_sources_fall_back_to_the_replay() -> None:
+def test_events_of_several_sources_split_by_source_equal_the_replay() -> None:
     from redline.features import EventSource, FeatureView, count
     from tests.features.test_training_serving import CARD
 
@@ -134,10 +134,12 @@ def test_events_of_several_sources_fall_back_to_the_replay() -> None:
                                        "ts": T0}]
     labels = pd.DataFrame({"card_id": ["c1"], "ts": [T0 + 10]})
     refs = ["v:count_1m", "o:count_1m"]
-    with pytest.raises(InvalidInput, match="replay"):
-        build_training_set(defs, pd.DataFrame(rows), labels, ["v:count_1m"], method="columns")
-    auto = build_training_set(defs, pd.DataFrame(rows), labels, refs)
-    assert auto["v:count_1m"][0] == auto["o:count_1m"][0] == 1.0
+    cols = build_training_set(defs, pd.DataFrame(rows), labels, refs, method="columns")
+    replay = build_training_set(defs, pd.DataFrame(rows), labels, refs, method="replay")
+    assert cols["v:count_1m"][0] == cols["o:count_1m"][0] == 1.0
+    pd.testing.assert_frame_equal(cols, replay)
+    with pytest.raises(InvalidInput, match="replay"):  # a list of dicts still needs the replay
+        build_training_set(defs, rows, labels, ["v:count_1m"], method="columns")
 
 
 def test_overflow_and_empty_windows_by_columns() -> None:

@@ -107,63 +107,14 @@ def build_training_set(
     """``labels`` (entity id column(s) named by join key, ``time_column`` in epoch ms, anything
     else passed through) + one float64 column per feature / transform, point-in-time correct.
 
-    ``method``: ``"columns"`` (the vectorised replay of ``asof.py``), ``"replay"`` (event by
-    event through the decoder and a memory store: the reference), ``"auto"`` (columns where
-    the input allows, else replay)."""
-    if time_column not in labels.columns:
-        raise InvalidInput(f"labels lack the time column '{time_column}'")
-    refs = list(features) if features is not None else (
-        [v.ref(f) for v in defs.views.values() for f in v.feature_names] + list(defs.transforms))
-    view_refs: dict[str, list[tuple[str, int]]] = {}
-    transforms = []
-    for ref in refs:
-        if ref in defs.transforms:
-            transforms.append(defs.transforms[ref])
-            continue
-        view, idx = defs.resolve(ref)
-        view_refs.setdefault(view.name, []).append((ref, idx))
-    for tr in transforms:
-        for ref in tr.features:
-            view, idx = defs.resolve(ref)
-            if (ref, idx) not in view_refs.setdefault(view.name, []):
-                view_refs[view.name].append((ref, idx))
-    result = labels.reset_index(drop=True).copy()
-    t = pd.to_numeric(result[time_column], errors="coerce")
-    if t.isna().any():
-        raise InvalidInput(f"labels column '{time_column}' must be epoch milliseconds")
-    views = [defs.view(name) for name in view_refs]
-    ids: dict[str, list[str]] = {}
-    for view in views:
-        key = view.entity.join_key
-        if key not in result.columns:
-            raise InvalidInput(f"labels lack column '{key}' (entity '{view.entity.name}' id) "
-                               f"needed by view '{view.name}'")
-        ids[view.name] = [_label_id(x) for x in result[key].tolist()]
-    computed: dict[str, np.ndarray] = {}
-    if views:
-        values = point_in_time(defs, views, events, t.astype(np.int64).to_numpy(), ids,
-                               method=method)
-        for view in views:
-            for ref, idx in view_refs[view.name]:
-                computed[ref] = values[view.name][:, idx]
-    for ref in refs:
-        if ref in computed:
-            result[ref] = computed[ref]
-    for tr in transforms:
-        absent = [c for c in tr.request if c not in result.columns]
-        if absent:
-            raise InvalidInput(f"transform '{tr.name}' needs request field(s) {absent} as label "
-                               "columns")
-        cols = [pd.to_numeric(result[c], errors="coerce").to_numpy(dtype=np.float64)
-                for c in tr.request] + [computed[f] for f in tr.features]
-        result[tr.name] = tr.compute(cols)
-    return result
+    The whole input is one partition of :func:`redline.features.kernel.build_partition`, the
+    function every engine runs. ``method``: ``"columns"`` (the vectorised replay of
+    ``asof.py``), ``"replay"`` (event by event through the decoder and a memory store: the
+    reference), ``"auto"`` (columns where the input allows, else replay)."""
+    from redline.features.kernel import build_partition
 
-
-def _label_id(x: Any) -> str:
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))  # an id column read as floats (it had gaps): 42.0 is entity "42"
-    return str(x)
+    return build_partition(defs, events, labels, features, time_column=time_column,
+                           method=method)
 
 
 def point_in_time(defs: FeatureDefinitions, views: Sequence[FeatureView],
