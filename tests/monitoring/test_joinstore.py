@@ -200,3 +200,25 @@ def test_the_review_queue_is_one_queue_for_every_worker(backends: Factory) -> No
     stats = qb.stats()
     assert stats["waiting"] == 5 and stats["dropped"] == 5 and stats["labelled"] == 2
     assert [i["request_id"] for i in qb.pending()] == [f"r{i}" for i in range(7, 12)]
+
+
+def test_the_tick_flush_sends_evalsha_without_script_exists(redis_server: RedisServer) -> None:
+    """Each tick's write is one pipeline ending in EVALSHA, never a ``SCRIPT EXISTS`` round
+    trip first; a Redis that lost the script (flushed, restarted) gets it loaded again."""
+    import redis
+
+    backend = RedisBackend(redis_server.url)
+    q = monitor(backend)
+    probe = redis.Redis.from_url(redis_server.url)
+    probe.config_resetstat()
+    for i in range(5):
+        q.predicted([f"r{i}"], np.array([0.5]))
+        backend.flush()
+    stats = probe.info("commandstats")
+    assert "cmdstat_script|exists" not in stats and "cmdstat_script" not in stats
+    assert stats["cmdstat_evalsha"]["calls"] >= 5
+    probe.script_flush()  # the script is gone: NOSCRIPT, loaded, sent again
+    q.predicted(["late"], np.array([0.7]))
+    backend.flush()
+    assert probe.script_exists(backend.evict.sha) == [True]
+    assert outcome([q.state], ["late", "r0"], [1.0, 0.0]) == (2, [], 0, 0)

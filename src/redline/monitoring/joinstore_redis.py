@@ -158,16 +158,33 @@ class RedisJoin:
             if n == len(batches) - 1:
                 if dropped:
                     pipe.hincrby(k["counts"], "evicted", dropped)
-                self.backend.evict(keys=[k["pending"], k["times"], k["gone"], k["counts"],
-                                         k["pairs"], k["recent"], k["done"]],
-                                   args=[now - self.ttl, self.capacity, self.ttl, now],
-                                   client=pipe)
-            self.backend.guarded(pipe.execute)
+                evict = (k["pending"], k["times"], k["gone"], k["counts"], k["pairs"],
+                         k["recent"], k["done"], now - self.ttl, self.capacity, self.ttl, now)
+                pipe.evalsha(self.backend.evict.sha, 7, *evict)
+            else:
+                evict = ()
+            self.backend.guarded(lambda pipe=pipe, evict=evict: self._execute(pipe, evict))
             with self._lock:  # written: forget them (new ones may have come meanwhile)
                 while self._batches and self._batches[0][0] <= seq:
                     self._rows -= len(self._batches.popleft()[3])
         with self._lock:
             self._dropped -= dropped
+
+    def _execute(self, pipe: Any, evict: tuple[Any, ...]) -> None:
+        """Run ``pipe``, whose last call (when ``evict`` is set) is the eviction script by
+        EVALSHA: sent straight away, not after a ``SCRIPT EXISTS`` round trip each tick. A
+        Redis that lost the script (restarted, flushed) answers NOSCRIPT; the script is then
+        loaded and that one call made again (the writes before it went through)."""
+        import redis
+
+        replies = pipe.execute(raise_on_error=False)
+        if evict and isinstance(replies[-1], redis.exceptions.NoScriptError):
+            client = self.backend.client
+            client.script_load(self.backend.evict.script)
+            replies[-1] = client.evalsha(self.backend.evict.sha, 7, *evict)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     # ---------------------------------------------------------------- labels (the routes)
     def join(self, request_ids: list[str], labels: list[float]) -> list[int]:
