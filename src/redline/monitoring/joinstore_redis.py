@@ -158,8 +158,9 @@ class RedisJoin:
             if n == len(batches) - 1:
                 if dropped:
                     pipe.hincrby(k["counts"], "evicted", dropped)
-                evict = (k["pending"], k["times"], k["gone"], k["counts"], k["pairs"],
-                         k["recent"], k["done"], now - self.ttl, self.capacity, self.ttl, now)
+                evict: tuple[Any, ...] = (
+                    k["pending"], k["times"], k["gone"], k["counts"], k["pairs"],
+                    k["recent"], k["done"], now - self.ttl, self.capacity, self.ttl, now)
                 pipe.evalsha(self.backend.evict.sha, 7, *evict)
             else:
                 evict = ()
