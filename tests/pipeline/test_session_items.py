@@ -283,3 +283,78 @@ def test_accessor_reads_items_and_degrades_when_redis_is_down(serve, repo_path, 
         assert len(reasons) == 1 and "session store unavailable" in reasons[0]
         r = c.post("/v1/sessions/acc/events", json=events[0])
         assert r.status_code == 503 and "unavailable" in r.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_session_features_online_equal_the_training_set(store, serve, repo_path, defs_path,
+                                                        request):
+    """Training = serving for sessions: a generated stream of item events is posted to a
+    server and, between them, requests read their session; the offline builder, given the
+    same events and the requests' times, gives every request the same counters and items."""
+    import random
+
+    import pandas as pd
+
+    from redline.features.sessions import build_session_features
+
+    url = request.getfixturevalue("redis_server_module").url if store == "redis" else ""
+    settings = make_settings(repo_path, defs_path, store=store, redis_url=url)
+    settings.pipeline.session_max_items = 5
+    srv = serve(settings)
+    rng = random.Random(7)
+    run = time.monotonic_ns()
+    sessions = [f"gen-{run}-{k}" for k in range(6)]
+    t = 1_767_225_600_000
+    posted: list[dict[str, Any]] = []
+    online: list[dict[str, Any]] = []
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for _ in range(160):
+            sid = rng.choice(sessions)
+            batch = []
+            for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                t += rng.choice([0, 0, 1, 250, 4000])  # ties on time included
+                batch.append({"item_id": f"i{rng.randrange(40)}",
+                              "type": rng.choice(["view", "view", "click", "add_to_cart"]),
+                              "ts_ms": t})
+            assert c.post(f"/v1/sessions/{sid}/events", json=batch).status_code == 200
+            posted += [{"session_id": sid, **e} for e in batch]
+            if rng.random() < 0.4:  # a request of some session, at the time of the last event
+                asked = rng.choice(sessions)
+                body = {"entities": {"card_id": "g"}, "request": {"amount": 1.0},
+                        "session_id": asked}
+                doc = c.post("/v1/models/cards/predict", json=body).json()
+                items = c.get(f"/v1/sessions/{asked}").json()["items"]
+                online.append({"session_id": asked, "ts_ms": t,
+                               "counters": doc["session"]["counters"],
+                               "items": [i["item_id"] for i in items]})
+                t += 1  # the next event comes after the request
+    labels = pd.DataFrame([{"session_id": o["session_id"], "ts_ms": o["ts_ms"]} for o in online])
+    offline = build_session_features(pd.DataFrame(posted), labels, max_items=5)
+    assert len(online) > 40
+    for o, (_, row) in zip(online, offline.iterrows(), strict=True):
+        for kind in ("view", "click", "add_to_cart"):
+            assert row[f"session:items_{kind}"] == o["counters"].get(f"items_{kind}", 0.0)
+        assert row["session:items"] == o["counters"].get("items", 0.0)
+        assert row["session_items"] == o["items"]
+
+
+def test_offline_session_features_expire_after_the_ttl_and_name_missing_columns():
+    import pandas as pd
+
+    from redline.errors import InvalidInput
+    from redline.features.sessions import build_session_features
+
+    events = pd.DataFrame([
+        {"session_id": "s", "item_id": "a", "type": "click", "ts_ms": 0},
+        {"session_id": "s", "item_id": "b", "type": "view", "ts_ms": 500},
+        {"session_id": "s", "item_id": "c", "type": "click", "ts_ms": 5_000},  # after a gap
+    ])
+    labels = pd.DataFrame({"session_id": ["s", "s", "s", "s", "other"],
+                           "ts_ms": [499, 500, 2_000, 5_000, 5_000]})
+    got = build_session_features(events, labels, ttl_s=1.0)
+    assert got["session_items"].tolist() == [["a"], ["b", "a"], [], ["c"], []]
+    assert got["session:items_click"].tolist() == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert got["session:items"].tolist() == [1.0, 2.0, 0.0, 1.0, 0.0]
+    with pytest.raises(InvalidInput, match="item_id"):
+        build_session_features(events.drop(columns=["item_id"]), labels)

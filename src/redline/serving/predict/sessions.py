@@ -14,13 +14,12 @@ import hashlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import orjson
-
 from redline.errors import InvalidInput, StoreUnavailable
+from redline.features.sessions import SessionItem, item_increments
 
 MAX_SESSION_ID = 128
 
@@ -61,37 +60,6 @@ redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('PEXPIRE', KEYS[3], ttl)
 return {redis.call('HGETALL', KEYS[1]), redis.call('LLEN', KEYS[3])}
 """
-
-
-@dataclass(frozen=True)
-class SessionItem:
-    """One item event of a session: which item, what happened to it, and when (epoch ms)."""
-
-    item_id: str
-    type: str
-    ts_ms: int
-
-    def encode(self) -> bytes:
-        return orjson.dumps([self.item_id, self.type, self.ts_ms])
-
-    @staticmethod
-    def decode(raw: bytes) -> SessionItem:
-        item_id, kind, ts_ms = orjson.loads(raw)
-        return SessionItem(item_id, kind, int(ts_ms))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "type": self.type, "ts_ms": self.ts_ms}
-
-
-def item_increments(items: Iterable[SessionItem]) -> dict[str, float]:
-    """The counters item events add: ``items`` and ``items_<type>`` (model features read them
-    as ``session:items``, ``session:items_click``)."""
-    out: dict[str, float] = {}
-    for item in items:
-        out["items"] = out.get("items", 0.0) + 1.0
-        key = f"items_{item.type}"
-        out[key] = out.get(key, 0.0) + 1.0
-    return out
 
 
 @dataclass
