@@ -114,7 +114,8 @@ def add(
             f"one SOURCE file, got {' '.join(rest)} (the model's name goes after -m, not "
             f"before the file): `{usage}`")
     source = rest[0]
-    if not Path(source).is_file():
+    is_graph = Path(source).is_dir()
+    if not is_graph and not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")
     number: int | None = None
     if version is not None:
@@ -123,6 +124,14 @@ def add(
         number = int(version)
     settings, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
+    if is_graph:  # an inference graph folder (graph.yaml, docs/recommend.md)
+        meta = repo.add_graph(name, source, version=number, description=description)
+        info = meta.extra["catalogue"]
+        recall = (f", recall@{meta.extra['graph']['k']} against exact "
+                  f"{info['recall_at_k']:.4f}" if "recall_at_k" in info else "")
+        click.echo(f"added graph {meta.name} version {meta.version} ({info['items']} items x "
+                   f"{info['dim']}, {info['index']} retrieval{recall}) to {root}")
+        return
     names = [s.strip() for s in feature_names.split(",")] if feature_names else None
     if names is not None and (missing_values or "reject") == "reject":
         _check_defaults(name, names, "reject", settings)  # before any conversion work

@@ -295,8 +295,74 @@ class ModelRepository:
             **kwargs,
         )
 
+    def add_graph(
+        self,
+        name: str,
+        folder: str | os.PathLike[str],
+        *,
+        version: int | None = None,
+        description: str = "",
+    ) -> ModelMetadata:
+        """Check an inference graph folder (``graph.yaml``, see ``models/graph.py``), build its
+        ANN index when the catalogue is large, and store it as a new version, atomically.
+
+        The ranking model becomes the version's ``model.onnx`` (it loads, batches and reports
+        like any model); the graph's other files sit next to it."""
+        import tempfile
+
+        import yaml
+
+        from redline.models import graph as g
+
+        check_name(name)
+        src = Path(folder)
+        spec_path = src / g.GRAPH_FILE
+        if not spec_path.is_file():
+            raise InvalidInput(f"{src} has no {g.GRAPH_FILE}: a graph folder needs one")
+        try:
+            doc = yaml.safe_load(spec_path.read_text())
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"{spec_path} is not valid YAML ({exc})") from exc
+        spec = g.parse_graph(doc, str(spec_path))
+        cat = g.load_catalogue(src)
+        dim = g.check_graph(spec, cat, src, str(spec_path))
+        ranker = src / spec.ranker
+        if not ranker.is_file():
+            raise InvalidInput(f"{spec_path}: the rank step's model {ranker} does not exist")
+        data = ranker.read_bytes()
+        inputs, outputs = inspect_onnx(data, str(ranker))
+        width = inputs[0].shape[-1] if inputs and inputs[0].shape else -1
+        if len(inputs) != 1 or width not in (-1, len(spec.rank_features)):
+            raise InvalidInput(f"{spec_path}: the ranker must take one input of "
+                               f"{len(spec.rank_features)} columns (rank.features), got "
+                               f"{[(i.name, i.shape) for i in inputs]}")
+        files: dict[str, Path] = {g.GRAPH_FILE: spec_path, g.ITEMS_NPY: src / g.ITEMS_NPY,
+                                  g.ITEMS_TABLE: src / g.ITEMS_TABLE}
+        if spec.encoder is not None:
+            files[g.ENCODER_FILE] = src / spec.encoder
+        info: dict[str, Any] = {"items": cat.size, "dim": dim, "index": "exact"}
+        with tempfile.TemporaryDirectory() as tmp:
+            if g.uses_ann(spec, cat.size):
+                import faiss
+
+                index = g.build_index(cat, spec)
+                info.update(index="hnsw", recall_at_k=round(g.measure_recall(index, cat, spec.k),
+                                                            4))
+                faiss.write_index(index, str(Path(tmp) / g.INDEX_FILE))
+                files[g.INDEX_FILE] = Path(tmp) / g.INDEX_FILE
+            meta = ModelMetadata(
+                name=name, version=0, inputs=inputs, outputs=outputs,
+                sha256=hashlib.sha256(data).hexdigest(), task="regression",
+                feature_names=list(spec.rank_features), framework="graph",
+                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                description=description, missing_values="allow",
+                extra={"graph": spec.to_dict(), "catalogue": info},
+            )
+            return self._write_version(name, data, meta, version, files)
+
     def _write_version(
-        self, name: str, data: bytes, meta: ModelMetadata, version: int | None
+        self, name: str, data: bytes, meta: ModelMetadata, version: int | None,
+        files: dict[str, Path] | None = None,
     ) -> ModelMetadata:
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -305,6 +371,8 @@ class ModelRepository:
         try:
             tmp.mkdir()
             _write_durably(tmp / MODEL_FILE, data)
+            for file_name, path in (files or {}).items():
+                shutil.copyfile(path, tmp / file_name)
             for _attempt in range(100):
                 number = version if version is not None else max(self.versions(name), default=0) + 1
                 meta.version = number

@@ -15,7 +15,8 @@ NEVER = 1 << 62  # the serving side's ``stages.NEVER``: never reached
 FIELDS = 5  # start, decoded, inferred, end, rows (``stages.TIME_FIELDS``)
 # ``/v1`` rows (``stages.v1_times``): start, end, rows, path, feature age ns, then ns a stage
 PATHS = ("primary", "fallback", "cache", "default")  # ``stages.PATHS``
-V1_STAGES = ("decode", "features", "sessions", "admission", "queue", "inference")
+V1_STAGES = ("decode", "features", "sessions", "admission", "query", "retrieve", "rank", "queue",
+             "inference", "rules")
 V1_FIELDS = 5 + len(V1_STAGES)  # ``stages.V1_TIME_FIELDS``
 WIDTH = {"v2": FIELDS, "v1": V1_FIELDS}  # integers a request, by API
 

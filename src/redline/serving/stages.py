@@ -25,7 +25,13 @@ SESSIONS = "sessions"
 QUEUE = "queue"
 INFERENCE = "inference"
 ENCODE = "encode"
-STAGES = (DECODE, ADMISSION, FEATURES, SESSIONS, QUEUE, INFERENCE, ENCODE)
+# An inference graph's steps (``serving/predict/graph.py``); its ranker runs as queue/inference.
+QUERY = "query"
+RETRIEVE = "retrieve"
+RANK = "rank"
+RULES = "rules"
+STAGES = (DECODE, ADMISSION, FEATURES, SESSIONS, QUERY, RETRIEVE, RANK, QUEUE, INFERENCE, RULES,
+          ENCODE)
 
 _perf_ns = time.perf_counter_ns
 perf_ns = time.perf_counter_ns  # the clock every span uses (the same as ``deadline.now``)
@@ -120,9 +126,11 @@ TIME_FIELDS = 5  # integers a V2 request leaves in ``StageTimes.times``
 # none), then the ns spent in each of V1_STAGES (-1: the request did not pass it; a stage passed
 # twice, as features is, summed: one observation a request, as in ``timings_us``).
 PATHS = ("primary", "fallback", "cache", "default")
-V1_STAGES = (DECODE, FEATURES, SESSIONS, ADMISSION, QUEUE, INFERENCE)
+V1_STAGES = (DECODE, FEATURES, SESSIONS, ADMISSION, QUERY, RETRIEVE, RANK, QUEUE, INFERENCE,
+             RULES)
 V1_TIME_FIELDS = 5 + len(V1_STAGES)
 _V1_COLUMN = {stage: 5 + i for i, stage in enumerate(V1_STAGES)}
+_NOT_PASSED = (-1,) * len(V1_STAGES)
 _PATH_INDEX = {path: i for i, path in enumerate(PATHS)}
 
 
@@ -131,7 +139,7 @@ def v1_times(record: RequestRecord) -> list[int]:
     attrs = record.attributes
     age = attrs.get("feature_age_s") if attrs else None
     row = [record.start_ns, record.end_ns, record.rows, _PATH_INDEX[record.path],
-           -1 if age is None else int(age * 1e9), -1, -1, -1, -1, -1, -1]
+           -1 if age is None else int(age * 1e9), *_NOT_PASSED]
     column = _V1_COLUMN
     for stage, start, end in record.spans:
         j = column[stage]

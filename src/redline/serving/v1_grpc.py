@@ -136,6 +136,11 @@ def _encode(doc: dict[str, Any], batch: bool) -> Any:
         model_name=doc["model_name"], model_version=doc["model_version"],
         request_id=doc.get("request_id", ""), path=doc["path"], degraded=doc["degraded"],
         degraded_reasons=doc["degraded_reasons"], timings_us=doc["timings_us"])
+    if "items" in doc:  # an inference graph: items best first, no per-row predictions
+        for item in doc["items"]:
+            resp.items.add(item_id=item["item_id"], score=item["score"])
+        resp.retrieved = doc["retrieved"]
+        return resp
     for row in doc["predictions"] if batch else [doc]:
         value = row["prediction"]
         pred = resp.predictions.add(

@@ -1,0 +1,212 @@
+"""Serving an inference graph (``graph.yaml``): session items, query, retrieve, rank, rules.
+
+Loaded once per model version (the catalogue, the ANN index, the encoder), then each request:
+
+1. **sessions** — the session's last items (``PredictPipeline.session_items``); none for an
+   unknown session (a cold start) or when the store is down (then the answer says so).
+2. **query** — the encoder's query vector from the request fields, else the recency-weighted mean
+   of the session items' embeddings; with neither, the catalogue's ``popularity`` order.
+3. **retrieve** — top-K by inner product: exact (numpy) or the HNSW index built at ``add``.
+4. **rank** — the K candidates' rows in one batched run of the ranking model (its run is the
+   queue/inference stages). When the budget left is below the ranker's recent p99, or the run
+   is refused or late, the answer is the retrieval order, ``degraded`` with the reason.
+5. **rules** — drop the items already seen in the session and those out of stock; top-N.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from redline.errors import DeadlineExceeded, InvalidInput, ModelNotReady, Overloaded
+from redline.models import graph as g
+from redline.serving.deadline import Budget
+from redline.serving.handle import ModelHandle
+from redline.serving.predict.latency import LatencyWindow
+from redline.serving.predict.request import PredictRequest
+from redline.serving.predict.sessions import SessionItem
+from redline.serving.stages import QUERY, RANK, RETRIEVE, RULES, SESSIONS, RequestRecord, perf_ns
+
+RETRIEVAL_PATH = "fallback"  # the retrieval order served in place of the ranking
+
+
+class GraphRunner:
+    """One loaded graph version: its catalogue, index and encoder, ready for requests."""
+
+    def __init__(self, folder: Path, spec: g.GraphSpec, name: str = "") -> None:
+        self.name = name
+        self.spec = spec
+        self.cat = g.load_catalogue(folder)
+        self.row_of = {item: i for i, item in enumerate(self.cat.ids)}
+        self.index: Any = None
+        index_file = folder / g.INDEX_FILE
+        if index_file.is_file():
+            import faiss
+
+            self.index = faiss.read_index(str(index_file))
+            self.index.hnsw.efSearch = max(spec.ef_search, spec.k)
+        self.encoder: Any = None
+        if spec.encoder is not None:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            self.encoder = ort.InferenceSession(str(folder / g.ENCODER_FILE), opts,
+                                                providers=["CPUExecutionProvider"])
+            self.encoder_input = self.encoder.get_inputs()[0].name
+        pop = self.cat.columns.get("popularity")
+        order = np.argsort(-pop, kind="stable") if pop is not None else np.arange(self.cat.size)
+        self.popular = order[:spec.k]
+        self.in_stock = self.cat.columns.get(spec.in_stock) if spec.in_stock else None
+
+    # ------------------------------------------------------------------ steps
+    def fields(self, req: PredictRequest) -> np.ndarray:
+        if req.batch or len(req.fields) != 1:
+            raise InvalidInput("a graph model answers one instance a request, not 'instances'")
+        row = req.fields[0]
+        values = []
+        for name in self.spec.fields:
+            v = row.get(name)
+            values.append(0.0 if v is None else float(v))
+        return np.asarray(values, dtype=np.float32)
+
+    def query(self, fields: np.ndarray, items: list[SessionItem]) -> np.ndarray | None:
+        """The query vector, or None for a cold start without an encoder (popularity)."""
+        if self.encoder is not None:
+            out = self.encoder.run(None, {self.encoder_input: fields[None, :]})[0]
+            return np.ascontiguousarray(out.reshape(-1), dtype=np.float32)
+        rows = [self.row_of[i.item_id] for i in items if i.item_id in self.row_of]
+        if not rows:
+            return None
+        weights = 0.8 ** np.arange(len(rows), dtype=np.float32)  # most recent first
+        q = (self.cat.embeddings[rows] * weights[:, None]).sum(axis=0)
+        return np.ascontiguousarray(q, dtype=np.float32)
+
+    def retrieve(self, q: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        k = self.spec.k
+        if q is None:
+            rows = self.popular
+            return rows, np.zeros(len(rows), dtype=np.float32)
+        if self.index is not None:
+            scores, found = self.index.search(q[None, :], k)
+            keep = found[0] >= 0
+            return found[0][keep], scores[0][keep]
+        return g.exact_top_k(self.cat.embeddings, q, k)
+
+    def rank_rows(self, rows: np.ndarray, scores: np.ndarray, fields: np.ndarray,
+                  items: list[SessionItem]) -> np.ndarray:
+        """The ranker's input: one row per candidate, columns as ``rank.features`` says."""
+        n = len(rows)
+        x = np.empty((n, len(self.spec.rank_features)), dtype=np.float32)
+        field_at = {name: j for j, name in enumerate(self.spec.fields)}
+        seen: dict[int, int] = {}
+        clicks: dict[int, int] = {}
+        for it in items:
+            r = self.row_of.get(it.item_id)
+            if r is not None:
+                seen[r] = 1
+                if it.type == "click":
+                    clicks[r] = clicks.get(r, 0) + 1
+        for j, f in enumerate(self.spec.rank_features):
+            source, _, what = f.partition(":")
+            if source == "retrieval":
+                x[:, j] = scores if what == "score" else np.arange(n)
+            elif source == "item":
+                x[:, j] = self.cat.columns[what][rows]
+            elif source == "field":
+                x[:, j] = fields[field_at[what]]
+            elif what == "length":
+                x[:, j] = len(items)
+            elif what == "seen":
+                x[:, j] = [seen.get(int(r), 0) for r in rows]
+            elif what == "clicks":
+                x[:, j] = [clicks.get(int(r), 0) for r in rows]
+            else:
+                x[:, j] = 0.0
+        return x
+
+    def rules(self, rows: np.ndarray, scores: np.ndarray,
+              items: list[SessionItem]) -> list[dict[str, Any]]:
+        keep = np.ones(len(rows), dtype=bool)
+        if self.spec.drop_seen and items:
+            seen = {self.row_of[i.item_id] for i in items if i.item_id in self.row_of}
+            keep &= np.fromiter((int(r) not in seen for r in rows), bool, len(rows))
+        if self.in_stock is not None:
+            keep &= self.in_stock[rows] > 0
+        ids = self.cat.ids
+        out = []
+        for r, s in zip(rows[keep][:self.spec.top_n].tolist(),
+                        scores[keep][:self.spec.top_n].tolist(), strict=True):
+            out.append({"item_id": ids[r], "score": s})
+        return out
+
+
+def _score(outputs: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarray:
+    """The ranker's score per candidate: a regressor's value, a binary classifier's positive
+    probability."""
+    probs = next((outputs[k] for k in names if outputs[k].ndim == 2 and outputs[k].shape[1] == 2
+                  and outputs[k].dtype.kind == "f"), None)
+    if probs is not None:
+        return probs[:, 1]
+    main = next((outputs[k] for k in names if outputs[k].dtype.kind == "f"), outputs[names[0]])
+    return main.reshape(n, -1)[:, 0].astype(np.float32)
+
+
+async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictRequest,
+                    budget: Budget, window: LatencyWindow, session_items: Any,
+                    record: RequestRecord, t: int) -> dict[str, Any]:
+    """One request through the graph; the answer document (``docs/recommend.md``)."""
+    reasons: list[str] = []
+    fields = runner.fields(req)
+    record.rows = 1
+    items: list[SessionItem] = []
+    if req.session_id is not None:
+        items = session_items(req.session_id, runner.spec.session_items, reasons)
+        t = _mark(record, SESSIONS, t)
+    q = runner.query(fields, items)
+    t = _mark(record, QUERY, t)
+    rows, scores = runner.retrieve(q)
+    t = _mark(record, RETRIEVE, t)
+    path = "primary"
+    p99 = window.estimate()
+    if p99 and not budget.fits(p99, 0.0) and not window.probe():
+        reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < ranker p99 "
+                       f"{p99 * 1e3:.2f} ms: answered in retrieval order")
+        path = RETRIEVAL_PATH
+    else:
+        x = runner.rank_rows(rows, scores, fields, items)
+        t = _mark(record, RANK, t)
+        try:
+            t0 = perf_ns()
+            out = await handle.infer({handle.session.inputs[0].name: x}, budget, record=record)
+            window.add((perf_ns() - t0) * 1e-9)
+        except (Overloaded, DeadlineExceeded, ModelNotReady) as exc:
+            reasons.append(f"ranker refused ({exc.code}): answered in retrieval order")
+            path = RETRIEVAL_PATH
+        else:
+            ranked = _score(out, handle.output_names, len(rows))
+            order = np.argsort(-ranked, kind="stable")
+            rows, scores = rows[order], ranked[order]
+        t = perf_ns()
+    answer = runner.rules(rows, scores, items)
+    _mark(record, RULES, t)
+    record.path = path
+    doc: dict[str, Any] = {
+        "model_name": handle.name, "model_version": handle.version_str, "path": path,
+        "degraded": bool(reasons), "degraded_reasons": reasons,
+    }
+    if req.request_id is not None:
+        doc["request_id"] = req.request_id
+    doc["items"] = answer
+    doc["retrieved"] = len(rows)
+    doc["timings_us"] = record.timings_us()
+    return doc
+
+
+def _mark(record: RequestRecord, stage: str, since: int) -> int:
+    now = perf_ns()
+    record.add(stage, since, now)
+    return now

@@ -1,0 +1,152 @@
+"""Inference graphs: refused at ``models add`` when broken, served on ``/v1`` (REST and gRPC)
+with session items, retrieval, ranking and rules as stages, degraded to the retrieval order when
+the budget cannot fit the ranker."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from redline.errors import InvalidInput
+from redline.models import ModelRepository
+from redline.proto import redline_v1_pb2 as v1
+from redline.proto import redline_v1_pb2_grpc as v1_grpc
+from tests.pipeline.conftest import ServerThread, make_settings
+from tests.pipeline.graphs import make_graph
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("empty", "the catalogue is empty"),
+    ("dim", "has dimension 8"),
+    ("k", "retrieve.k (500) is larger than the catalogue (200 items)"),
+    ("step", "unknown step 'score'"),
+    ("column", "names no numeric column"),
+])
+def test_add_refuses_broken_graphs(tmp_path: Path, change: str, message: str) -> None:
+    kwargs: dict[str, Any] = {"encoder": change == "dim"}
+    if change == "empty":
+        kwargs.update(n=0, embeddings=np.zeros((0, 8), np.float32))
+    if change == "k":
+        kwargs["k"] = 500
+    if change == "column":
+        kwargs["rank"] = {"model": "ranker.onnx", "features": ["item:colour"]}
+    folder = make_graph(tmp_path / "g", **kwargs)
+    if change == "dim":  # embeddings of dimension 8, an encoder answering 4 columns
+        np.save(folder / "items.npy", np.ones((200, 8), np.float32))
+        from tests.pipeline.graphs import linear_onnx
+
+        linear_onnx(np.ones((2, 4)), folder / "encoder.onnx")
+    if change == "step":
+        text = (folder / "graph.yaml").read_text().replace("rules:", "score:")
+        (folder / "graph.yaml").write_text(text)
+    repo = ModelRepository(tmp_path / "repo")
+    with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(")", r"\)")):
+        repo.add_graph("rec", folder)
+    assert repo.list_models() == []  # nothing half-added
+
+
+def test_ann_index_built_at_add_with_recall(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    emb = rng.normal(size=(3000, 16)).astype(np.float32)
+    folder = make_graph(tmp_path / "g", n=3000, dim=16, k=50, index="hnsw", embeddings=emb)
+    meta = ModelRepository(tmp_path / "repo").add_graph("rec", folder)
+    info = meta.extra["catalogue"]
+    assert info["index"] == "hnsw" and info["items"] == 3000 and info["dim"] == 16
+    assert info["recall_at_k"] >= 0.95
+    assert (tmp_path / "repo" / "rec" / "1" / "items.faiss").is_file()
+
+
+@pytest.fixture(scope="module")
+def graph_server(tmp_path_factory: pytest.TempPathFactory, defs_path: Path) -> Any:
+    root = tmp_path_factory.mktemp("graph")
+    repo = ModelRepository(root / "models")
+    repo.add_graph("rec", make_graph(root / "g"))
+    repo.add_graph("enc", make_graph(root / "e", encoder=True))
+    rng = np.random.default_rng(2)
+    repo.add_graph("big", make_graph(root / "b", n=3000, dim=16, k=50, index="hnsw",
+                                     embeddings=rng.normal(size=(3000, 16)).astype(np.float32)))
+    srv = ServerThread(make_settings(root / "models", defs_path)).start()
+    yield srv
+    srv.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _predict(srv: Any, model: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{srv.url}/v1/models/{model}/predict", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.slow
+def test_graph_answers_cold_start_then_follows_the_session(graph_server: Any) -> None:
+    cold = _predict(graph_server, "rec", {"session_id": "never-seen", "request": {}})
+    # no items, no encoder: the popularity order (i0 first), ranked by price, out of stock gone
+    assert cold["degraded"] is False and cold["path"] == "primary"
+    assert cold["retrieved"] == 20
+    ids = [i["item_id"] for i in cold["items"]]
+    assert len(ids) == 5 and all(int(i[1:]) < 20 and int(i[1:]) % 10 != 9 for i in ids)
+    prices = [i["score"] for i in cold["items"]]
+    assert prices == sorted(prices, reverse=True)  # the ranker's order: price
+    for stage in ("sessions", "query", "retrieve", "rank", "inference", "rules"):
+        assert stage in cold["timings_us"], cold["timings_us"]
+
+    sid = "g-session-1"
+    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+                   json=[{"item_id": "i100", "type": "click", "ts_ms": 1_000},
+                         {"item_id": "i101", "type": "click", "ts_ms": 2_000}])
+    assert r.status_code == 200, r.text
+    warm = _predict(graph_server, "rec", {"session_id": sid, "request": {}})
+    ids = [i["item_id"] for i in warm["items"]]
+    # neighbours of i100/i101 on the circle, never the seen ones, never out of stock
+    assert ids and all(abs(int(i[1:]) - 100) <= 15 for i in ids), ids
+    assert "i100" not in ids and "i101" not in ids and "i109" not in ids
+
+
+@pytest.mark.slow
+def test_encoder_and_ann_graphs_serve(graph_server: Any) -> None:
+    # the encoder turns (x0, x1) = (cos, sin) of item 50's angle into the query
+    a = 50 * 2 * np.pi / 200
+    doc = _predict(graph_server, "enc", {"request": {"x0": float(np.cos(a)),
+                                                      "x1": float(np.sin(a))}})
+    ids = [int(i["item_id"][1:]) for i in doc["items"]]
+    assert ids and all(abs(i - 50) <= 10 for i in ids), ids
+    big = _predict(graph_server, "big", {"session_id": "nobody", "request": {}})
+    assert big["retrieved"] == 50 and len(big["items"]) == 5
+
+
+@pytest.mark.slow
+def test_budget_too_small_for_the_ranker_answers_retrieval_order(graph_server: Any) -> None:
+    body = {"session_id": "g-budget", "request": {}}
+    _predict(graph_server, "rec", body)  # the ranker's latency is known after a run
+    for _ in range(20):  # a probe may run the ranker anyway; the next request degrades
+        doc = _predict(graph_server, "rec", {**body, "budget_ms": 0.001})
+        if doc["degraded"]:
+            break
+    assert doc["degraded"] is True and doc["path"] == "fallback"
+    assert "answered in retrieval order" in doc["degraded_reasons"][0]
+    assert "rank" not in doc["timings_us"] and "retrieve" in doc["timings_us"]
+    # the popularity order itself: i0, i1, ... (out-of-stock i9 dropped)
+    assert [i["item_id"] for i in doc["items"]] == ["i0", "i1", "i2", "i3", "i4"]
+
+
+@pytest.mark.slow
+def test_graph_over_grpc_and_bad_requests(graph_server: Any) -> None:
+    async def call() -> Any:
+        async with grpc.aio.insecure_channel(graph_server.grpc_target) as channel:
+            stub = v1_grpc.PredictionServiceStub(channel)
+            return await stub.Predict(v1.PredictRequest(
+                model_name="rec", session_id="g-grpc", instances=[v1.Instance()]))
+
+    resp = asyncio.run(call())
+    assert resp.retrieved == 20 and len(resp.items) == 5 and resp.items[0].item_id
+    assert "retrieve" in resp.timings_us
+    r = httpx.post(f"{graph_server.url}/v1/models/rec/predict", timeout=10,
+                   json={"instances": [{"request": {}}, {"request": {}}]})
+    assert r.status_code == 400 and "one instance" in r.text
