@@ -162,6 +162,9 @@ class PipelineSettings:
     session_max_events: int = 20
     session_max_items: int = 50  # items (id, event type, time) a session keeps, newest first
     session_events_timeout_ms: float = 1000.0  # Redis timeout of POST /v1/sessions/{id}/events
+    # Item ids session events may name (one per line, or a .csv/.parquet with an item_id
+    # column); empty: any id is accepted.
+    session_catalogue: str | None = field(default=None, metadata={"path": True})
     max_instances: int = 1024  # rows per batch request
     latency_window: int = 512  # recent model runs the p99 for budget-aware fallback is taken over
     latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age)

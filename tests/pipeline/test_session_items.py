@@ -176,9 +176,14 @@ def memory_server(tmp_path_factory, trained_repo, defs_path) -> Iterator[Any]:
 
     from tests.pipeline.conftest import ServerThread
 
-    repo = tmp_path_factory.mktemp("items") / "models"
+    base = tmp_path_factory.mktemp("items")
+    repo = base / "models"
     shutil.copytree(trained_repo, repo)
-    srv = ServerThread(make_settings(repo, defs_path)).start()
+    catalogue = base / "items.txt"
+    catalogue.write_text("i\n" + "".join(f"i{k}\n" for k in range(100)))
+    settings = make_settings(repo, defs_path)
+    settings.pipeline.session_catalogue = str(catalogue)
+    srv = ServerThread(settings).start()
     yield srv
     srv.stop()
 
@@ -195,6 +200,8 @@ BAD_EVENTS = [
     (b'{"item_id": "i1", "type": "click", "ts_ms": "now"}', "ts_ms must be"),
     (b'{"item_id": "i1", "type": "click", "price": 3}', "unknown fields"),
     (b'[{"item_id": "i1", "type": "click"}, {"item_id": "i2"}]', "event 1"),
+    (b'[{"item_id": "i1", "type": "click"}, {"item_id": "x9", "type": "click"}]',
+     "event 1: unknown item_id 'x9'"),
 ]
 
 
@@ -234,7 +241,7 @@ def _raw_post(url: str, path_head: bytes, path_len: int, body: bytes) -> bytes:
             pass  # refused mid-way: the server stopped reading
         answer = b""
         try:
-            while b"\r\n\r\n" not in answer:
+            while not _complete(answer):
                 got = sock.recv(65536)
                 if not got:
                     break
@@ -242,6 +249,15 @@ def _raw_post(url: str, path_head: bytes, path_len: int, body: bytes) -> bytes:
         except OSError:
             pass
         return answer
+
+
+def _complete(answer: bytes) -> bool:
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return len(body) >= length
 
 
 @pytest.mark.slow

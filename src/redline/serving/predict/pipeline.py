@@ -47,6 +47,7 @@ from redline.serving.predict.graph import GraphRunner, run_graph
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
+from redline.serving.predict.session_events import check_known, load_catalogue
 from redline.serving.predict.sessions import SessionItem, SessionState, SessionStore
 from redline.serving.registry import HandleLookup
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
@@ -83,6 +84,8 @@ class PredictPipeline:
                                     spin_s=max(0.0, settings.features.redis_spin_us) / 1e6)
         self.sessions = sessions
         self.sessions_shared = sessions.kind == "redis"
+        self.catalogue = (load_catalogue(cfg.session_catalogue) if cfg.session_catalogue
+                          else None)
         self.max_instances = cfg.max_instances
         self._routes: dict[tuple[Any, ...], Route] = {}
         self._latency: dict[tuple[str, int], LatencyWindow] = {}
@@ -283,7 +286,9 @@ class PredictPipeline:
     def add_session_events(self, session_id: str, items: list[SessionItem]) -> SessionState:
         """Store a session's new item events (oldest first) atomically and return its state:
         the next read on any replica sharing the store sees them. A store that is down is a
-        :class:`~redline.errors.StoreUnavailable` (503): an event is never dropped silently."""
+        :class:`~redline.errors.StoreUnavailable` (503): an event is never dropped silently.
+        With ``pipeline.session_catalogue`` set, an unknown item id is an ``InvalidInput``."""
+        check_known(items, self.catalogue)
         return self.sessions.add_items(session_id, items)
 
     async def _run(self, plan: ModelPlan, x: np.ndarray, budget: Budget | None,

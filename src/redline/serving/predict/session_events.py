@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Set
+from pathlib import Path
 from typing import Any
 
-from redline.errors import InvalidInput, PayloadTooLarge
+from redline.errors import ConfigError, InvalidInput, PayloadTooLarge
 from redline.serving.predict.sessions import SessionItem
 
 MAX_EVENTS_PER_REQUEST = 1000
@@ -62,3 +64,39 @@ def _event(ev: Any, index: int, now_ms: int) -> SessionItem:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_catalogue(path: str) -> frozenset[str]:
+    """The item ids of ``pipeline.session_catalogue``: a text file of one id a line, or a
+    ``.csv``/``.parquet`` table with an ``item_id`` column."""
+    p = Path(path)
+    try:
+        if p.suffix in (".csv", ".parquet"):
+            from redline.features.offline import read_table
+
+            table = read_table(p)
+            if "item_id" not in table.columns:
+                raise ConfigError(f"pipeline.session_catalogue {path} has no item_id column "
+                                  f"(columns: {list(table.columns)[:10]})")
+            ids = frozenset(str(x) for x in table["item_id"].tolist())
+        else:
+            ids = frozenset(line.strip() for line in p.read_text().splitlines()
+                            if line.strip())
+    except OSError as exc:
+        raise ConfigError(f"pipeline.session_catalogue {path} cannot be read ({exc}); point it "
+                          "at a file of item ids or leave it unset") from exc
+    if not ids:
+        raise ConfigError(f"pipeline.session_catalogue {path} holds no item ids")
+    return ids
+
+
+def check_known(items: list[SessionItem], catalogue: Set[str] | None) -> None:
+    """With a catalogue configured, every event must name an item in it."""
+    if catalogue is None:
+        return
+    unknown = [i for i, item in enumerate(items) if item.item_id not in catalogue]
+    if unknown:
+        first = unknown[0]
+        raise InvalidInput(f"event {first}: unknown item_id {_short(items[first].item_id)} "
+                           f"({len(unknown)} of {len(items)} events name items that are not in "
+                           "pipeline.session_catalogue); send ids of the catalogue")
