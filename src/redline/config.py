@@ -195,6 +195,9 @@ class FeatureSettings:
     # it sleeps: the reply (~50-100 µs on loopback) is caught without a second wake-up of the
     # process (docs/architecture.md); 0 = sleep at once
     redis_spin_us: float = 200.0
+    # memory `features training-set` may use: a share of RAM ("25%") or a size ("4GB"); event
+    # logs larger than this are built out of core (--engine auto)
+    training_memory_budget: str = "25%"
     # feature-view versions on disk (default: <project>/features)
     registry: str = field(default=".redline/features", metadata={"path": True})
     # events replayed into the online store when `redline serve` starts (the embedded memory

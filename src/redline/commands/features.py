@@ -135,15 +135,31 @@ def apply(config_path: str | None, definitions: str | None, switch: bool) -> Non
               help="Event log (.jsonl, .csv, .parquet; optional _arrival_ms column).")
 @click.option("--labels", "labels_path", required=True,
               help="Rows to label: entity id column(s), a time column (epoch ms), anything else.")
-@click.option("--out", "out_path", required=True, help="Output .parquet or .csv.")
+@click.option("--out", "out_path", required=True,
+              help="Output .parquet or .csv (written to a temporary file, then renamed).")
 @click.option("--features", "feature_list", default=None,
               help="Comma-separated view:feature refs and transforms (default: all).")
 @click.option("--time-column", default="ts", show_default=True,
               help="Column of --labels with each row's time (epoch ms).")
+@click.option("--engine", type=click.Choice(["auto", "memory", "disk", "spark"]), default="auto",
+              show_default=True,
+              help="memory: one pandas frame; disk: hash partitions by entity on local disk, "
+                   "built in parallel (out of core); spark: Apache Spark (redline[spark]); "
+                   "auto: memory when the events fit the memory budget, else disk.")
+@click.option("--memory-budget", default=None,
+              help="Memory the build may use: a share of RAM ('25%') or a size ('4GB') "
+                   "(default: features.training_memory_budget, 25%).")
+@click.option("--workers", default=None, type=click.IntRange(1),
+              help="Processes of the disk engine (default: one per core).")
 def training_set(config_path: str | None, definitions: str | None, events_path: str,
                  labels_path: str, out_path: str, feature_list: str | None,
-                 time_column: str) -> None:
+                 time_column: str, engine: str, memory_budget: str | None,
+                 workers: int | None) -> None:
     """Point-in-time training table: each row's features as the online store answered them.
+
+    Every engine runs the same per-entity kernel, so they give the same table. The disk engine
+    streams the inputs into partitions under the temporary directory (TMPDIR) and needs about
+    twice the event file's size there.
 
     \b
     Examples:
@@ -151,25 +167,97 @@ def training_set(config_path: str | None, definitions: str | None, events_path: 
           --out train.parquet
       redline features training-set -d features.py --events events.parquet \\
           --labels rows.parquet --features card_activity:count_1h,amount_vs_card_mean --out t.csv
+      redline features training-set -d features.py --events year.parquet --labels rows.parquet \\
+          --engine disk --memory-budget 4GB --out train.parquet
     """
+    from redline.features.outofcore import in_memory_bytes, parse_budget
+    from redline.features.schema_checks import check_inputs
+
+    fs, defs = _settings(config_path, definitions)
+    t0 = time.perf_counter()
+    refs = feature_list.split(",") if feature_list else None
+    budget = parse_budget(memory_budget or fs.training_memory_budget)
+    check_inputs(defs, refs, events_path, labels_path, time_column)
+    if engine == "auto":
+        engine = "memory" if in_memory_bytes(events_path) <= budget else "disk"
+    if engine == "spark":
+        _spark_training_set(defs, events_path, labels_path, out_path, refs, time_column)
+        rows, cols, n_events = -1, -1, -1
+    elif engine == "disk":
+        rows, cols, n_events = _disk_training_set(defs, events_path, labels_path, out_path, refs,
+                                                  time_column, budget, workers)
+    else:
+        rows, cols, n_events = _memory_training_set(defs, events_path, labels_path, out_path,
+                                                    refs, time_column)
+    if rows >= 0:
+        click.echo(f"{rows} rows x {cols} columns from {n_events} events in "
+                   f"{time.perf_counter() - t0:.2f}s ({engine}) -> {out_path}")
+    click.echo(f"view versions: {json.dumps(defs.versions())}")
+
+
+def _memory_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
+                         refs: list[str] | None, time_column: str) -> tuple[int, int, int]:
+    import os
+    import tempfile
+
     from redline.features.offline import build_training_set, read_table
 
-    _, defs = _settings(config_path, definitions)
-    t0 = time.perf_counter()
+    out = Path(out_path)
+    if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
+        raise InvalidInput(f"--out must end in .parquet or .csv, got {out}")
     events = read_table(events_path)
     labels = read_table(labels_path)
-    refs = feature_list.split(",") if feature_list else None
     table = build_training_set(defs, events, labels, refs, time_column=time_column)
-    out = Path(out_path)
-    if out.suffix.lower() == ".csv":
-        table.to_csv(out, index=False)
-    elif out.suffix.lower() in (".parquet", ".pq"):
-        table.to_parquet(out, index=False)
-    else:
-        raise InvalidInput(f"--out must end in .parquet or .csv, got {out}")
-    click.echo(f"{len(table)} rows x {table.shape[1]} columns from {len(events)} events in "
-               f"{time.perf_counter() - t0:.2f}s -> {out}")
-    click.echo(f"view versions: {json.dumps(defs.versions())}")
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part",
+                                dir=out.parent if str(out.parent) else ".")
+    os.close(fd)
+    try:
+        if out.suffix.lower() == ".csv":
+            table.to_csv(name, index=False)
+        else:
+            table.to_parquet(name, index=False)
+        os.replace(name, out)
+    finally:
+        Path(name).unlink(missing_ok=True)
+    return len(table), table.shape[1], len(events)
+
+
+def _disk_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
+                       refs: list[str] | None, time_column: str, budget: int,
+                       workers: int | None) -> tuple[int, int, int]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from redline.features.outofcore import build_on_disk, count_rows
+
+    total_events = count_rows(events_path)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
+                  TimeElapsedColumn(), transient=True, disable=not sys.stderr.isatty()) as bar:
+        ids = {"labels": bar.add_task("reading labels", total=None),
+               "events": bar.add_task("partitioning events", total=total_events),
+               "build": bar.add_task("building partitions", total=None),
+               "write": bar.add_task("writing", total=None)}
+
+        def progress(stage: str, n: int, total: int) -> None:
+            if total:
+                bar.update(ids[stage], total=total)
+            bar.advance(ids[stage], n)
+
+        return build_on_disk(defs, events_path, labels_path, out_path, refs,
+                             time_column=time_column, budget=budget, workers=workers,
+                             progress=progress)
+
+
+def _spark_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
+                        refs: list[str] | None, time_column: str) -> None:
+    import importlib
+
+    try:
+        spark = importlib.import_module("redline.features.spark")
+    except ImportError as exc:
+        raise ConfigError(f"engine spark needs redline[spark] (pip install 'redline[spark]'): "
+                          f"{exc}") from exc
+    spark.training_set_cli(defs, events_path, labels_path, out_path, refs,
+                           time_column=time_column)
 
 
 @features.command("verify")
