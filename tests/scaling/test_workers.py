@@ -66,6 +66,23 @@ def served_by(url: str, pid: int, until: float) -> bool:
     return False
 
 
+def fresh_import_s() -> float:
+    """Seconds a fresh interpreter takes to import what a worker needs (now, under this load)."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import redline.scaling.forked as f; f.preimport()"],
+                   check=True, timeout=120)
+    return time.monotonic() - started
+
+
+def replacement_phases(serve: Serve, slot: int) -> dict[str, float]:
+    """The start-up phases the newest worker in ``slot`` logged, by name."""
+    text = serve.log.read_text()
+    pid = slot_pid(serve, slot)
+    tail = text[text.rindex(f"worker {slot} started (pid {pid})"):]
+    found = re.findall(rf"\[worker {slot}\] start-up: ([a-z ,]+?) in ([0-9.]+) s", tail)
+    return {name: float(s) for name, s in found}
+
+
 def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -> None:
     """Two workers with monitoring on and a profiled model; at a steady rate one worker is
     SIGKILLed every 10 s, the slots in turn: each replacement becomes ready and answers
@@ -87,6 +104,7 @@ def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -
                 next_kill = time.monotonic() + 10.0
                 victim = slot_pid(serve, slot)
                 before = load.result.ok
+                killed_at = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
                 while slot_pid(serve, slot) == victim:  # the supervisor starts a replacement
                     assert time.monotonic() < next_kill, serve.log.read_text()[-2000:]
@@ -95,7 +113,16 @@ def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -
                 assert served_by(serve.url, replacement, max(next_kill, time.monotonic() + 60)), (
                     f"worker {slot} (pid {replacement}) never served:\n"
                     + serve.log.read_text()[-3000:])
+                answered_s = time.monotonic() - killed_at
                 assert load.result.ok > before  # the load went on meanwhile
+                # A replacement is a fork of a supervisor that has imported the serving stack:
+                # its imports take a fraction of a fresh interpreter's, measured now, under the
+                # same load (a ratio, so a busy machine slows both).
+                phases = replacement_phases(serve, slot)
+                imports_s = fresh_import_s()
+                print(f"worker {slot}: SIGKILL to first answer {answered_s:.2f} s, phases "
+                      f"{phases}, a fresh interpreter's imports {imports_s:.2f} s")
+                assert phases["imports and settings"] < 0.5 * imports_s, (phases, imports_s)
                 time.sleep(max(0.0, next_kill - time.monotonic()))
             result = load.stop()
         assert result.failed == 0, result.errors[:5]

@@ -32,8 +32,13 @@ async def _serve(server: object, board: object, slot: int) -> None:
 
 
 def main() -> None:
-    spec = json.loads(os.environ["REDLINE_WORKER"])
-    logging.basicConfig(level=spec.get("log_level", "info").upper(),
+    """Entry point of a worker started as its own interpreter (``python -m``)."""
+    run(json.loads(os.environ["REDLINE_WORKER"]))
+
+
+def run(spec: dict[str, Any]) -> None:
+    """Serve as the worker ``spec`` describes until SIGTERM (exits 2 on a user error)."""
+    logging.basicConfig(level=spec.get("log_level", "info").upper(), force=True,
                         format=f"%(asctime)s %(levelname)s [worker {spec['slot']}] %(message)s")
     try:
         from redline.assembly import build_server

@@ -36,6 +36,7 @@ from typing import Any
 from redline.config import Settings
 from redline.errors import ConfigError
 from redline.scaling.autoscaler import Autoscaler, LoadSample, ScalePolicy
+from redline.scaling.forked import ForkedWorker, fork_safe, preimport
 from redline.scaling.loadmeter import MAX_SLOTS, LoadBoard
 
 log = logging.getLogger("redline.scaling")
@@ -81,7 +82,7 @@ def resolve_workers(settings: Settings, requested: int | None) -> int:
 @dataclass
 class _Worker:
     slot: int
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedWorker | None = None
     started: float = 0.0
     restart_at: float | None = None
     retiring: bool = False
@@ -151,11 +152,14 @@ class Supervisor:
         spec = {**self.worker_args, "http_fd": self.http.fileno(), "http_port": self.http_port,
                 "grpc_port": self.grpc_port, "board_fd": self.board.fd, "slot": worker.slot,
                 "state_dir": self._state_dir.name}
-        env = {**os.environ, "REDLINE_WORKER": json.dumps(spec)}
         self.board.reset(worker.slot)
-        worker.proc = subprocess.Popen(
-            [sys.executable, "-m", "redline.scaling.worker"], env=env,
-            pass_fds=(self.http.fileno(), self.board.fd), preexec_fn=_die_with_parent)
+        if self._fork and fork_safe():
+            worker.proc = ForkedWorker(spec, (self.http.fileno(), self.board.fd))
+        else:
+            env = {**os.environ, "REDLINE_WORKER": json.dumps(spec)}
+            worker.proc = subprocess.Popen(
+                [sys.executable, "-m", "redline.scaling.worker"], env=env,
+                pass_fds=(self.http.fileno(), self.board.fd), preexec_fn=_die_with_parent)
         worker.started = time.monotonic()
         worker.restart_at = None
         worker.served = False
@@ -238,6 +242,13 @@ class Supervisor:
         # Redis holds it (monitoring/joinstore.py); it lives as long as the pool.
         self._state_dir = tempfile.TemporaryDirectory(prefix="redline-state-")
         self.board = LoadBoard.create()
+        # Workers are forks of this process with the serving stack already imported, so a
+        # replacement starts at its settings (``scaling/forked.py``); a fresh interpreter each
+        # where forking is not safe or REDLINE_WORKER_EXEC=1 asks for it.
+        self._fork = hasattr(os, "fork") and os.environ.get("REDLINE_WORKER_EXEC") != "1"
+        if self._fork:
+            log.info("worker imports done in the supervisor in %.2f s (each worker is a fork)",
+                     preimport())
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         log.info("redline supervising %s workers: http %s:%s grpc %s", self.count,
