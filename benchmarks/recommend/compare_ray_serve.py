@@ -10,6 +10,9 @@ open-loop ladder of rates, keeping the highest rate whose p99 stays at or below 
         --data examples/recommend/data --peer three:1:8 --peer one:2:4 \
         [--redline-url http://127.0.0.1:8000 --redline-model recommend]
 
+With ``--redline-url``, the server there serves the example's graph (``redline models add``)
+and keeps its sessions in the same Redis.
+
 Prints one JSON document: per target the best of its rounds, and redline's ratios to the best
 peer configuration.
 """
@@ -64,40 +67,35 @@ def start_redis() -> tuple[subprocess.Popen, str, Path]:
     raise RuntimeError("redis-server did not start")
 
 
-def load_peer_state(redis_url: str, data: object, sessions: int) -> list[dict]:
-    """The peer's Redis keys: session item lists, user and item windows (counts over the data).
-    Returns the request bodies (user, session) of the last ``sessions`` sessions."""
+def load_sessions(redis_url: str, redline_url: str | None, data: object,
+                  sessions: int) -> list[dict]:
+    """The last ``sessions`` sessions of the data into both servers' session state (the peer: a
+    Redis list per session; redline: ``POST /v1/sessions/{id}/events``). Returns the request
+    bodies: the session and the user's windows as request fields."""
     import redis
+    from ranking import USER_FIELDS
 
     items = {it["item_id"]: i for i, it in enumerate(data.items)}  # type: ignore[attr-defined]
-    events = data.events  # type: ignore[attr-defined]
-    r = redis.Redis.from_url(redis_url)
-    pipe = r.pipeline(transaction=False)
-    item_counts: dict[int, list[float]] = {}
-    user_counts: dict[str, list[float]] = {}
-    by_session: dict[str, tuple[str, list[int]]] = {}
-    for e in events:
-        i = items[e["item_id"]]
-        cart = 1.0 if e["type"] == "add_to_cart" else 0.0
-        ic = item_counts.setdefault(i, [0.0, 0.0, 0.0, 0.0])
-        ic[1] += 1
-        ic[2] += 1
-        ic[3] += cart
-        uc = user_counts.setdefault(e["user_id"], [0.0, 0.0, 0.0])
-        uc[0] += 1
-        uc[1] += 1
-        uc[2] += cart
-        by_session.setdefault(e["session_id"], (e["user_id"], []))[1].append(i)
-    for i, c in item_counts.items():
-        pipe.hset(f"peer:item:{i}", mapping=dict(zip(
-            ("count_1h", "count_1d", "count_7d", "cart_sum_1d"), c, strict=True)))
-    for u, c in user_counts.items():
-        pipe.hset(f"peer:user:{u}", mapping=dict(zip(
-            ("count_1d", "count_7d", "cart_sum_7d"), c, strict=True)))
+    by_session: dict[str, list[dict]] = {}
+    users: dict[str, list[float]] = {}
+    for e in data.events:  # type: ignore[attr-defined]
+        by_session.setdefault(e["session_id"], []).append(e)
+        u = users.setdefault(e["user_id"], [0.0, 0.0, 0.0])
+        u[0] += 1
+        u[1] += 1
+        u[2] += e["type"] == "add_to_cart"
+    chosen = list(by_session.items())[-sessions:]
+    pipe = redis.Redis.from_url(redis_url).pipeline(transaction=False)
     bodies = []
-    for sid, (user, seen) in list(by_session.items())[-sessions:]:
-        pipe.lpush(f"peer:session:{sid}", *seen)
-        bodies.append({"user_id": user, "session_id": sid, "n": 10})
+    with httpx.Client(base_url=redline_url or "http://unused", timeout=10) as client:
+        for sid, evs in chosen:
+            pipe.lpush(f"peer:session:{sid}", *(items[e["item_id"]] for e in evs))
+            if redline_url:
+                r = client.post(f"/v1/sessions/{sid}/events", json=[
+                    {"item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]} for e in evs])
+                r.raise_for_status()
+            bodies.append({"session_id": sid, "request": dict(zip(
+                USER_FIELDS, users[evs[0]["user_id"]], strict=True))})
     pipe.execute()
     return bodies
 
@@ -117,7 +115,7 @@ def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tupl
         if proc.poll() is not None:
             raise RuntimeError(f"Ray Serve exited; see {log.name}")
         try:
-            if httpx.post(url, json={"user_id": "u0", "session_id": "none"},
+            if httpx.post(url, json={"session_id": "none", "request": {}},
                           timeout=5).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
@@ -185,7 +183,8 @@ def main() -> None:
     redis_proc, redis_url, redis_dir = start_redis()
     report: dict = {"p99_bound_ms": args.p99_ms, "peers": {}}
     try:
-        bodies = load_peer_state(redis_url, read(Path(args.data)), args.sessions)
+        bodies = load_sessions(redis_url, args.redline_url, read(Path(args.data)),
+                               args.sessions)
         encoded = [orjson.dumps(b) for b in bodies]
 
         def body_of(n: int) -> bytes:

@@ -1,24 +1,25 @@
 """The recommender graph in Ray Serve, as a Python team would build it: the peer of redline's.
 
 Runs in the peer's own environment (``setup_ray_serve.sh``), not redline's. The same work as the
-redline graph: the session's items and the user's windows from Redis (one pipelined read), the
-example's ONNX encoder, exact inner-product retrieval over ``items.npy``, the candidates' item
-windows from Redis, the example's ranking features and its LightGBM ranker in ONNX Runtime over
-the K candidates, drop items the session saw, top N.
+example's ``graph.yaml``: the session's last items from Redis, their recency-weighted sum over
+``items.npy`` as the query, exact top-K by inner product, the example's ranking features and
+LightGBM ranker in ONNX Runtime over the K candidates in one run, drop the items the session
+saw, top 10.
 
     python ray_serve_app.py --artifacts DIR --redis-url redis://127.0.0.1:6379/0 --port 8600 \
         --layout three --replicas 1 --max-ongoing 8
 
 ``--layout three``: ingress -> retrieval -> ranking, composed with deployment handles (Ray
-Serve's model composition); ``--layout one``: all steps in one deployment. Prints ``READY``
-when it answers.
+Serve's model composition); ``--layout one``: all steps in one deployment. The request body is
+``{"session_id": ..., "request": {user fields}}``, as redline's ``/v1`` takes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,12 @@ HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "examples" / "recommend"
 sys.path.insert(0, str(EXAMPLE))
 
-from ranking import candidate_features  # noqa: E402
+from ranking import ITEM_COLUMNS, USER_FIELDS, candidate_features  # noqa: E402
 
 SESSION_ITEMS = 10
+RECENCY = 0.8
 K = 100
-USER_FIELDS = ("count_1d", "count_7d", "cart_sum_7d")
-ITEM_FIELDS = ("count_1h", "count_1d", "count_7d", "cart_sum_1d")
+TOP_N = 10
 
 
 class Model:
@@ -47,50 +48,34 @@ class Model:
         self.items = np.load(folder / "items.npy")
         table = pq.read_table(folder / "items.parquet").to_pydict()
         self.item_ids = table["item_id"]
-        self.category = np.array([int(c[3:]) for c in table["category"]])
-        self.price = np.asarray(table["price"], dtype=np.float64)
-        self.popularity = np.asarray(table["popularity"], dtype=np.float64)
+        self.columns = np.column_stack([table[c] for c in ITEM_COLUMNS]).astype(np.float32)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
-        self.encoder = ort.InferenceSession(str(folder / "encoder.onnx"), opts,
-                                            providers=["CPUExecutionProvider"])
         self.ranker = ort.InferenceSession(str(folder / "ranker.onnx"), opts,
                                            providers=["CPUExecutionProvider"])
         self.redis = redis.Redis.from_url(redis_url)
 
-    def context(self, user_id: str, session_id: str) -> tuple[list[int], np.ndarray]:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.lrange(f"peer:session:{session_id}", 0, SESSION_ITEMS - 1)
-        pipe.hmget(f"peer:user:{user_id}", *USER_FIELDS)
-        items, user = pipe.execute()
-        windows = np.array([float(v) if v is not None else 0.0 for v in user], dtype=np.float32)
-        return [int(i) for i in items], windows
+    def session(self, session_id: str) -> list[int]:
+        return [int(i) for i in self.redis.lrange(f"peer:session:{session_id}", 0,
+                                                  SESSION_ITEMS - 1)]
 
-    def retrieve(self, session: list[int], user: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        padded = np.full((1, SESSION_ITEMS), len(self.items), dtype=np.int64)
-        padded[0, : len(session)] = session
-        query = self.encoder.run(["query"], {"session_items": padded,
-                                             "user_features": user[None, :]})[0][0]
+    def retrieve(self, session: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        weights = (RECENCY ** np.arange(len(session))).astype(np.float32)
+        query = (self.items[session] * weights[:, None]).sum(axis=0)
         scores = self.items @ query
-        if session:
-            scores[session] = -np.inf
         top = np.argpartition(-scores, K)[:K]
         top = top[np.argsort(-scores[top])]
         return top, scores[top]
 
-    def rank(self, session: list[int], user: np.ndarray, cands: np.ndarray,
-             scores: np.ndarray, n: int) -> dict:
-        pipe = self.redis.pipeline(transaction=False)
-        for i in cands:
-            pipe.hmget(f"peer:item:{i}", *ITEM_FIELDS)
-        windows = np.array([[float(v) if v is not None else 0.0 for v in row]
-                            for row in pipe.execute()], dtype=np.float32)
-        x = candidate_features(cands, scores, session, windows, user, self.category,
-                               self.price, self.popularity)
+    def rank(self, session: list[int], fields: dict, cands: np.ndarray,
+             scores: np.ndarray) -> dict:
+        user = np.array([float(fields.get(f, 0.0)) for f in USER_FIELDS], dtype=np.float32)
+        x = candidate_features(cands, scores, len(session), self.columns, user)
         ranked = self.ranker.run(None, {"candidates": x})[0].reshape(-1)
-        best = np.argsort(-ranked)[:n]
-        return {"items": [self.item_ids[i] for i in cands[best]],
-                "scores": [float(s) for s in ranked[best]]}
+        seen = set(session)
+        out = [(int(cands[i]), float(ranked[i])) for i in np.argsort(-ranked, kind="stable")
+               if int(cands[i]) not in seen][:TOP_N]
+        return {"items": [{"item_id": self.item_ids[i], "score": s} for i, s in out]}
 
 
 def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazily
@@ -109,18 +94,18 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
 
         async def __call__(self, request: Request) -> dict:
             body = await request.json()
-            session, user = self.model.context(body["user_id"], body["session_id"])
-            cands, scores = self.model.retrieve(session, user)
-            return self.model.rank(session, user, cands, scores, body.get("n", 10))
+            session = self.model.session(body["session_id"])
+            cands, scores = self.model.retrieve(session)
+            return self.model.rank(session, body.get("request", {}), cands, scores)
 
     @serve.deployment(**opts)
     class Ranking:
         def __init__(self) -> None:
             self.model = Model(args.artifacts, args.redis_url)
 
-        def rank(self, session: list[int], user: np.ndarray, cands: np.ndarray,
-                 scores: np.ndarray, n: int) -> dict:
-            return self.model.rank(session, user, cands, scores, n)
+        def rank(self, session: list[int], fields: dict, cands: np.ndarray,
+                 scores: np.ndarray) -> dict:
+            return self.model.rank(session, fields, cands, scores)
 
     @serve.deployment(**opts)
     class Retrieval:
@@ -128,9 +113,9 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
             self.model = Model(args.artifacts, args.redis_url)
             self.ranking = ranking
 
-        async def recommend(self, session: list[int], user: np.ndarray, n: int) -> dict:
-            cands, scores = self.model.retrieve(session, user)
-            return await self.ranking.rank.remote(session, user, cands, scores, n)
+        async def recommend(self, session: list[int], fields: dict) -> dict:
+            cands, scores = self.model.retrieve(session)
+            return await self.ranking.rank.remote(session, fields, cands, scores)
 
     @serve.deployment(**opts)
     class Ingress:
@@ -140,8 +125,8 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
 
         async def __call__(self, request: Request) -> dict:
             body = await request.json()
-            session, user = self.model.context(body["user_id"], body["session_id"])
-            return await self.retrieval.recommend.remote(session, user, body.get("n", 10))
+            session = self.model.session(body["session_id"])
+            return await self.retrieval.recommend.remote(session, body.get("request", {}))
 
     if args.layout == "one":
         return Recommend.bind()
@@ -167,9 +152,12 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": str(EXAMPLE)}})
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app(args), route_prefix="/recommend", blocking=False)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     print("READY", flush=True)
-    while True:
-        time.sleep(3600)
+    stopping.wait()
+    serve.shutdown()  # the actors are processes of their own: end them before leaving
+    ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Train the recommender: two-tower retrieval, a LightGBM ranker, offline metrics, artifacts.
+"""Train the recommender: item embeddings, a LightGBM ranker, offline metrics, artifacts.
 
 Every click of a session after its first event is a request: "given this session so far (and
 this user), which item comes next?". Sessions that start in the last ``holdout_days`` are held
 out. Requests see features as of 1 ms before the click (``redline.features.offline``: the same
 arithmetic as the online stores) and the session's items before it (what the session state
-holds). The two-tower model learns on the earlier part of the training period, the ranker on
-the later part (so it learns from retrieval scores of requests the towers did not fit), and both
+holds). The embeddings learn on the earlier part of the training period, the ranker on the
+later part (so it learns from retrieval scores of requests the embeddings did not fit), and both
 are scored on the held-out sessions against a popularity baseline.
 
     python train.py --data data --out artifacts
@@ -30,7 +30,7 @@ import embeddings  # noqa: E402
 import ranking  # noqa: E402
 from features import events_of  # noqa: E402
 from metrics import recall_ndcg  # noqa: E402
-from ranking import ITEM_FEATURES, USER_FEATURES  # noqa: E402
+from ranking import USER_FIELDS  # noqa: E402
 
 DAY_MS = 24 * 3_600_000
 K = 100  # candidates retrieved per request
@@ -107,7 +107,7 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
           epochs: int = 3, trees: int = 100, max_rank_requests: int = 3000,
           max_eval_requests: int = 3000, candidates: int = K, seed: int = 0,
           log=print) -> dict:  # noqa: ANN001
-    """Train both stages, evaluate, write ``items.npy``, ``items.parquet``, ``encoder.onnx``,
+    """Train both stages, evaluate, write ``items.npy``, ``items.parquet``, ``graph.yaml``,
     ``ranker.onnx`` and ``metrics.json`` into ``out``; returns the metrics."""
     from redline.features import load_definitions
 
@@ -122,7 +122,6 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
     price = np.array([it["price"] for it in items], dtype=np.float64)
     popularity = np.array([it["popularity"] for it in items], dtype=np.float64)
     feature_events = pd.DataFrame([f for e in events for f in events_of(e)])
-    item_events = feature_events[feature_events["source"] == "item_events"].dropna(axis=1)
     user_events = feature_events[feature_events["source"] == "user_events"].dropna(axis=1)
 
     reqs = requests_of(events, index)
@@ -139,33 +138,29 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
         rank_reqs = rank_reqs.take(np.isin(np.arange(len(rank_reqs.ts)), rng.choice(
             len(rank_reqs.ts), max_rank_requests, replace=False)))
 
-    def user_windows(r: Requests) -> np.ndarray:
-        return windows(defs, user_events, "user_id", r.user_id, r.ts, USER_FEATURES)
+    def user_fields(r: Requests) -> np.ndarray:
+        return windows(defs, user_events, "user_id", r.user_id, r.ts, list(USER_FIELDS.values()))
 
-    item_matrix, encoder_onnx = embeddings.train(
-        tower_reqs.padded(n_items), user_windows(tower_reqs), tower_reqs.target, category,
-        popularity, epochs=epochs, seed=seed)
-    encoder = embeddings.Encoder(encoder_onnx)
-    log(f"two-tower model: {len(tower_reqs.ts)} requests, {time.perf_counter() - t0:.1f} s")
+    item_matrix = embeddings.train(tower_reqs.padded(n_items), tower_reqs.target, category,
+                                   epochs=epochs, seed=seed)
+    log(f"item embeddings: {len(tower_reqs.ts)} requests, {time.perf_counter() - t0:.1f} s")
+    item_columns = np.column_stack([price, np.log(popularity), category]).astype(np.float32)
 
     def retrieve(r: Requests) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        uw = user_windows(r)
-        queries = encoder(r.padded(n_items), uw)
-        cands = embeddings.top_k(queries, item_matrix, k, [set(s) for s in r.session])
-        scores = np.einsum("nd,nkd->nk", queries, item_matrix[cands])
-        return cands, scores, uw
+        cands, scores = embeddings.top_k(embeddings.queries(item_matrix, r.session),
+                                         item_matrix, k)
+        uf = user_fields(r)
+        x = np.stack([ranking.candidate_features(cands[n], scores[n], len(r.session[n]),
+                                                 item_columns, uf[n])
+                      for n in range(len(r.ts))])
+        return cands, scores, x
 
-    def rank_rows(r: Requests, cands: np.ndarray, scores: np.ndarray,
-                  uw: np.ndarray) -> np.ndarray:
-        flat = cands.reshape(-1)
-        iw = windows(defs, item_events, "item_id", [items[i]["item_id"] for i in flat],
-                     np.repeat(r.ts, k), ITEM_FEATURES).reshape(len(r.ts), k, -1)
-        return np.stack([ranking.candidate_features(cands[n], scores[n], r.session[n], iw[n],
-                                                    uw[n], category, price, popularity)
-                         for n in range(len(r.ts))])
+    def final(r: Requests, ordered: np.ndarray) -> np.ndarray:
+        """The rules step: drop what the session saw, keep the top 10."""
+        return np.array([[i for i in row if i not in set(s)][:10] + [-1] * 10
+                         for row, s in zip(ordered.tolist(), r.session, strict=True)])[:, :10]
 
-    cands, scores, uw = retrieve(rank_reqs)
-    x = rank_rows(rank_reqs, cands, scores, uw)
+    cands, _, x = retrieve(rank_reqs)
     y = (cands == rank_reqs.target[:, None]).astype(int)
     useful = y.any(axis=1)
     ranker = ranking.train_ranker(x[useful].reshape(-1, x.shape[2]), y[useful].reshape(-1),
@@ -174,30 +169,49 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
     log(f"ranker: {int(useful.sum())} requests x {k} candidates, "
         f"{time.perf_counter() - t0:.1f} s")
 
-    cands, scores, uw = retrieve(held)
-    xh = rank_rows(held, cands, scores, uw)
+    cands, _, xh = retrieve(held)
     ranked_scores = ranker.predict(xh.reshape(-1, xh.shape[2])).reshape(len(held.ts), k)
-    reranked = np.take_along_axis(cands, np.argsort(-ranked_scores, axis=1), 1)
+    reranked = np.take_along_axis(cands, np.argsort(-ranked_scores, axis=1, kind="stable"), 1)
     popular = popularity_ranking([e for e in events if e["ts"] < split], index, n_items,
                                  held.session, 10)
     result = {"holdout_requests": len(held.ts), "train_requests": len(tower_reqs.ts),
               "rank_requests": int(useful.sum()), "candidates": k}
-    for name, ranked in (("popularity", popular), ("retrieval", cands), ("ranked", reranked)):
+    for name, ranked in (("popularity", popular), ("retrieval", final(held, cands)),
+                         ("ranked", final(held, reranked))):
         recall, ndcg = recall_ndcg(ranked, held.target, 10)
         result[f"{name}_recall_at_10"], result[f"{name}_ndcg_at_10"] = recall, ndcg
     result["retrieval_recall_at_k"] = recall_ndcg(cands, held.target, k)[0]
-    write_artifacts(Path(out), items, item_matrix, encoder_onnx, ranker_onnx, result)
+    catalogue = pd.DataFrame({"item_id": [it["item_id"] for it in items],
+                              "price": price.astype(np.float32),
+                              "log_popularity": item_columns[:, 1],
+                              "category_code": item_columns[:, 2],
+                              "popularity": popularity.astype(np.float32)})
+    write_artifacts(Path(out), catalogue, item_matrix, ranker_onnx, result, k)
     result["seconds"] = time.perf_counter() - t0
     return result
 
 
-def write_artifacts(out: Path, items: list[dict], item_matrix: np.ndarray, encoder_onnx: bytes,
-                    ranker_onnx: bytes, result: dict) -> None:
+def graph_yaml(k: int) -> str:
+    """The inference graph that serves these artifacts (``docs/recommend.md``)."""
+    fields = ", ".join(USER_FIELDS)
+    features = "".join(f"\n        - {f}" for f in ranking.RANK_FEATURES)
+    return (f"# The recommender: session items -> query -> top-{k} -> LightGBM ranker -> rules\n"
+            f"steps:\n"
+            f"  - features: {{session_items: {embeddings.SESSION_ITEMS}, fields: [{fields}]}}\n"
+            f"  - retrieve: {{k: {k}}}\n"
+            f"  - rank:\n      model: ranker.onnx\n      features:{features}\n"
+            f"  - rules: {{drop_seen: true}}\n"
+            f"output: {{top_n: 10}}\n")
+
+
+def write_artifacts(out: Path, catalogue: pd.DataFrame, item_matrix: np.ndarray,
+                    ranker_onnx: bytes, result: dict, k: int) -> None:
+    """A model version folder for ``redline models add`` plus ``metrics.json``."""
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "items.npy", item_matrix)
-    pd.DataFrame(items).to_parquet(out / "items.parquet", index=False)
-    (out / "encoder.onnx").write_bytes(encoder_onnx)
+    catalogue.to_parquet(out / "items.parquet", index=False)
     (out / "ranker.onnx").write_bytes(ranker_onnx)
+    (out / "graph.yaml").write_text(graph_yaml(k))
     (out / "metrics.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
 
 
