@@ -42,7 +42,8 @@ def angle_embeddings(n: int, dim: int = 8) -> np.ndarray:
 
 def make_graph(folder: Path, n: int = 200, dim: int = 8, k: int = 20, top_n: int = 5,
                encoder: bool = False, index: str = "exact",
-               embeddings: np.ndarray | None = None, **steps: Any) -> Path:
+               embeddings: np.ndarray | None = None, ranker_weights: list[float] | None = None,
+               **steps: Any) -> Path:
     """Write a graph folder; ``steps`` override whole step mappings (e.g. ``retrieve={...}``)."""
     folder.mkdir(parents=True, exist_ok=True)
     emb = angle_embeddings(n, dim) if embeddings is None else embeddings
@@ -54,7 +55,8 @@ def make_graph(folder: Path, n: int = 200, dim: int = 8, k: int = 20, top_n: int
     pq.write_table(pa.table({"item_id": ids, "price": price, "in_stock": stock,
                              "popularity": popularity}), folder / "items.parquet")
     features = ["retrieval:score", "item:price", "session:seen"]
-    linear_onnx(np.array([[0.0], [1.0], [0.0]]), folder / "ranker.onnx")
+    weights = [0.0, 1.0, 0.0] if ranker_weights is None else ranker_weights
+    linear_onnx(np.array(weights)[:, None], folder / "ranker.onnx")
     doc: dict[str, Any] = {"steps": [
         {"features": steps.get("features", {"session_items": 10, "fields": ["x0", "x1"]})},
     ]}

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from redline.errors import InvalidInput
@@ -72,6 +74,10 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory, defs_path: Path) -> A
     rng = np.random.default_rng(2)
     repo.add_graph("big", make_graph(root / "b", n=3000, dim=16, k=50, index="hnsw",
                                      embeddings=rng.normal(size=(3000, 16)).astype(np.float32)))
+    repo.add_graph("ent", make_graph(
+        root / "u", ranker_weights=[1.0, 100.0],
+        features={"session_items": 10, "entity": ["card_txn:count_1h"]},
+        rank={"model": "ranker.onnx", "features": ["item:price", "entity:card_txn:count_1h"]}))
     srv = ServerThread(make_settings(root / "models", defs_path)).start()
     yield srv
     srv.stop()
@@ -150,3 +156,18 @@ def test_graph_over_grpc_and_bad_requests(graph_server: Any) -> None:
     r = httpx.post(f"{graph_server.url}/v1/models/rec/predict", timeout=10,
                    json={"instances": [{"request": {}}, {"request": {}}]})
     assert r.status_code == 400 and "one instance" in r.text
+
+
+@pytest.mark.slow
+def test_entity_features_reach_the_ranker(graph_server: Any) -> None:
+    ts = int(time.time() * 1000)
+    lines = b"\n".join(orjson.dumps({"card_id": "u-graph", "amount": 5.0, "ts": ts - i})
+                       for i in range(2))
+    r = httpx.post(f"{graph_server.url}/v1/events", content=lines, timeout=10)
+    assert r.status_code < 300, r.text
+    known = _predict(graph_server, "ent", {"entities": {"card_id": "u-graph"}, "request": {}})
+    unknown = _predict(graph_server, "ent", {"entities": {"card_id": "nobody"}, "request": {}})
+    assert "features" in known["timings_us"]
+    assert [i["item_id"] for i in known["items"]] == [i["item_id"] for i in unknown["items"]]
+    # the user's 2 events in the last hour, times the ranker's weight of 100
+    assert known["items"][0]["score"] - unknown["items"][0]["score"] == pytest.approx(200.0)

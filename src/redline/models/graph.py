@@ -27,7 +27,7 @@ ENCODER_FILE = "encoder.onnx"
 STEP_NAMES = ("features", "encode", "retrieve", "rank", "rules")
 # Catalogues at least this large get an ANN index unless the graph says ``index: exact``.
 ANN_MIN_ITEMS = 20_000
-_RANK_SOURCES = ("retrieval", "item", "field", "session")
+_RANK_SOURCES = ("retrieval", "item", "field", "session", "entity")
 
 
 @dataclass
@@ -36,6 +36,7 @@ class GraphSpec:
 
     session_items: int = 20
     fields: list[str] = field(default_factory=list)
+    entity_features: list[str] = field(default_factory=list)  # "view:feature" refs
     encoder: str | None = None
     k: int = 100
     index: str = "auto"           # auto | exact | hnsw
@@ -97,6 +98,10 @@ def _apply(spec: GraphSpec, name: str, opts: dict[str, Any], origin: str) -> Non
         spec.session_items = _positive(opts.get("session_items", spec.session_items),
                                        f"{name}.session_items", origin)
         spec.fields = _names(opts.get("fields", []), f"{where}.fields")
+        spec.entity_features = _names(opts.get("entity", []), f"{where}.entity")
+        for ref in spec.entity_features:
+            if ":" not in ref:
+                raise InvalidInput(f"{where}.entity: {ref!r} must be 'view:feature'")
     elif name == "encode":
         spec.encoder = str(opts.get("model", ENCODER_FILE))
     elif name == "retrieve":
@@ -117,7 +122,8 @@ def _apply(spec: GraphSpec, name: str, opts: dict[str, Any], origin: str) -> Non
             if source not in _RANK_SOURCES or (source != "retrieval" and ":" not in f):
                 raise InvalidInput(
                     f"{where}: feature {f!r} must be retrieval:score, retrieval:position, "
-                    "item:<column>, field:<request field> or session:length/seen/clicks")
+                    "item:<column>, field:<request field>, entity:<view:feature> or "
+                    "session:length/seen/clicks")
     elif name == "rules":
         spec.drop_seen = bool(opts.get("drop_seen", True))
         stock = opts.get("in_stock")
@@ -207,6 +213,9 @@ def check_graph(spec: GraphSpec, cat: Catalogue, folder: Path, origin: str) -> i
         if source == "field" and what not in spec.fields:
             raise InvalidInput(f"{origin}: rank feature {f!r} needs '{what}' in "
                                "features.fields")
+        if source == "entity" and what not in spec.entity_features:
+            raise InvalidInput(f"{origin}: rank feature {f!r} needs '{what}' in "
+                               "features.entity")
     if spec.in_stock is not None and spec.in_stock not in cat.columns:
         raise InvalidInput(f"{origin}: rules.in_stock names no column of {ITEMS_TABLE} "
                            f"(columns: {sorted(cat.columns)})")

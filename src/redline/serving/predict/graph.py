@@ -16,18 +16,39 @@ Loaded once per model version (the catalogue, the ANN index, the encoder), then 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from redline.errors import DeadlineExceeded, InvalidInput, ModelNotReady, Overloaded
+from redline.errors import (
+    DeadlineExceeded,
+    FeatureNotFound,
+    InvalidInput,
+    ModelNotReady,
+    Overloaded,
+)
+from redline.features.definitions import FeatureDefinitions, FeatureView
+from redline.features.online.base import OnlineStore
 from redline.models import graph as g
 from redline.serving.deadline import Budget
 from redline.serving.handle import ModelHandle
 from redline.serving.predict.latency import LatencyWindow
-from redline.serving.predict.request import PredictRequest
+from redline.serving.predict.plan import Route
+from redline.serving.predict.request import PredictRequest, entity_ids
 from redline.serving.predict.sessions import SessionItem
-from redline.serving.stages import QUERY, RANK, RETRIEVE, RULES, SESSIONS, RequestRecord, perf_ns
+from redline.serving.stages import (
+    FEATURES,
+    QUERY,
+    RANK,
+    RETRIEVE,
+    RULES,
+    SESSIONS,
+    RequestRecord,
+    perf_ns,
+)
+
+if TYPE_CHECKING:
+    from redline.serving.predict.pipeline import PredictPipeline
 
 RETRIEVAL_PATH = "fallback"  # the retrieval order served in place of the ranking
 
@@ -45,6 +66,8 @@ class GraphRunner:
         if index_file.is_file():
             import faiss
 
+            # One query a request: FAISS's thread pool would only add hand-offs and contention.
+            faiss.omp_set_num_threads(1)
             self.index = faiss.read_index(str(index_file))
             self.index.hnsw.efSearch = max(spec.ef_search, spec.k)
         self.encoder: Any = None
@@ -61,6 +84,22 @@ class GraphRunner:
         order = np.argsort(-pop, kind="stable") if pop is not None else np.arange(self.cat.size)
         self.popular = order[:spec.k]
         self.in_stock = self.cat.columns.get(spec.in_stock) if spec.in_stock else None
+        self.route: Route | None = None  # set when the graph reads entity features
+        self.entity_col: dict[str, int] = {}
+
+    def read_entity(self, store: OnlineStore | None, defs: FeatureDefinitions | None,
+                    handle: ModelHandle) -> None:
+        """Plan the features step's entity reads (checked at load: a missing definition or
+        store fails the load with the reason)."""
+        if not self.spec.entity_features:
+            return
+        if defs is None or store is None:
+            raise FeatureNotFound(f"graph '{self.name}' reads entity features "
+                                  f"{self.spec.entity_features} but no feature definitions or "
+                                  "store are configured; set features.definitions")
+        self.route = Route(_EntityPlan(handle, self.spec.entity_features, defs),  # type: ignore[arg-type]
+                           None, store)
+        self.entity_col = {ref: self.route.col[ref] for ref in self.spec.entity_features}
 
     # ------------------------------------------------------------------ steps
     def fields(self, req: PredictRequest) -> np.ndarray:
@@ -97,7 +136,7 @@ class GraphRunner:
         return g.exact_top_k(self.cat.embeddings, q, k)
 
     def rank_rows(self, rows: np.ndarray, scores: np.ndarray, fields: np.ndarray,
-                  items: list[SessionItem]) -> np.ndarray:
+                  items: list[SessionItem], entity: np.ndarray | None = None) -> np.ndarray:
         """The ranker's input: one row per candidate, columns as ``rank.features`` says."""
         n = len(rows)
         x = np.empty((n, len(self.spec.rank_features)), dtype=np.float32)
@@ -118,6 +157,8 @@ class GraphRunner:
                 x[:, j] = self.cat.columns[what][rows]
             elif source == "field":
                 x[:, j] = fields[field_at[what]]
+            elif source == "entity":
+                x[:, j] = entity[self.entity_col[what]] if entity is not None else np.nan
             elif what == "length":
                 x[:, j] = len(items)
             elif what == "seen":
@@ -144,6 +185,18 @@ class GraphRunner:
         return out
 
 
+class _EntityPlan:
+    """What a :class:`Route` needs of a plan: the graph's entity feature views."""
+
+    def __init__(self, handle: ModelHandle, refs: list[str], defs: FeatureDefinitions) -> None:
+        self.handle = handle
+        self.request_fields: list[str] = []
+        self.views: dict[str, FeatureView] = {}
+        for ref in refs:
+            view, _ = defs.resolve(ref)
+            self.views[view.name] = view
+
+
 def _score(outputs: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarray:
     """The ranker's score per candidate: a regressor's value, a binary classifier's positive
     probability."""
@@ -156,15 +209,22 @@ def _score(outputs: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarr
 
 
 async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictRequest,
-                    budget: Budget, window: LatencyWindow, session_items: Any,
+                    budget: Budget, window: LatencyWindow, pipeline: PredictPipeline,
                     record: RequestRecord, t: int) -> dict[str, Any]:
     """One request through the graph; the answer document (``docs/recommend.md``)."""
     reasons: list[str] = []
     fields = runner.fields(req)
     record.rows = 1
+    entity: np.ndarray | None = None
+    route = runner.route
+    if route is not None:
+        ids = entity_ids(route.keys, route.entity_names, handle.name, req.entities, False)
+        got = await pipeline.features.read(route, ids, 1, budget, window.estimate(), reasons)
+        entity = got[0][0]
+        t = _mark(record, FEATURES, t)
     items: list[SessionItem] = []
     if req.session_id is not None:
-        items = session_items(req.session_id, runner.spec.session_items, reasons)
+        items = pipeline.session_items(req.session_id, runner.spec.session_items, reasons)
         t = _mark(record, SESSIONS, t)
     q = runner.query(fields, items)
     t = _mark(record, QUERY, t)
@@ -177,7 +237,7 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
                        f"{p99 * 1e3:.2f} ms: answered in retrieval order")
         path = RETRIEVAL_PATH
     else:
-        x = runner.rank_rows(rows, scores, fields, items)
+        x = runner.rank_rows(rows, scores, fields, items, entity)
         t = _mark(record, RANK, t)
         try:
             t0 = perf_ns()

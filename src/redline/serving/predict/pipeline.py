@@ -127,8 +127,8 @@ class PredictPipeline:
         for key in [k for k, r in self._graphs.items() if r.name == handle.name
                     and k not in loaded]:
             del self._graphs[key]  # versions unloaded since
-        runner = GraphRunner(folder, spec)
-        runner.name = handle.name
+        runner = GraphRunner(folder, spec, handle.name)
+        runner.read_entity(self.store, self.defs, handle)
         self._graphs[id(handle)] = runner
 
     @property
@@ -163,7 +163,7 @@ class PredictPipeline:
         if graph is not None:
             t = _mark(record, DECODE, record.start_ns)
             return await run_graph(graph, handle, req, budget, self._window(handle),
-                                   self.session_items, record, t)
+                                   self, record, t)
         route = self.route(handle)
         n = len(req.entities)
         record.rows = n
