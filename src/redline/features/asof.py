@@ -236,6 +236,14 @@ class Ids:
             self.ok, self.codes, self.texts = (np.zeros(col.n, dtype=bool),
                                                np.full(col.n, -1, dtype=np.int64), [])
             return
+        if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "iu":
+            # every integer is the id of its decimal text, and distinct integers have distinct
+            # texts: factorise the numbers, format only the distinct ones
+            codes, uniq = pd.factorize(a)
+            self.texts = [str(int(u)) for u in uniq.tolist()]
+            self.codes = codes.astype(np.int64)
+            self.ok = np.ones(col.n, dtype=bool)
+            return
         obj = col.obj
         if not col.is_text():
             obj = _per_value(col, fn)  # every value through the decoder's rule, then as texts
@@ -258,6 +266,7 @@ class Decoded:
             names.append(plan.event_id)
         got = columns(events, names, src.name)
         self.ready = got is not None
+        self.orders: dict[tuple[bool, bytes], np.ndarray] = {}
         if got is None:
             return
         cols, ok, flat = got
@@ -395,20 +404,13 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
         def rank(bound: np.ndarray) -> np.ndarray:
             return np.searchsorted(uts, bound)
         key = ent * span + np.searchsorted(uts, ts)
-    order = np.argsort(key, kind="stable")
-    k2 = key[order]
-    same = np.flatnonzero(k2[1:] == k2[:-1])
-    if len(same):  # equal (entity, time): by arrival, then stable id (for last), first applied
-        at = np.unique(np.r_[same, same + 1])
-        sub = order[at]
-        sub = sub[np.lexsort((-sel[sub], ar[sub], key[sub]))]
-        tie = np.zeros(len(sub), dtype=np.int64)
-        if "last" in kinds:  # stable ids only where (entity, time, arrival) are equal
-            ks, a_sub = key[sub], ar[sub]
-            eq = np.flatnonzero((ks[1:] == ks[:-1]) & (a_sub[1:] == a_sub[:-1]))
-            for p in np.unique(np.r_[eq, eq + 1]).tolist():
-                tie[p] = dec.stable_id(int(sel[sub[p]]))
-        order[at] = sub[np.lexsort((-sel[sub], tie, ar[sub], key[sub]))]
+    cache_key = ("last" in kinds, sel.tobytes())
+    cached = dec.orders.get(cache_key)
+    if cached is not None:
+        order = cached
+    else:
+        order = _event_order(dec, key, sel, ar, "last" in kinds)
+        dec.orders = {cache_key: order}  # views of equal events share the sort
     sel, ent, ts, ar, key = sel[order], ent[order], ts[order], ar[order], key[order]
     qent = np.array([dec.entity_ids.get(i, -1) for i in ids], dtype=np.int64)
     have = qent >= 0
@@ -443,6 +445,27 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                                           hll_pos.get(g.field or "") if g.hll else None)
             r0 = r1
     return out
+
+
+def _event_order(dec: Decoded, key: np.ndarray, sel: np.ndarray, ar: np.ndarray, last: bool
+                 ) -> np.ndarray:
+    """The events by (entity, time), ties by arrival, then stable id (for ``last``), then the
+    first applied."""
+    order = np.argsort(key, kind="stable")
+    k2 = key[order]
+    same = np.flatnonzero(k2[1:] == k2[:-1])
+    if len(same):  # equal (entity, time): by arrival, then stable id (for last), first applied
+        at = np.unique(np.r_[same, same + 1])
+        sub = order[at]
+        sub = sub[np.lexsort((-sel[sub], ar[sub], key[sub]))]
+        tie = np.zeros(len(sub), dtype=np.int64)
+        if last:  # stable ids only where (entity, time, arrival) are equal
+            ks, a_sub = key[sub], ar[sub]
+            eq = np.flatnonzero((ks[1:] == ks[:-1]) & (a_sub[1:] == a_sub[:-1]))
+            for p in np.unique(np.r_[eq, eq + 1]).tolist():
+                tie[p] = dec.stable_id(int(sel[sub[p]]))
+        order[at] = sub[np.lexsort((-sel[sub], tie, ar[sub], key[sub]))]
+    return order
 
 
 def _hll_positions(dec: Decoded, field: str, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -140,9 +140,38 @@ def read_chunks(path: str | Path, rows: int = CHUNK_ROWS) -> Iterator[pd.DataFra
         raise
 
 
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of int64 values: a cheap hash that spreads consecutive ids."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _as_int(text: str | None) -> int | None:
+    """The integer whose decimal text ``text`` is exactly (``"42"``; not ``"042"``, ``"+4"``)."""
+    if not text or not (text[0].isdigit() or text[0] == "-"):
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        return None
+    return v if str(v) == text and -(2**63) <= v < 2**63 else None
+
+
 def _hash_texts(texts: list[str | None], parts: int) -> np.ndarray:
-    arr = np.array(["" if t is None else t for t in texts], dtype=object)
-    return (pd.util.hash_array(arr, categorize=False) % np.uint64(parts)).astype(np.int64)
+    """Partition of each id text: an integer's text goes where the integer goes."""
+    ints = [_as_int(t) for t in texts]
+    is_int = np.fromiter((v is not None for v in ints), dtype=bool, count=len(ints))
+    out = np.empty(len(texts), dtype=np.uint64)
+    out[is_int] = _mix(np.array([v for v in ints if v is not None], dtype=np.int64))
+    if not is_int.all():
+        other = np.array(["" if t is None else t for t, ok in zip(texts, is_int.tolist(),
+                                                                     strict=True) if not ok],
+                         dtype=object)
+        out[~is_int] = pd.util.hash_array(other, categorize=False)
+    return (out % np.uint64(parts)).astype(np.int64)
 
 
 def partition_of(col: pd.Series, parts: int, labels: bool) -> np.ndarray:
@@ -150,8 +179,8 @@ def partition_of(col: pd.Series, parts: int, labels: bool) -> np.ndarray:
     ``entity_id_of``; labels: whole floats are ints). Rows without a valid id go anywhere."""
     a = col.to_numpy()
     kind = a.dtype.kind if isinstance(a, np.ndarray) else "O"
-    if kind in "iu":
-        return _hash_texts(a.astype(str).tolist(), parts)
+    if kind in "iu" and not (kind == "u" and len(a) and a.max() >= 2**63):
+        return (_mix(a) % np.uint64(parts)).astype(np.int64)
     if kind == "f" and not labels:
         return np.zeros(len(a), dtype=np.int64)  # a float is no entity id: dropped anyway
     if labels:
