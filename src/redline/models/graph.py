@@ -25,8 +25,9 @@ ITEMS_TABLE = "items.parquet"
 INDEX_FILE = "items.faiss"
 ENCODER_FILE = "encoder.onnx"
 STEP_NAMES = ("features", "encode", "retrieve", "rank", "rules")
-# Catalogues at least this large get an ANN index unless the graph says ``index: exact``.
-ANN_MIN_ITEMS = 20_000
+# Catalogues at least this large get an ANN index unless the graph says ``index: exact``: below
+# it exact search costs about as much (docs/performance.md) and its recall is 1.
+ANN_MIN_ITEMS = 100_000
 _RANK_SOURCES = ("retrieval", "item", "field", "session", "entity")
 
 
