@@ -137,9 +137,14 @@ def preload_store(server: object, path: str) -> None:
     # cyclic collector's passes over the growing heap cost a third of the replay and a full
     # collection at the end a second more, so it is off meanwhile and the result frozen out of
     # its reach (the replay makes no reference cycles to collect).
+    from redline.serving.store_wait import patient, wait_for_store
+
+    target = getattr(pipeline.ingestor, "store", None) or getattr(pipeline, "store", None)
+    wait_for_store(target)  # a Redis not up yet, or slow on a loaded machine, is waited for
     gc.disable()
     try:
-        result = replay_file(pipeline.ingestor, path)
+        with patient(target):
+            result = replay_file(pipeline.ingestor, path)
     finally:
         gc.freeze()
         gc.enable()
