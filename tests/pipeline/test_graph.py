@@ -113,6 +113,18 @@ def test_graph_answers_cold_start_then_follows_the_session(graph_server: Any) ->
     # neighbours of i100/i101 on the circle, never the seen ones, never out of stock
     assert ids and all(abs(int(i[1:]) - 100) <= 15 for i in ids), ids
     assert "i100" not in ids and "i101" not in ids and "i109" not in ids
+    # each step is a stage of the /metrics histograms too (folded on the monitor's tick)
+    deadline = time.monotonic() + 10
+    wanted = {"sessions", "query", "retrieve", "rank", "rules"}
+    while True:
+        text = httpx.get(f"{graph_server.url}/metrics", timeout=10).text
+        found = {line.split('stage="')[1].split('"')[0] for line in text.splitlines()
+                 if line.startswith("redline_stage_duration_seconds_count")
+                 and 'model="rec"' in line and 'stage="' in line}
+        if wanted <= found or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert wanted <= found, found
 
 
 @pytest.mark.slow

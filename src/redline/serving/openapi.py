@@ -134,6 +134,11 @@ SCHEMAS: dict[str, Any] = {
             "path": {"type": "string", "enum": ["primary", "fallback", "cache", "default"]},
             "degraded": {"type": "boolean"},
             "degraded_reasons": {"type": "array", "items": {"type": "string"}},
+            # an inference graph's answer (docs/recommend.md): items best first
+            "items": {"type": "array", "items": {
+                "type": "object", "required": ["item_id", "score"],
+                "properties": {"item_id": {"type": "string"}, "score": {"type": "number"}}}},
+            "retrieved": {"type": "integer"},
             "timings_us": {"type": "object",
                            "additionalProperties": {"type": "integer"}}}},
 }
