@@ -7,11 +7,18 @@ alternate the two. Reported: ns a call (median of rounds and best round) and, fo
 ``respond`` is called (the part a client waits for; the feed and every 16th call's fold come
 after it). ``--drain``: each round of the monitored server ends with the fold the tick would do
 (``ServerMonitor.drain``), inside the round's time, so work moved from the request to the tick
-is still counted. No sockets, no other process: a tight-loop figure, which the end-to-end
-benchmark (``overhead.py``) finds several times larger among real I/O.
+is still counted; ``--tick``: each round ends with the monitor's whole tick instead (fold,
+metrics, drift/quality windows), a round standing for a second of traffic. The process CPU time
+a call (``cpu``) and its on/off ratio per round are reported too. The windows' sample is paced
+in time and this loop is far faster than a served request: ``--emulate-rate R`` samples the
+share of requests a server at ``R`` req/s would. No sockets, no other process: a tight-loop
+figure, which the end-to-end benchmark (``overhead.py``) finds several times larger among real
+I/O.
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --rounds 21
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --api v1 --drain
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --tick \
+        --calls 2000 --emulate-rate 1150
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ PATH = "/v2/models/fraud/infer"
 HEADERS = [(b"host", b"x"), (b"content-type", b"application/json")]
 
 
-def _server(monitoring: bool, root: Path) -> Any:
+def _server(monitoring: bool, root: Path, window_rows_per_s: float | None = None) -> Any:
     from redline.assembly import build_server
     from redline.config import Settings
 
@@ -45,11 +52,28 @@ def _server(monitoring: bool, root: Path) -> Any:
     settings.server.watch_repository = False
     settings.server.grpc_enabled = False
     settings.monitoring.enabled = monitoring
+    if window_rows_per_s is not None:
+        settings.monitoring.window_rows_per_s = window_rows_per_s
     settings.runtime.warmup_batch_sizes = [1]
     return build_server(settings, make_repository(root))
 
 
 V1_PATH = "/v1/models/fraud/predict"
+_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
+                                  "data": [0.1, 0.2, 0.3]}]})
+
+
+def _loop_rate(app: Any, calls: int = 3000) -> float:
+    """Calls a second this loop drives through an unmonitored app."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        app.infer_inline(PATH, HEADERS, _BODY, lambda *_: None)
+    return calls / (time.perf_counter() - t0)
+
+
+def _handles(server: Any) -> list[Any]:
+    """Every loaded version's handle of ``server``."""
+    return [h for versions in server.registry._handles.values() for h in versions.values()]
 
 
 def _v1_handler(app: Any) -> Any:
@@ -59,11 +83,25 @@ def _v1_handler(app: Any) -> Any:
 
 
 async def measure(rounds: int, calls: int, api: str = "v2",
-                  drain: bool = False) -> dict[str, dict[str, float]]:
+                  drain: bool = False, tick: bool = False,
+                  window_rows_per_s: float | None = None,
+                  emulate_rate: float | None = None) -> dict[str, dict[str, float]]:
     scratch = Path(tempfile.mkdtemp(prefix="redline-inline-"))
-    servers = {"off": _server(False, scratch / "off"), "on": _server(True, scratch / "on")}
+    servers = {"off": _server(False, scratch / "off"),
+               "on": _server(True, scratch / "on", window_rows_per_s)}
     for server in servers.values():
         await server.registry.sync()
+    if emulate_rate:
+        # The windows' sample is paced in time; this loop runs requests far faster than a
+        # server at capacity gets them. Scale the pace so the share of requests sampled is
+        # the one at ``emulate_rate`` req/s.
+        from redline.config import MonitoringSettings
+
+        rows_per_s = window_rows_per_s or MonitoringSettings().window_rows_per_s
+        share = min(1.0, rows_per_s / emulate_rate)
+        loop_rate = _loop_rate(servers["off"].app)
+        for handle in _handles(servers["on"]):
+            handle._io_gap_ns = int(1e9 / (share * loop_rate))
     rows = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     bodies = [orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
                                         "data": r.tolist()}]}) for r in rows]
@@ -83,11 +121,13 @@ async def measure(rounds: int, calls: int, api: str = "v2",
     gc.freeze()
     total: dict[str, list[float]] = {name: [] for name in servers}
     before: dict[str, list[float]] = {name: [] for name in servers}
+    cpu: dict[str, list[float]] = {name: [] for name in servers}
     for r in range(rounds):
         for name in (("off", "on") if r % 2 else ("on", "off")):
             app = servers[name].app
             monitor = servers[name].monitor
             waited = 0
+            c0 = time.process_time_ns()
             t0 = time.perf_counter_ns()
             if api == "v1":
                 handler = _v1_handler(app)
@@ -100,20 +140,28 @@ async def measure(rounds: int, calls: int, api: str = "v2",
                     t = time.perf_counter_ns()
                     app.infer_inline(PATH, HEADERS, bodies[i & 63], respond)
                     waited += at[0] - t
-            if drain and monitor is not None:
+            if tick and monitor is not None:
+                await monitor.tick()  # a round is a second of traffic: its whole tick
+            elif drain and monitor is not None:
                 monitor.drain()
             total[name].append((time.perf_counter_ns() - t0) / calls)
+            cpu[name].append((time.process_time_ns() - c0) / calls)
             before[name].append(waited / calls)
             await asyncio.sleep(0)  # the monitor's tick is not running: nothing else to do
     assert set(answered) == {200}, set(answered)
     out: dict[str, dict[str, float]] = {}
-    for label, series in (("call", total), ("until_respond", before))[:1 if api == "v1" else 2]:
+    labels = (("call", total), ("cpu", cpu), ("until_respond", before))
+    for label, series in labels[:2 if api == "v1" else 3]:
         for name, values in series.items():
             out[f"{name}_{label}_ns"] = {"median": round(statistics.median(values)),
                                         "best": round(min(values))}
         out[f"added_{label}_ns"] = {
             "median": round(statistics.median(series["on"]) - statistics.median(series["off"])),
             "best": round(min(series["on"]) - min(series["off"]))}
+    ratios = sorted(a / b for a, b in zip(cpu["on"], cpu["off"], strict=True))
+    out["cpu_on_over_off"] = {"median": round(statistics.median(ratios), 4),
+                              "q25": round(ratios[len(ratios) // 4], 4),
+                              "q75": round(ratios[(3 * len(ratios)) // 4], 4)}
     return out
 
 
@@ -125,8 +173,18 @@ def main() -> None:
     ap.add_argument("--api", choices=("v2", "v1"), default="v2")
     ap.add_argument("--drain", action="store_true",
                     help="end each monitored round with the tick's fold, inside its time")
+    ap.add_argument("--tick", action="store_true",
+                    help="end each monitored round with the monitor's whole tick (fold, "
+                         "metrics, drift/quality windows), inside its time: a round is a "
+                         "second of traffic at --calls req/s")
+    ap.add_argument("--window-rows-per-s", type=float, default=None,
+                    help="monitoring.window_rows_per_s of the monitored server")
+    ap.add_argument("--emulate-rate", type=float, default=None,
+                    help="sample into the windows the share of requests a server at this many "
+                         "req/s would (the loop runs far faster than that)")
     args = ap.parse_args()
-    result = asyncio.run(measure(args.rounds, args.calls, args.api, args.drain))
+    result = asyncio.run(measure(args.rounds, args.calls, args.api, args.drain, args.tick,
+                                 args.window_rows_per_s, args.emulate_rate))
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
 
 

@@ -233,7 +233,7 @@ class MonitoringSettings:
     drift_min_rows: int = 200  # below this a window is reported but never alarms
     # Rows per second and version that enter the drift and quality windows; beyond it a uniform
     # sample (requests with a request id always enter: a label may come for them).
-    window_rows_per_s: float = 1000.0
+    window_rows_per_s: float = 200.0
     quality_join_capacity: int = 100_000  # predictions kept for a label to join (oldest go first)
     quality_join_ttl_s: float = 7 * 24 * 3600.0
     quality_window: int = 5000  # labelled predictions the rolling quality is computed over
