@@ -55,9 +55,9 @@ def wait_for_store(store: Any, deadline_s: float = STARTUP_DEADLINE_S) -> None:
 def patient(store: Any, timeout_s: float = STARTUP_DEADLINE_S) -> Iterator[None]:
     """Within the block, the store's Redis connections wait up to ``timeout_s`` for a reply
     (a single Redis; a cluster client keeps its own timeouts)."""
-    pool = getattr(getattr(store, "client", None), "connection_pool", None)
+    pool: Any = getattr(getattr(store, "client", None), "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict) or "socket_timeout" not in kwargs:
+    if pool is None or not isinstance(kwargs, dict) or "socket_timeout" not in kwargs:
         yield
         return
     before = kwargs["socket_timeout"]
