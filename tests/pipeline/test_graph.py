@@ -54,6 +54,7 @@ def test_add_refuses_broken_graphs(tmp_path: Path, change: str, message: str) ->
     assert repo.list_models() == []  # nothing half-added
 
 
+@pytest.mark.slow
 def test_ann_index_built_at_add_with_recall(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     emb = rng.normal(size=(3000, 16)).astype(np.float32)
@@ -183,3 +184,18 @@ def test_entity_features_reach_the_ranker(graph_server: Any) -> None:
     assert [i["item_id"] for i in known["items"]] == [i["item_id"] for i in unknown["items"]]
     # the user's 2 events in the last hour, times the ranker's weight of 100
     assert known["items"][0]["score"] - unknown["items"][0]["score"] == pytest.approx(200.0)
+
+
+def test_cli_adds_a_graph_folder_and_refuses_a_broken_one(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from tests.models.test_cli import run
+
+    repo = str(tmp_path / "repo")
+    code, out, _ = run(capsys, "models", "add", "-m", "rec", str(make_graph(tmp_path / "g")),
+                       "--repository", repo)
+    assert code == 0 and "added graph rec version 1 (200 items x 8, exact retrieval)" in out
+    code, out, err = run(capsys, "models", "add", "-m", "rec",
+                         str(make_graph(tmp_path / "b", k=500)), "--repository", repo)
+    assert code != 0 and "lower k to at most 200" in out + err
+    assert ModelRepository(repo).versions("rec") == [1]
