@@ -161,8 +161,13 @@ async def test_hung_redis_costs_one_timeout_then_nothing(serve, repo_path, defs_
     assert all("circuit open" in d["degraded_reasons"][0] for d in docs[3:])
     # Each of the first 3 requests waits one socket timeout (50 ms), not a retry loop; after
     # that the breaker is open and requests never touch the store (they take a few ms at most).
-    assert max(waited[:3]) < 0.15, waited[:3]
-    assert sum(waited[3:]) / len(waited[3:]) < 0.02, waited[3:]
+    # Measured by the server (its own stage times): what the client sees adds the scheduling of
+    # this test's process, which a loaded machine stretches.
+    features_s = [d["timings_us"]["features"] / 1e6 for d in docs[:3]]
+    total_s = [d["timings_us"]["total"] / 1e6 for d in docs[3:]]
+    assert max(features_s) < 0.15, (features_s, waited[:3])
+    assert sum(total_s) / len(total_s) < 0.02, (total_s, waited[3:])
+    assert max(waited) < 1.0, waited  # and no client waited for a retrying store
     assert stats["breaker"]["state"] == "open" and stats["breaker"]["rejected"] >= 27
 
 

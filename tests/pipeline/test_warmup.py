@@ -106,12 +106,20 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     if store == "memory":
         states = [s for k, s in pipeline.store.data.items() if "{card:w1}" in k]
         assert states and all(s.out is None for s in states)  # written, never read
-    # The monitor's first drift evaluation (every few ticks) adds its gauges by itself: wait
-    # for it, so it does not fall between the two snapshots.
-    deadline = time.monotonic() + 20
-    while not server.monitor.drift_reports:
-        assert time.monotonic() < deadline, "no drift evaluation"
-        time.sleep(0.2)
+    # The monitor's first drift evaluation of a version (every few ticks, once its background
+    # calibration is done) adds its gauges by itself: wait for every version's, so none falls
+    # between the two snapshots.
+    monitor = server.monitor
+
+    def every_version_reported() -> bool:
+        judged = {key for key, drift in list(monitor.windows.drift.items())
+                  if drift.has_reference or drift.prediction_ref is not None}
+        return bool(judged) and judged <= set(monitor.drift_reports)
+
+    deadline = time.monotonic() + 60
+    while not every_version_reported():
+        assert time.monotonic() < deadline, f"no drift evaluation: {monitor.drift_reports}"
+        time.sleep(0.1)
     before = settled(srv.url)
     routed: list[str] = []  # a rollout's router: its draws belong to real requests
     server.registry.router = lambda name, key: routed.append(name)
