@@ -3,18 +3,13 @@ nothing lost under concurrent events, expired after the TTL, bad events refused 
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from redline.features.online.redis import connect
 from redline.serving.predict.session_events import parse_session_events
@@ -24,10 +19,7 @@ from redline.serving.predict.sessions import (
     SessionItem,
     SessionStore,
 )
-from tests.conftest import free_port
-from tests.logwatch import log_to
 from tests.pipeline.conftest import make_settings
-from tests.pipeline.test_sessions_caches import wait_ready
 
 
 def _items(n: int, kind: str = "click", start: int = 0) -> list[SessionItem]:
@@ -105,70 +97,6 @@ def test_parse_session_events_defaults_ts_to_now():
 
 
 # ---------------------------------------------------------------------- real servers
-
-def _start(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str,
-           workers: int = 0) -> tuple[subprocess.Popen, str]:
-    config = tmp / f"{name}.yaml"
-    config.write_text(yaml.safe_dump({
-        "repository": str(repo),
-        "server": {"watch_repository": False},
-        "runtime": {"warmup_batch_sizes": [1], "warmup_runs": 1},
-        "features": {"definitions": str(defs), "store": "redis", "redis_url": redis_url},
-    }))
-    port = free_port()
-    args = [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
-            "--http-port", str(port), "--no-grpc"]
-    if workers:
-        args += ["--workers", str(workers)]
-    with log_to(tmp / f"{name}.log") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-@pytest.mark.slow
-async def test_event_on_one_replica_is_read_on_another(tmp_path, repo_path, defs_path,
-                                                       redis_server):
-    """A server of two workers and a second server share one Redis: each event posted
-    to one is seen by the next read on the other; concurrent posts to both lose nothing."""
-    procs = [_start(tmp_path, "pool", repo_path, defs_path, redis_server.url, workers=2),
-             _start(tmp_path, "single", repo_path, defs_path, redis_server.url)]
-    try:
-        for proc, url in procs:
-            await asyncio.to_thread(wait_ready, url, proc)
-        clients = [httpx.AsyncClient(base_url=u, timeout=10) for _, u in procs]
-        for k in range(6):  # read-your-writes, alternating replicas (and the pool's workers)
-            writer, reader = clients[k % 2], clients[(k + 1) % 2]
-            r = await writer.post("/v1/sessions/rw/events",
-                                  json={"item_id": f"i{k}", "type": "click", "ts_ms": k})
-            assert r.status_code == 200, r.text
-            assert r.json()["session"]["counters"]["items"] == k + 1
-            seen = (await reader.get("/v1/sessions/rw")).json()["items"]
-            assert seen[0] == {"item_id": f"i{k}", "type": "click", "ts_ms": k}
-            assert len(seen) == k + 1
-        # a predict on the other replica counts the session's items among its counters
-        body = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": "rw"}
-        doc = (await clients[0].post("/v1/models/cards/predict", json=body)).json()
-        assert doc["session"]["counters"]["items_click"] == 6
-
-        async def post(k: int) -> int:
-            batch = [{"item_id": f"b{k}-{j}", "type": "view", "ts_ms": 100 * k + j}
-                     for j in range(3)]
-            r = await clients[k % 2].post("/v1/sessions/burst/events", json=batch)
-            assert r.status_code == 200, r.text
-            return int(r.json()["session"]["counters"]["items"])
-
-        counts = await asyncio.gather(*(post(k) for k in range(40)))
-        assert sorted(counts) == [3 * (k + 1) for k in range(40)], "an event was lost"
-        items = (await clients[1].get("/v1/sessions/burst")).json()["items"]
-        assert len(items) == 50  # pipeline.session_max_items keeps the newest 50
-        for c in clients:
-            await c.aclose()
-    finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            proc.wait(30)
-
 
 @pytest.fixture(scope="module")
 def memory_server(tmp_path_factory, trained_repo, defs_path) -> Iterator[Any]:

@@ -24,22 +24,24 @@ from tests.pipeline.conftest import PRIMARY_FEATURES, make_settings
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
 
-def start_process(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str
-                  ) -> tuple[subprocess.Popen, str]:
+def start_process(tmp: Path, name: str, repo: Path, defs: Path, redis_url: str,
+                  workers: int = 0) -> tuple[subprocess.Popen, str]:
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump({
         "repository": str(repo),
         "server": {"watch_repository": False},
         "runtime": {"warmup_batch_sizes": [1], "warmup_runs": 1},
-        "features": {"definitions": str(defs), "store": "redis", "redis_url": redis_url},
+        # a timeout for a busy shared machine: these tests prove atomicity, not latency
+        "features": {"definitions": str(defs), "store": "redis", "redis_url": redis_url,
+                     "redis_timeout_ms": 2000},
     }))
     port = free_port()
+    args = [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
+            "--http-port", str(port), "--no-grpc"]
+    if workers:
+        args += ["--workers", str(workers)]
     with log_to(tmp / f"{name}.log") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "redline.cli", "serve", "--config", str(config),
-             "--http-port", str(port), "--no-grpc"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
-        )
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -59,8 +61,11 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 async def test_session_state_is_shared_by_two_processes(tmp_path, repo_path, defs_path,
                                                         redis_server):
-    procs = [start_process(tmp_path, n, repo_path, defs_path, redis_server.url)
-             for n in ("a", "b")]
+    """A pool of two workers and a second server share one Redis: counters, events and item
+    events posted to one are seen by the next request on the other; concurrent requests and
+    posts to both lose nothing."""
+    procs = [start_process(tmp_path, "a", repo_path, defs_path, redis_server.url, workers=2),
+             start_process(tmp_path, "b", repo_path, defs_path, redis_server.url)]
     try:
         for proc, url in procs:
             await asyncio.to_thread(wait_ready, url, proc)
@@ -81,11 +86,13 @@ async def test_session_state_is_shared_by_two_processes(tmp_path, repo_path, def
         # Concurrent, both replicas at once: every update lands exactly once.
         n = 60
         docs = await asyncio.gather(*(call(i, "burst") for i in range(n)))
+        assert all("session" in d for d in docs), [d["degraded_reasons"] for d in docs]
         counts = sorted(d["session"]["counters"]["requests"] for d in docs)
         assert counts == list(range(1, n + 1)), "an update was lost or doubled"
         final = max(docs, key=lambda d: d["session"]["counters"]["requests"])
         assert final["session"]["counters"]["amount_sum"] == pytest.approx(1.5 * n)
         assert final["session"]["events"] == 20  # the last-N list is bounded
+        await _item_events_are_shared(clients)
         for c in clients:
             await c.aclose()
     finally:
@@ -93,6 +100,34 @@ async def test_session_state_is_shared_by_two_processes(tmp_path, repo_path, def
             proc.terminate()
         for proc, _ in procs:
             proc.wait(30)
+
+
+async def _item_events_are_shared(clients: list[httpx.AsyncClient]) -> None:
+    for k in range(6):  # read-your-writes, alternating replicas (and the pool's workers)
+        writer, reader = clients[k % 2], clients[(k + 1) % 2]
+        r = await writer.post("/v1/sessions/rw/events",
+                              json={"item_id": f"i{k}", "type": "click", "ts_ms": k})
+        assert r.status_code == 200, r.text
+        assert r.json()["session"]["counters"]["items"] == k + 1
+        seen = (await reader.get("/v1/sessions/rw")).json()["items"]
+        assert seen[0] == {"item_id": f"i{k}", "type": "click", "ts_ms": k}
+        assert len(seen) == k + 1
+    # a predict on the other replica counts the session's items among its counters
+    body = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": "rw"}
+    doc = (await clients[0].post("/v1/models/cards/predict", json=body)).json()
+    assert doc["session"]["counters"]["items_click"] == 6
+
+    async def post(k: int) -> int:
+        batch = [{"item_id": f"b{k}-{j}", "type": "view", "ts_ms": 100 * k + j}
+                 for j in range(3)]
+        r = await clients[k % 2].post("/v1/sessions/burst-items/events", json=batch)
+        assert r.status_code == 200, r.text
+        return int(r.json()["session"]["counters"]["items"])
+
+    counts = await asyncio.gather(*(post(k) for k in range(40)))
+    assert sorted(counts) == [3 * (k + 1) for k in range(40)], "an event was lost"
+    items = (await clients[1].get("/v1/sessions/burst-items")).json()["items"]
+    assert len(items) == 50  # pipeline.session_max_items keeps the newest 50
 
 
 def test_redis_session_store_ttl_and_last_events(redis_server):
