@@ -199,3 +199,26 @@ def test_cli_adds_a_graph_folder_and_refuses_a_broken_one(tmp_path: Path,
                          str(make_graph(tmp_path / "b", k=500)), "--repository", repo)
     assert code != 0 and "lower k to at most 200" in out + err
     assert ModelRepository(repo).versions("rec") == [1]
+
+
+@pytest.mark.slow
+def test_a_click_on_one_replica_changes_the_next_answer_on_another(
+        tmp_path: Path, defs_path: Path, redis_server_module: Any) -> None:
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_graph("rec", make_graph(tmp_path / "g"))
+    url = redis_server_module.url
+    a, b = (ServerThread(make_settings(tmp_path / "models", defs_path, store="redis",
+                                       redis_url=url)).start() for _ in range(2))
+    try:
+        sid = f"replicas-{time.monotonic_ns()}"
+        before = _predict(b, "rec", {"session_id": sid, "request": {}})
+        r = httpx.post(f"{a.url}/v1/sessions/{sid}/events", timeout=10,
+                       json={"item_id": "i150", "type": "click", "ts_ms": 1_000})
+        assert r.status_code == 200, r.text
+        after = _predict(b, "rec", {"session_id": sid, "request": {}})
+        ids = [i["item_id"] for i in after["items"]]
+        assert ids != [i["item_id"] for i in before["items"]]
+        assert "i150" not in ids and all(abs(int(i[1:]) - 150) <= 15 for i in ids), ids
+    finally:
+        a.stop()
+        b.stop()
