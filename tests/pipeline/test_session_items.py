@@ -302,3 +302,22 @@ def test_offline_session_features_expire_after_the_ttl_and_name_missing_columns(
     assert got["session:items"].tolist() == [1.0, 2.0, 0.0, 1.0, 0.0]
     with pytest.raises(InvalidInput, match="item_id"):
         build_session_features(events.drop(columns=["item_id"]), labels)
+
+
+def test_catalogue_files_load_or_say_what_is_wrong(tmp_path):
+    import pandas as pd
+
+    from redline.errors import ConfigError
+    from redline.serving.predict.session_events import load_catalogue
+
+    (tmp_path / "ids.txt").write_text("a\n\nb\n")
+    assert load_catalogue(str(tmp_path / "ids.txt")) == {"a", "b"}
+    pd.DataFrame({"item_id": [1, 2], "price": [3.0, 4.0]}).to_csv(tmp_path / "t.csv",
+                                                                  index=False)
+    assert load_catalogue(str(tmp_path / "t.csv")) == {"1", "2"}
+    pd.DataFrame({"id": [1]}).to_parquet(tmp_path / "bad.parquet")
+    (tmp_path / "empty.txt").write_text("\n")
+    for name, says in (("bad.parquet", "no item_id column"), ("empty.txt", "holds no item ids"),
+                       ("absent.txt", "cannot be read")):
+        with pytest.raises(ConfigError, match=says):
+            load_catalogue(str(tmp_path / name))
