@@ -69,23 +69,29 @@ def start_redis() -> tuple[subprocess.Popen, str, Path]:
 
 def load_sessions(redis_url: str, redline_url: str | None, data: object,
                   sessions: int) -> list[dict]:
-    """The last ``sessions`` sessions of the data into both servers' session state (the peer: a
-    Redis list per session; redline: ``POST /v1/sessions/{id}/events``). Returns the request
-    bodies: the session and the user's windows as request fields."""
+    """The last ``sessions`` sessions of the data into both servers' state (the peer: a Redis
+    list per session and a hash of windows per user; redline: ``POST /v1/sessions/{id}/events``
+    and the feature events to ``/v1/events``). Returns the request bodies."""
     import redis
-    from ranking import USER_FIELDS
+    from features import events_of
 
     items = {it["item_id"]: i for i, it in enumerate(data.items)}  # type: ignore[attr-defined]
+    shift = int(time.time() * 1000) - data.end_ms  # type: ignore[attr-defined]
     by_session: dict[str, list[dict]] = {}
     users: dict[str, list[float]] = {}
     for e in data.events:  # type: ignore[attr-defined]
-        by_session.setdefault(e["session_id"], []).append(e)
-        u = users.setdefault(e["user_id"], [0.0, 0.0, 0.0])
-        u[0] += 1
-        u[1] += 1
-        u[2] += e["type"] == "add_to_cart"
+        by_session.setdefault(e["session_id"], []).append({**e, "ts": e["ts"] + shift})
     chosen = list(by_session.items())[-sessions:]
+    for _, evs in chosen:
+        for e in evs:
+            u = users.setdefault(e["user_id"], [0.0, 0.0, 0.0])
+            u[0] += 1
+            u[1] += 1
+            u[2] += e["type"] == "add_to_cart"
     pipe = redis.Redis.from_url(redis_url).pipeline(transaction=False)
+    for user, windows in users.items():
+        pipe.hset(f"peer:user:{user}", mapping=dict(zip(
+            ("count_1d", "count_7d", "cart_sum_7d"), windows, strict=True)))
     bodies = []
     with httpx.Client(base_url=redline_url or "http://unused", timeout=10) as client:
         for sid, evs in chosen:
@@ -94,8 +100,10 @@ def load_sessions(redis_url: str, redline_url: str | None, data: object,
                 r = client.post(f"/v1/sessions/{sid}/events", json=[
                     {"item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]} for e in evs])
                 r.raise_for_status()
-            bodies.append({"session_id": sid, "request": dict(zip(
-                USER_FIELDS, users[evs[0]["user_id"]], strict=True))})
+                r = client.post("/v1/events", content=b"\n".join(
+                    orjson.dumps(f) for e in evs for f in events_of(e)))
+                r.raise_for_status()
+            bodies.append({"session_id": sid, "entities": {"user_id": evs[0]["user_id"]}})
     pipe.execute()
     return bodies
 
@@ -115,7 +123,7 @@ def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tupl
         if proc.poll() is not None:
             raise RuntimeError(f"Ray Serve exited; see {log.name}")
         try:
-            if httpx.post(url, json={"session_id": "none", "request": {}},
+            if httpx.post(url, json={"session_id": "none", "entities": {"user_id": "none"}},
                           timeout=5).status_code == 200:
                 return proc, url
         except httpx.HTTPError:

@@ -1,17 +1,18 @@
 """The recommender graph in Ray Serve, as a Python team would build it: the peer of redline's.
 
 Runs in the peer's own environment (``setup_ray_serve.sh``), not redline's. The same work as the
-example's ``graph.yaml``: the session's last items from Redis, their recency-weighted sum over
-``items.npy`` as the query, exact top-K by inner product, the example's ranking features and
-LightGBM ranker in ONNX Runtime over the K candidates in one run, drop the items the session
-saw, top 10.
+example's ``graph.yaml``: the session's last items and the user's windows from Redis, the items'
+recency-weighted sum over ``items.npy`` as the query, exact top-K by inner product, the
+example's ranking features and LightGBM ranker in ONNX Runtime over the K candidates in one run,
+drop the items the session saw, top 10.
 
     python ray_serve_app.py --artifacts DIR --redis-url redis://127.0.0.1:6379/0 --port 8600 \
         --layout three --replicas 1 --max-ongoing 8
 
 ``--layout three``: ingress -> retrieval -> ranking, composed with deployment handles (Ray
 Serve's model composition); ``--layout one``: all steps in one deployment. The request body is
-``{"session_id": ..., "request": {user fields}}``, as redline's ``/v1`` takes it.
+``{"session_id": ..., "entities": {"user_id": ...}}``, as redline's ``/v1`` takes it; the
+user's windows are a Redis hash per user.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "examples" / "recommend"
 sys.path.insert(0, str(EXAMPLE))
 
-from ranking import ITEM_COLUMNS, USER_FIELDS, candidate_features  # noqa: E402
+from ranking import ITEM_COLUMNS, candidate_features  # noqa: E402
 
 SESSION_ITEMS = 10
 RECENCY = 0.8
 K = 100
 TOP_N = 10
+USER_WINDOWS = ("count_1d", "count_7d", "cart_sum_7d")  # the ranker's user features, in order
 
 
 class Model:
@@ -55,9 +57,15 @@ class Model:
                                            providers=["CPUExecutionProvider"])
         self.redis = redis.Redis.from_url(redis_url)
 
-    def session(self, session_id: str) -> list[int]:
-        return [int(i) for i in self.redis.lrange(f"peer:session:{session_id}", 0,
-                                                  SESSION_ITEMS - 1)]
+    def context(self, body: dict) -> tuple[list[int], np.ndarray]:
+        """The session's last items and the user's windows, in one Redis round trip."""
+        user_id = body.get("entities", {}).get("user_id", "")
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lrange(f"peer:session:{body['session_id']}", 0, SESSION_ITEMS - 1)
+        pipe.hmget(f"peer:user:{user_id}", *USER_WINDOWS)
+        items, user = pipe.execute()
+        windows = np.array([float(v) if v is not None else 0.0 for v in user], dtype=np.float32)
+        return [int(i) for i in items], windows
 
     def retrieve(self, session: list[int]) -> tuple[np.ndarray, np.ndarray]:
         weights = (RECENCY ** np.arange(len(session))).astype(np.float32)
@@ -67,9 +75,8 @@ class Model:
         top = top[np.argsort(-scores[top])]
         return top, scores[top]
 
-    def rank(self, session: list[int], fields: dict, cands: np.ndarray,
+    def rank(self, session: list[int], user: np.ndarray, cands: np.ndarray,
              scores: np.ndarray) -> dict:
-        user = np.array([float(fields.get(f, 0.0)) for f in USER_FIELDS], dtype=np.float32)
         x = candidate_features(cands, scores, len(session), self.columns, user)
         ranked = self.ranker.run(None, {"candidates": x})[0].reshape(-1)
         seen = set(session)
@@ -93,19 +100,18 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
             self.model = Model(args.artifacts, args.redis_url)
 
         async def __call__(self, request: Request) -> dict:
-            body = await request.json()
-            session = self.model.session(body["session_id"])
+            session, user = self.model.context(await request.json())
             cands, scores = self.model.retrieve(session)
-            return self.model.rank(session, body.get("request", {}), cands, scores)
+            return self.model.rank(session, user, cands, scores)
 
     @serve.deployment(**opts)
     class Ranking:
         def __init__(self) -> None:
             self.model = Model(args.artifacts, args.redis_url)
 
-        def rank(self, session: list[int], fields: dict, cands: np.ndarray,
+        def rank(self, session: list[int], user: np.ndarray, cands: np.ndarray,
                  scores: np.ndarray) -> dict:
-            return self.model.rank(session, fields, cands, scores)
+            return self.model.rank(session, user, cands, scores)
 
     @serve.deployment(**opts)
     class Retrieval:
@@ -113,9 +119,9 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
             self.model = Model(args.artifacts, args.redis_url)
             self.ranking = ranking
 
-        async def recommend(self, session: list[int], fields: dict) -> dict:
+        async def recommend(self, session: list[int], user: np.ndarray) -> dict:
             cands, scores = self.model.retrieve(session)
-            return await self.ranking.rank.remote(session, fields, cands, scores)
+            return await self.ranking.rank.remote(session, user, cands, scores)
 
     @serve.deployment(**opts)
     class Ingress:
@@ -124,9 +130,8 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
             self.retrieval = retrieval
 
         async def __call__(self, request: Request) -> dict:
-            body = await request.json()
-            session = self.model.session(body["session_id"])
-            return await self.retrieval.recommend.remote(session, body.get("request", {}))
+            session, user = self.model.context(await request.json())
+            return await self.retrieval.recommend.remote(session, user)
 
     if args.layout == "one":
         return Recommend.bind()

@@ -2,33 +2,30 @@
 
 Every feature is one the inference graph computes per candidate (``rank.features`` in
 ``graph.yaml``): the retrieval score and position, catalogue columns of ``items.parquet``, the
-session's length, and the user's activity windows, sent as request fields (``features.py``'s
-``user_activity`` view, read by the caller as of the request). The ranker sees the K
-candidates of one request as one batch.
+session's length, and the user's activity windows (``features.py``'s ``user_activity`` view,
+which the graph's features step reads from the online store for the request's ``user_id``).
+The ranker sees the K candidates of one request as one batch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# The user's windows, sent as request fields under these names (the view's features).
-USER_FIELDS = {"user_count_1d": "user_activity:count_1d",
-               "user_count_7d": "user_activity:count_7d",
-               "user_cart_sum_7d": "user_activity:cart_sum_7d"}
+USER_FEATURES = ["user_activity:count_1d", "user_activity:count_7d", "user_activity:cart_sum_7d"]
 ITEM_COLUMNS = ["price", "log_popularity", "category_code"]
 RANK_FEATURES = ["retrieval:score", "retrieval:position",
                  *(f"item:{c}" for c in ITEM_COLUMNS), "session:length",
-                 *(f"field:{f}" for f in USER_FIELDS)]
+                 *(f"entity:{f}" for f in USER_FEATURES)]
 
 
 def candidate_features(candidates: np.ndarray, scores: np.ndarray, session_length: int,
-                       item_columns: np.ndarray, user_fields: np.ndarray) -> np.ndarray:
+                       item_columns: np.ndarray, user: np.ndarray) -> np.ndarray:
     """One float32 row per candidate, columns in ``RANK_FEATURES`` order. ``item_columns``
-    [n_items, len(ITEM_COLUMNS)]; ``user_fields`` [len(USER_FIELDS)]."""
+    [n_items, len(ITEM_COLUMNS)]; ``user`` [len(USER_FEATURES)]."""
     k = len(candidates)
     return np.column_stack([
         scores, np.arange(k), item_columns[candidates], np.full(k, session_length),
-        np.tile(user_fields, (k, 1)),
+        np.tile(user, (k, 1)),
     ]).astype(np.float32)
 
 

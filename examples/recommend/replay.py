@@ -2,10 +2,12 @@
 
 For every event of the replayed sessions, in time order: when it is a click after the session's
 first event, ask ``/v1/models/recommend/predict`` for the top 10 with the session id and the
-user's windows as request fields (as of that moment), and score the answer against the item
-actually clicked; then post the event to ``/v1/sessions/{id}/events``, so the next request of
-the session, on any replica, sees it.
+user (the graph reads the user's windows from the online store), and score the answer against
+the item actually clicked; then post the event to ``/v1/sessions/{id}/events`` and its feature
+events to ``/v1/events``, so the next request, on any replica, sees both. Times are moved so
+the data ends now.
 
+    python replay.py --data data --sessions 300 --write-history history.jsonl   # for --preload
     python replay.py --url http://127.0.0.1:8000 --data data --sessions 300
 
 It prints the online recall@10 and NDCG@10, the server time (``timings_us.total``) and the
@@ -26,23 +28,20 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ranking import USER_FIELDS  # noqa: E402
+from features import events_of  # noqa: E402
 
 
-def user_windows(data: object, requests: list[dict]) -> list[dict]:
-    """The user's windows as request fields, point-in-time for each request."""
-    import pandas as pd
+def write_history(data: object, sessions: list[str], out: Path) -> int:
+    """The feature events of every session not replayed, moved so the data ends now, for
+    ``redline serve --preload``; returns how many."""
     from features import events_of
-    from train import windows
 
-    from redline.features import load_definitions
-
-    defs = load_definitions(HERE / "features.py")
-    feats = pd.DataFrame([f for e in data.events for f in events_of(e)])  # type: ignore
-    users = feats[feats["source"] == "user_events"].dropna(axis=1)
-    values = windows(defs, users, "user_id", [r["user_id"] for r in requests],
-                     np.array([r["ts"] for r in requests]), list(USER_FIELDS.values()))
-    return [dict(zip(USER_FIELDS, map(float, row), strict=True)) for row in values]
+    shift = int(time.time() * 1000) - data.end_ms  # type: ignore[attr-defined]
+    skip = set(sessions)
+    rows = [{**f, "ts": f["ts"] + shift} for e in data.events  # type: ignore[attr-defined]
+            if e["session_id"] not in skip for f in events_of(e)]
+    out.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    return len(rows)
 
 
 def replay(url: str, data: object, sessions: list[str], *,
@@ -57,13 +56,14 @@ def replay(url: str, data: object, sessions: list[str], *,
         if e["type"] == "click" and items and e["item_id"] not in items:
             asks.append(e)
         items.add(e["item_id"])
-    fields = iter(user_windows(data, asks))
     asked = {id(e) for e in asks}
+    shift = int(time.time() * 1000) - data.end_ms  # type: ignore[attr-defined]
     out: list[dict] = []
     with httpx.Client(base_url=url, timeout=10) as client:
-        for e in events:
-            if id(e) in asked:
-                body = {"session_id": e["session_id"], "request": next(fields)}
+        for original in events:
+            e = {**original, "ts": original["ts"] + shift}
+            if id(original) in asked:
+                body = {"session_id": e["session_id"], "entities": {"user_id": e["user_id"]}}
                 sent = time.perf_counter()
                 r = client.post(f"/v1/models/{model}/predict", content=orjson.dumps(body))
                 rtt = time.perf_counter() - sent
@@ -80,6 +80,10 @@ def replay(url: str, data: object, sessions: list[str], *,
                 "item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]})
             if posted.status_code != 200:
                 raise RuntimeError(f"session post failed ({posted.status_code}): {posted.text}")
+            ingest = client.post("/v1/events", content=b"\n".join(
+                orjson.dumps(f) for f in events_of(e)))
+            if ingest.status_code != 200:
+                raise RuntimeError(f"ingest failed ({ingest.status_code}): {ingest.text}")
     return out
 
 
@@ -113,11 +117,16 @@ def main() -> None:
     parser.add_argument("--model", default="recommend")
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--holdout-days", type=float, default=1.0)
+    parser.add_argument("--write-history", default=None,
+                        help="write the other sessions' feature events here and stop")
     args = parser.parse_args()
     data = read(Path(args.data))
-    records = replay(args.url, data, held_out_sessions(data, args.holdout_days, args.sessions),
-                     model=args.model)
-    print(summary(records))
+    sessions = held_out_sessions(data, args.holdout_days, args.sessions)
+    if args.write_history:
+        n = write_history(data, sessions, Path(args.write_history))
+        print(f"{n} feature events -> {args.write_history}")
+        return
+    print(summary(replay(args.url, data, sessions, model=args.model)))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import embeddings  # noqa: E402
 import ranking  # noqa: E402
 from features import events_of  # noqa: E402
 from metrics import recall_ndcg  # noqa: E402
-from ranking import USER_FIELDS  # noqa: E402
+from ranking import USER_FEATURES  # noqa: E402
 
 DAY_MS = 24 * 3_600_000
 K = 100  # candidates retrieved per request
@@ -139,7 +139,7 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
             len(rank_reqs.ts), max_rank_requests, replace=False)))
 
     def user_fields(r: Requests) -> np.ndarray:
-        return windows(defs, user_events, "user_id", r.user_id, r.ts, list(USER_FIELDS.values()))
+        return windows(defs, user_events, "user_id", r.user_id, r.ts, USER_FEATURES)
 
     item_matrix = embeddings.train(tower_reqs.padded(n_items), tower_reqs.target, category,
                                    epochs=epochs, seed=seed)
@@ -193,11 +193,11 @@ def train(data: object, out: str | Path, *, holdout_days: float = 1.0, rank_shar
 
 def graph_yaml(k: int) -> str:
     """The inference graph that serves these artifacts (``docs/recommend.md``)."""
-    fields = ", ".join(USER_FIELDS)
+    entity = ", ".join(USER_FEATURES)
     features = "".join(f"\n        - {f}" for f in ranking.RANK_FEATURES)
     return (f"# The recommender: session items -> query -> top-{k} -> LightGBM ranker -> rules\n"
             f"steps:\n"
-            f"  - features: {{session_items: {embeddings.SESSION_ITEMS}, fields: [{fields}]}}\n"
+            f"  - features: {{session_items: {embeddings.SESSION_ITEMS}, entity: [{entity}]}}\n"
             f"  - retrieve: {{k: {k}}}\n"
             f"  - rank:\n      model: ranker.onnx\n      features:{features}\n"
             f"  - rules: {{drop_seen: true}}\n"
