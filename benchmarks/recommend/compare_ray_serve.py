@@ -10,8 +10,9 @@ open-loop ladder of rates, keeping the highest rate whose p99 stays at or below 
         --data examples/recommend/data --peer three:1:8 --peer one:2:4 \
         [--redline-url http://127.0.0.1:8000 --redline-model recommend]
 
-With ``--redline-url``, the server there serves the example's graph (``redline models add``)
-and keeps its sessions in the same Redis.
+With ``--redline-url``, the server there serves the example's graph (``redline models add``);
+give it the same Redis (``--redis-url``, its ``features.store: redis``) so both keep sessions
+and user windows there.
 
 Prints one JSON document: per target the best of its rounds, and redline's ratios to the best
 peer configuration.
@@ -178,6 +179,8 @@ def main() -> None:
                         help="layout:replicas:max_ongoing_requests (repeatable)")
     parser.add_argument("--peer-python", default=None,
                         help="the peer venv's python (default: run setup_ray_serve.sh)")
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis (the one redline serves from) instead of a new one")
     parser.add_argument("--redline-url", default=None)
     parser.add_argument("--redline-model", default="recommend")
     parser.add_argument("--rounds", type=int, default=2)
@@ -188,7 +191,8 @@ def main() -> None:
     python = args.peer_python or subprocess.run(
         ["bash", str(HERE / "setup_ray_serve.sh")], check=True, capture_output=True,
         text=True).stdout.strip().splitlines()[-1]
-    redis_proc, redis_url, redis_dir = start_redis()
+    redis_proc, redis_url, redis_dir = (None, args.redis_url, None) if args.redis_url \
+        else start_redis()
     report: dict = {"p99_bound_ms": args.p99_ms, "peers": {}}
     try:
         bodies = load_sessions(redis_url, args.redline_url, read(Path(args.data)),
@@ -211,9 +215,10 @@ def main() -> None:
             finally:
                 stop(proc)
     finally:
-        redis_proc.terminate()
-        redis_proc.wait(10)
-        shutil.rmtree(redis_dir, ignore_errors=True)
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(10)
+            shutil.rmtree(redis_dir, ignore_errors=True)
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
 
 
