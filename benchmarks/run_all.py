@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--areas", default=",".join((*DEFAULT_AREAS, *PEER_AREAS)),
                     help="comma-separated areas (default: " + ", ".join(
                         (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last two need the peer kit and "
-                    "say how to set it up when it is missing); also: hedging (three minutes)")
+                    "say how to set it up when it is missing); also: hedging (three minutes), "
+                    "graph (the inference-graph steps, two minutes)")
     ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
                     help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
                     "train.py ran (env REDLINE_PEER_KIT)")
@@ -327,6 +328,32 @@ def _hedging(args: argparse.Namespace, command: list[str], runs: list[dict]) -> 
     return Outcome("hedging", "\n".join(lines), targets)
 
 
+def _graph_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "benchmarks.pipeline.graph_steps", "--cpu", "--requests", "1000",
+            "--json-out", str(_scratch("graph.json"))]
+
+
+def _graph(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    r = runs[0]
+    labels = {"query": "query (mean of the session items' embeddings)",
+              "retrieve exact": "retrieve, exact (numpy, one thread)",
+              "retrieve hnsw": f"retrieve, HNSW (FAISS, M={r['hnsw_m']}, efSearch "
+                               f"{r['ef_search']})",
+              "rank rows": "rank rows (100 candidates x 7 columns)",
+              "ranker run (K rows)": "ranker run (100 rows, 100 trees)",
+              "rank order": "rank order", "rules": "rules (seen, out of stock, top 10)"}
+    rows = [[label, f"{r['steps_us'][key][0]:.0f}", f"{r['steps_us'][key][1]:.0f}"]
+            for key, label in labels.items()]
+    rows.append(["all steps, HNSW retrieval", f"{r['total_us'][0]:.0f}",
+                 f"{r['total_us'][1]:.0f}"])
+    lines = [_stamp(args, command), "",
+             *table([f"step ({r['clock']} time)", "p50 µs", "p99 µs"], rows), "",
+             f"`models add` of this graph: {r['add_s']:.0f} s to build the HNSW index; "
+             f"recall@{r['k']} against exact search {r['recall']:.3f} at efSearch "
+             f"{r['ef_search']} on these random (structureless) embeddings."]
+    return Outcome("graph", "\n".join(lines), [])
+
+
 AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "serving": (_serving_plan, _serving),
     "feature-reads": (_reads_plan, _reads),
@@ -336,6 +363,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "mlserver": (_serving_plan, _mlserver),
     "v1": (_v1_plan, _v1),
     "hedging": (_hedging_plan, _hedging),
+    "graph": (_graph_plan, _graph),
 }
 
 _RATIO_NAMES = {
@@ -368,7 +396,8 @@ _SERVER_NAMES = {
 
 # Areas whose benchmark interleaves its own rounds and writes its result to a file.
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
-                 "monitoring": "monitoring.json", "hedging": "hedging.json"}
+                 "monitoring": "monitoring.json", "hedging": "hedging.json",
+                 "graph": "graph.json"}
 
 
 # --------------------------------------------------------------------------- helpers

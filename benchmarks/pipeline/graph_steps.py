@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import tempfile
 import time
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true",
                     help="time each step in thread CPU time (robust on a loaded machine) "
                          "instead of wall time")
+    ap.add_argument("--json-out", type=Path, help="also write the results here (run_all.py)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     try:
@@ -150,6 +152,12 @@ def main() -> None:
                 total99 += p99
             print(f"| {name} | {p50:.0f} | {p99:.0f} |")
         print(f"| all steps, HNSW retrieval (sum) | {total50:.0f} | {total99:.0f} |")
+        if args.json_out is not None:
+            args.json_out.write_text(json.dumps({
+                "clock": clock, "add_s": add_s, "recall": info["recall_at_k"], "k": args.k,
+                "ef_search": max(spec.ef_search, spec.k), "hnsw_m": spec.hnsw_m,
+                "steps_us": {n: stats(times[n]) for n in names},
+                "total_us": [total50, total99]}))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
