@@ -78,7 +78,7 @@ def main() -> None:
     servers = {"on": start(True), "off": start(False)}
     settle_until = time.monotonic() + args.settle
     while time.monotonic() < settle_until:  # traffic fills the windows: calibrations happen now
-        for proc, port in servers.values():
+        for _, port in servers.values():
             bench(port, "v1", 2.0)
     ratios: dict[str, dict[str, list[float]]] = {}
     try:
