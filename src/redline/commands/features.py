@@ -151,10 +151,13 @@ def apply(config_path: str | None, definitions: str | None, switch: bool) -> Non
                    "(default: features.training_memory_budget, 25%).")
 @click.option("--workers", default=None, type=click.IntRange(1),
               help="Processes of the disk engine (default: one per core).")
+@click.option("--spark-master", default=None,
+              help="Master URL of the spark engine (default: the one spark-submit gave, else "
+                   "local[*]). With spark, --out is a Parquet folder.")
 def training_set(config_path: str | None, definitions: str | None, events_path: str,
                  labels_path: str, out_path: str, feature_list: str | None,
                  time_column: str, engine: str, memory_budget: str | None,
-                 workers: int | None) -> None:
+                 workers: int | None, spark_master: str | None) -> None:
     """Point-in-time training table: each row's features as the online store answered them.
 
     Every engine runs the same per-entity kernel, so they give the same table. The disk engine
@@ -181,7 +184,8 @@ def training_set(config_path: str | None, definitions: str | None, events_path: 
     if engine == "auto":
         engine = "memory" if in_memory_bytes(events_path) <= budget else "disk"
     if engine == "spark":
-        _spark_training_set(defs, events_path, labels_path, out_path, refs, time_column)
+        _spark_training_set(defs, events_path, labels_path, out_path, refs, time_column,
+                            spark_master)
         rows, cols, n_events = -1, -1, -1
     elif engine == "disk":
         rows, cols, n_events = _disk_training_set(defs, events_path, labels_path, out_path, refs,
@@ -248,16 +252,27 @@ def _disk_training_set(defs: Any, events_path: str, labels_path: str, out_path: 
 
 
 def _spark_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
-                        refs: list[str] | None, time_column: str) -> None:
+                        refs: list[str] | None, time_column: str, master: str | None) -> None:
+    """The training set on Spark, written as a Parquet folder (all of it or nothing)."""
     import importlib
 
     try:
-        spark = importlib.import_module("redline.features.spark")
+        engine = importlib.import_module("redline.features.spark")
     except ImportError as exc:
         raise ConfigError(f"engine spark needs redline[spark] (pip install 'redline[spark]'): "
                           f"{exc}") from exc
-    spark.training_set_cli(defs, events_path, labels_path, out_path, refs,
-                           time_column=time_column)
+    if not out_path.rstrip("/").lower().endswith((".parquet", ".pq")):
+        raise InvalidInput(f"with --engine spark, --out is a Parquet folder ending in .parquet, "
+                           f"got {out_path}")
+    t0 = time.perf_counter()
+    session = engine.session(master)
+    events, events_as = engine.read_events(session, events_path)
+    labels = engine.read_labels(session, labels_path)
+    table = engine.training_set(defs, events, labels, refs, time_column=time_column,
+                                events_as=events_as)
+    engine.write_parquet(table, out_path)
+    click.echo(f"{len(table.columns)} columns on Spark ({session.sparkContext.master}) in "
+               f"{time.perf_counter() - t0:.2f}s -> {out_path}")
 
 
 @features.command("verify")
