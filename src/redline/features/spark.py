@@ -32,7 +32,7 @@ import pandas as pd
 
 from redline.errors import ConfigError, InvalidInput
 from redline.features.definitions import FeatureDefinitions, FeatureView
-from redline.features.kernel import SEQ, build_partition, feature_plan
+from redline.features.kernel import SEQ, apply_transforms, build_partition, feature_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -260,7 +260,7 @@ def _bucket(entity: Column, n: int) -> Column:
 
 
 def _with_transforms(result: DataFrame, transforms: Sequence[Any]) -> DataFrame:
-    """Request transforms over the joined rows, with the builder's coercion of request fields."""
+    """Request transforms over the joined rows, by the kernel's own function."""
     from pyspark.sql.types import DoubleType, StructField, StructType
 
     schema = StructType(list(result.schema.fields)
@@ -268,11 +268,9 @@ def _with_transforms(result: DataFrame, transforms: Sequence[Any]) -> DataFrame:
 
     def apply(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for pdf in batches:
-            for tr in transforms:
-                cols = [pd.to_numeric(pdf[c], errors="coerce").to_numpy(dtype=np.float64)
-                        for c in tr.request]
-                cols += [pdf[f].to_numpy(dtype=np.float64) for f in tr.features]
-                pdf[tr.name] = tr.compute(cols)
+            computed = {f: pdf[f].to_numpy(dtype=np.float64) for tr in transforms
+                        for f in tr.features}
+            apply_transforms(pdf, transforms, computed)
             yield pdf
 
     for tr in transforms:
