@@ -19,6 +19,7 @@ import orjson
 import pandas as pd
 import pytest
 
+from redline.errors import InvalidInput
 from redline.features import FeatureDefinitions
 from redline.features.offline import EventLog, build_training_set, read_events
 from tests.features.test_cli import run
@@ -27,7 +28,7 @@ from tests.features.test_training_serving import DEFS, IDS_DEFS, _stream
 pytest.importorskip("pyspark", reason="the Spark engine needs redline[spark]")
 spark_engine = pytest.importorskip("redline.features.spark")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a JVM start on a busy machine
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -134,13 +135,22 @@ def test_fraud_example_on_spark_equals_in_memory_through_the_cli(spark: Any, tmp
     assert len(want) == len(txns) > 300 and want["card_activity:count_1d"].gt(0).sum() > 200
     assert list(got.dtypes) == list(want.dtypes)
     _same_rows(got, want)
-    # a bad label table fails inside the tasks: one clear error, nothing at --out
-    pd.DataFrame({"card_id": ["c1"], "merchant_id": ["m1"], "ts": ["yesterday"], "amount": [1.0],
-                  "ts_s": [1.0]}).to_parquet(tmp_path / "bad.parquet")
+    # a bad label table: one clear error, nothing at --out, from the CLI's checks ...
+    bad_rows = pd.DataFrame({"card_id": ["c1"], "merchant_id": ["m1"], "ts": ["yesterday"],
+                             "amount": [1.0], "ts_s": [1.0]})
+    bad_rows.to_parquet(tmp_path / "bad.parquet")
     bad = tmp_path / "bad-out.parquet"
     code, _, err = run(capsys, *args[:-1], str(tmp_path / "bad.parquet"), "--out", str(bad),
                        "--engine", "spark")
-    assert code == 2 and "must be epoch milliseconds" in err.splitlines()[-1], err
+    assert code == 2 and "epoch milliseconds" in err.splitlines()[-1], err
+    # ... and from inside the Spark tasks when the API is given it
+    from redline.features import load_definitions
+
+    ev, events_as = spark_engine.read_events(spark, str(tmp_path / "events.jsonl"))
+    table = spark_engine.training_set(load_definitions(ROOT / "examples/fraud/features.py"), ev,
+                                      spark.createDataFrame(bad_rows), events_as=events_as)
+    with pytest.raises(InvalidInput, match="'ts' must be epoch milliseconds"):
+        spark_engine.write_parquet(table, str(bad))
     assert not bad.exists() and not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
