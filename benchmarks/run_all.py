@@ -39,7 +39,7 @@ from benchmarks.bench_page import (  # noqa: E402
 PAGE = ROOT / "docs" / "performance.md"
 PY = sys.executable
 DEFAULT_AREAS = ("serving", "feature-reads", "ingest", "offline", "monitoring")
-PEER_AREAS = ("mlserver", "v1")
+PEER_AREAS = ("mlserver", "v1", "feast-offline")
 
 
 @dataclass
@@ -306,6 +306,31 @@ def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outco
     return Outcome("v1", "\n".join(lines), targets)
 
 
+def _feast_offline_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "benchmarks.features.feast_training_set", "--feast-python",
+            str(args.feast_python or "FEAST_PYTHON"), "--labels", "100000,1000000",
+            "--out", str(_scratch("feast_offline.json"))]
+
+
+def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    rows, targets = [], []
+    for r in runs[0]:
+        n = f"{r['labels']:,}"
+        rows.append([n, f"{number(r['feast_s'])} s", f"{number(r['redline_s'])} s",
+                     f"{number(r['speedup'])}x",
+                     f"{r['feast_rows']:,} / {r['redline_rows']:,} "
+                     f"({r['redline_rows_with_every_value']:,})",
+                     f"{r['compared_values']:,}", f"{r['differences']:,}"])
+        targets += [Target(f"redline over Feast, {n} label rows", ">=", 10.0, r["speedup"]),
+                    Target(f"values that differ, {n} label rows", "<=", 0.0,
+                           float(r["differences"]), unit="")]
+    lines = [_stamp(args, command), "",
+             *table(["label rows", "Feast", "redline", "redline vs Feast",
+                     "rows returned: Feast / redline (every value set)", "values compared",
+                     "differences"], rows), "", *targets_table(targets)]
+    return Outcome("feast-offline", "\n".join(lines), targets)
+
+
 Render = Callable[[argparse.Namespace, list[str], list[dict]], Outcome]  # type: ignore[type-arg]
 def _hedging_plan(args: argparse.Namespace) -> list[str]:
     return [PY, "benchmarks/scaling/hedging.py", "--calls", "3000", "--rounds", str(args.rounds),
@@ -364,6 +389,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "v1": (_v1_plan, _v1),
     "hedging": (_hedging_plan, _hedging),
     "graph": (_graph_plan, _graph),
+    "feast-offline": (_feast_offline_plan, _feast_offline),
 }
 
 _RATIO_NAMES = {
@@ -397,7 +423,7 @@ _SERVER_NAMES = {
 # Areas whose benchmark interleaves its own rounds and writes its result to a file.
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
                  "monitoring": "monitoring.json", "hedging": "hedging.json",
-                 "graph": "graph.json"}
+                 "graph": "graph.json", "feast-offline": "feast_offline.json"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -420,6 +446,9 @@ def _missing(area: str, args: argparse.Namespace) -> str:
     if area == "mlserver" and not (args.peers and args.peers_venv):
         return ("MLServer comes from the peer kit (shared/peers/): copy it to a scratch folder, "
                 "run its setup.sh and train.py there, then pass --peers KIT --peers-venv VENV")
+    if area == "feast-offline" and not args.feast_python:
+        return ("Feast comes from the peer kit (shared/peers/feast/README.md: setup.sh makes its "
+                "virtual environment), then pass --feast-python PY")
     if area == "v1" and not (args.peers and args.feast_python and args.feast_repo
                              and args.feast_model):
         return ("the Feast peer comes from the peer kit (shared/peers/feast/README.md: setup.sh, "

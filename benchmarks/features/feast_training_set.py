@@ -154,7 +154,7 @@ def main() -> None:
             red_s, table = redline_side(repo, labels)
             row = {"labels": n, "cards": args.cards, "feast_s": round(feast_run["seconds"], 3),
                    "redline_s": round(red_s, 3),
-                   "speedup": round(feast_run["seconds"] / red_s, 1),
+                   "speedup": round(feast_run["seconds"] / red_s, 3),
                    **compare(pd.read_parquet(out), table)}
             print(json.dumps(row), flush=True)
             results.append(row)
