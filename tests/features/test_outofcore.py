@@ -137,3 +137,22 @@ def test_bad_inputs_are_clear_errors_and_write_nothing(tmp_path: Path, capsys) -
     text_times = tmp_path / "text_times.parquet"
     pd.DataFrame({"card_id": ["c1"], "ts": [True]}).to_parquet(text_times)
     _bad(capsys, tmp_path, ev, text_times, "column 'ts' is bool")
+
+
+def test_integer_ids_in_events_meet_their_texts_in_labels(tmp_path: Path) -> None:
+    """Events with int64 ids (Parquet) and labels with the same ids as text: one entity each, so
+    they must land in the same partition."""
+    t0 = 1_767_225_600_000
+    events = pd.DataFrame({"card_id": np.arange(400) % 37, "amount": np.arange(400.0),
+                           "merchant": "m", "n": 1, "flag": True,
+                           "ts": t0 + np.arange(400) * 300})
+    ev = tmp_path / "events.parquet"
+    events.to_parquet(ev)
+    lb = tmp_path / "labels.jsonl"
+    lb.write_bytes(b"\n".join(orjson.dumps({"card_id": str(i % 40), "ts": t0 + 60_000 + i * 500})
+                              for i in range(200)))
+    memory = build_training_set(DEFS, read_table(ev), read_table(lb))
+    assert (memory["v:count_1m"] > 0).sum() > 150
+    out = tmp_path / "disk.parquet"
+    build_on_disk(DEFS, str(ev), str(lb), str(out), parts=5, workers=1)
+    pd.testing.assert_frame_equal(pd.read_parquet(out), memory)
