@@ -21,12 +21,10 @@ import pytest
 
 from redline.errors import InvalidInput
 from redline.features import FeatureDefinitions
+from redline.features import spark as spark_engine  # redline[spark] is part of dev
 from redline.features.offline import EventLog, build_training_set, read_events
 from tests.features.test_cli import run
 from tests.features.test_training_serving import DEFS, IDS_DEFS, _stream
-
-pytest.importorskip("pyspark", reason="the Spark engine needs redline[spark]")
-spark_engine = pytest.importorskip("redline.features.spark")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a JVM start on a busy machine
 ROOT = Path(__file__).resolve().parents[2]
