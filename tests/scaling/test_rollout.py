@@ -328,3 +328,25 @@ def test_two_workers_roll_back_a_bad_candidate_together(tmp_path: Path) -> None:
         assert [(r.status_code, r.json()["model_version"]) for r in after] == [(200, "1")] * 60
     finally:
         assert serve.stop() == 0
+
+
+def test_an_idle_server_keeps_writing_its_rollout_counts(project) -> None:  # type: ignore[no-untyped-def]
+    """A worker that stops getting requests still writes its counts each second: `rollout
+    status` reads every process's file and drops one older than 30 s, so an idle pool's counts
+    must not go stale or vanish."""
+    server, controller, config, root = project
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "4",
+        "--percent", "50", "--min-requests", "100000")
+    controller.refresh(force=True)
+    with httpx.Client(base_url=server.http, timeout=10) as client:
+        post(client, 20)
+    stats = controller.file.stats_dir / f"{controller.instance}.json"
+    wait_for(lambda: stats.exists() and sum(
+        v["requests"] for v in json.loads(stats.read_text())["versions"].values()) == 20)
+    written = json.loads(stats.read_text())["time"]
+    # No request from here on: the server's own tick rewrites the file.
+    wait_for(lambda: json.loads(stats.read_text())["time"] > written + 1.0, timeout=10)
+    doc = json.loads(stats.read_text())
+    assert sum(v["requests"] for v in doc["versions"].values()) == 20
+    counts = aggregate_stats(controller.file)["versions"]
+    assert sum(v["requests"] for v in counts.values()) == 20

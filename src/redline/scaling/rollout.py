@@ -732,7 +732,36 @@ def install(server: Any) -> RolloutController:
     server.rollouts = controller
     if monitor is not None:
         monitor.rollouts = controller  # redline_rollout_rollbacks_total
+    attach = getattr(server, "attach", None)
+    if attach is not None:
+        attach(RolloutTicker(controller))
     return controller
+
+
+class RolloutTicker:
+    """Refreshes a controller once a second while its server serves, requests or not.
+
+    Requests refresh it too (``route``), but a worker that has gone idle would otherwise never
+    write its last counts, and ``rollout status`` (which reads every process's stats file, and
+    drops files older than 30 s) would show stale or vanished counts for a quiet pool."""
+
+    def __init__(self, controller: RolloutController, every_s: float = 1.0) -> None:
+        self.controller = controller
+        self.every_s = every_s
+
+    async def models_loaded(self) -> None:
+        return None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            try:
+                self.controller.refresh()
+            except Exception as exc:  # noqa: BLE001 - the next tick tries again
+                log.warning("rollout refresh failed: %s: %s", type(exc).__name__, exc)
+
+    def close(self) -> None:
+        return None
 
 
 def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0,
