@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from benchmarks.observability.overhead import wait_ready
 from tests.conftest import free_port
 
 DEMO = Path(".redline/demo")
@@ -43,15 +42,8 @@ def start(monitoring: bool) -> tuple[subprocess.Popen[bytes], int]:
         [sys.executable, "-m", "redline.cli", "serve", "--config", str(DEMO / "redline.yaml"),
          "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("server did not become ready")
+    wait_ready(port, timeout=120)
+    return proc, port
 
 
 def bench(port: int, api: str, seconds: float) -> int:

@@ -187,3 +187,8 @@ class Unreachable(RedlineError):
     code = "unreachable"
     http_status = 503
     grpc_status = "UNAVAILABLE"
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one log line's reason: ``Type: message`` (``Type`` alone when empty)."""
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")

@@ -12,10 +12,10 @@ import orjson
 import pandas as pd
 import pytest
 
-from redline.cli import main
 from redline.features.offline import build_training_set, read_table
 from redline.features.outofcore import build_on_disk
 from tests.features.test_asof import _labels
+from tests.features.test_cli import run
 from tests.features.test_training_serving import DEFS, IDS_DEFS, _stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,16 +74,6 @@ def _fraud_inputs(tmp: Path) -> tuple[Path, Path]:
     lb = tmp / "labels.parquet"
     tx.to_parquet(lb)
     return ev, lb
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.slow

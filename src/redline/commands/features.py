@@ -201,10 +201,8 @@ def training_set(config_path: str | None, definitions: str | None, events_path: 
 
 def _memory_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
                          refs: list[str] | None, time_column: str) -> tuple[int, int, int]:
-    import os
-    import tempfile
-
     from redline.features.offline import build_training_set, read_table
+    from redline.features.outofcore import TrainingSetWriter
 
     out = Path(out_path)
     if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
@@ -212,17 +210,13 @@ def _memory_training_set(defs: Any, events_path: str, labels_path: str, out_path
     events = read_table(events_path)
     labels = read_table(labels_path)
     table = build_training_set(defs, events, labels, refs, time_column=time_column)
-    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part",
-                                dir=out.parent if str(out.parent) else ".")
-    os.close(fd)
+    writer = TrainingSetWriter(out)
     try:
-        if out.suffix.lower() == ".csv":
-            table.to_csv(name, index=False)
-        else:
-            table.to_parquet(name, index=False)
-        os.replace(name, out)
-    finally:
-        Path(name).unlink(missing_ok=True)
+        writer.write(table)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
     return len(table), table.shape[1], len(events)
 
 

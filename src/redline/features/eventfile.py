@@ -19,7 +19,8 @@ from redline.features.events import MAX_TS_MS, MIN_TS_MS, EventDecoder, to_ms
 ARRIVAL = "_arrival_ms"
 
 
-def _existing(path: str | Path) -> Path:
+def existing_file(path: str | Path) -> Path:
+    """``path`` as a Path; an InvalidInput naming it when nothing is there."""
     p = Path(path)
     if not p.exists():
         raise InvalidInput(f"file {p} does not exist")
@@ -38,7 +39,7 @@ def read_events(path: str | Path) -> EventLog:
     """An event file as raw events: JSON lines stay bytes (parsed by the decoder, as over HTTP),
     CSV rows are text maps (decoded like Redis Stream fields, empty cells are absent), Parquet
     rows are typed values."""
-    p = _existing(path)
+    p = existing_file(path)
     suffix = p.suffix.lower()
     try:
         if suffix in (".jsonl", ".ndjson", ".json"):

@@ -33,8 +33,8 @@ from redline.features.definitions import FeatureDefinitions, FeatureView
 from redline.features.eventfile import (  # noqa: F401 - ARRIVAL, read_events: public here too
     ARRIVAL,
     EventLog,
-    _existing,
     arrival_of,
+    existing_file,
     read_events,
 )
 from redline.features.events import EventDecoder
@@ -43,7 +43,7 @@ from redline.features.online.memory import MemoryStore
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """JSONL, CSV or Parquet → DataFrame (by extension); for label tables."""
-    p = _existing(path)
+    p = existing_file(path)
     suffix = p.suffix.lower()
     try:
         if suffix in (".jsonl", ".ndjson", ".json"):

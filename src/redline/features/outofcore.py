@@ -325,8 +325,9 @@ def _build_one(args: tuple[Any, ...]) -> int:
     return len(labels)
 
 
-class _Writer:
-    """Appends frames to a temporary file next to ``out``; ``commit`` renames it onto ``out``."""
+class TrainingSetWriter:
+    """Appends frames to a temporary file next to ``out``; ``commit`` renames it onto ``out``,
+    ``abort`` removes it: nothing half-written is ever at ``out`` (every engine writes so)."""
 
     def __init__(self, out: Path) -> None:
         kind = out.suffix.lower()
@@ -385,7 +386,7 @@ def build_on_disk(defs: FeatureDefinitions, events_path: str, labels_path: str, 
     budget = budget or parse_budget("25%")
     parts = parts or partitions_for(count_rows(events_path), budget, workers)
     report = progress or (lambda stage, n, total: None)
-    writer = _Writer(Path(out_path))
+    writer = TrainingSetWriter(Path(out_path))
     tmp = Path(tempfile.mkdtemp(prefix="redline-training-", dir=tmp_dir))
     try:
         (tmp / "labels").mkdir()

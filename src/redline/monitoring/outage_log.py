@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
+from redline.errors import describe
+
 
 class OutageLog:
     """Rate-limited WARNING lines for a failing remote endpoint (thread-safe enough: a lost
@@ -33,7 +35,7 @@ class OutageLog:
         self._next = now + self.every_s
         more = f" ({self._quiet} more failures since the last line)" if self._quiet else ""
         self._quiet = 0
-        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        reason = describe(exc)
         self.logger.warning("%s %s failed%s: %s%s; next line about this in %.0f s at most",
                             self.what, self.address, f" {detail}" if detail else "", reason,
                             more, self.every_s)

@@ -51,12 +51,12 @@ def fork_safe() -> bool:
 class ForkedWorker:
     """A forked worker process, with ``Popen``'s ``pid``/``poll``/``wait``/``send_signal``."""
 
-    def __init__(self, spec: dict[str, Any], keep_fds: tuple[int, ...]) -> None:
+    def __init__(self, spec: dict[str, Any]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns (coverage sees no exit)
-            _child(spec, keep_fds)
+            _child(spec)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -86,7 +86,7 @@ class ForkedWorker:
         self.send_signal(signal.SIGKILL)
 
 
-def _child(spec: dict[str, Any], keep_fds: tuple[int, ...]) -> None:
+def _child(spec: dict[str, Any]) -> None:
     """The worker's side of the fork: the supervisor's signal handlers undone, then serve;
     never returns into the supervisor's stack."""
     code = 1

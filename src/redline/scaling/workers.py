@@ -154,7 +154,7 @@ class Supervisor:
                 "state_dir": self._state_dir.name}
         self.board.reset(worker.slot)
         if self._fork and fork_safe():
-            worker.proc = ForkedWorker(spec, (self.http.fileno(), self.board.fd))
+            worker.proc = ForkedWorker(spec)  # a fork keeps the shared sockets
         else:
             env = {**os.environ, "REDLINE_WORKER": json.dumps(spec)}
             worker.proc = subprocess.Popen(

@@ -42,6 +42,7 @@ from redline.errors import (
     ModelNotReady,
     Overloaded,
     RedlineError,
+    describe,
 )
 from redline.serving.deadline import HIGH, AdmissionStats, CostModel, now
 
@@ -356,7 +357,7 @@ class Batcher:
 
     def _model_failed(self, exc: BaseException) -> ModelFailed:
         """The error a request gets when the model raised; logged once, as one line."""
-        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        reason = describe(exc)
         log.error("model '%s' failed to run: %s", self.name, reason)
         return ModelFailed(f"model '{self.name}' failed to run: {reason}", model=self.name)
 

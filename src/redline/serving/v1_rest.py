@@ -112,4 +112,3 @@ class V1Rest:
 
         status, body = await handle_events(self.pipeline.ingestor, request.body)
         return HttpResponse(status, body)
-

@@ -257,9 +257,7 @@ class PredictPipeline:
                       reasons: list[str] | None = None) -> list[SessionItem]:
         """The session's items, most recent first (at most ``limit``), for a request's graph.
 
-        ``session_items(session_id: str, limit: int | None = None,
-        reasons: list[str] | None = None) -> list[SessionItem]``; each
-        :class:`SessionItem` has ``item_id``, ``type`` (``click``...) and ``ts_ms``. An unknown
+        Each :class:`SessionItem` has ``item_id``, ``type`` (``click``...) and ``ts_ms``. An unknown
         or expired session has no items (a cold start, not an error). When the shared store is
         down or its circuit is open the answer is ``[]`` and the reason is appended to
         ``reasons`` (the request's ``degraded_reasons``), so the caller answers degraded
