@@ -1,6 +1,7 @@
 """Inference graphs: refused at ``models add`` when broken, served on ``/v1`` (REST and gRPC)
-with session items, retrieval, ranking and rules as stages, degraded to the retrieval order when
-the budget cannot fit the ranker."""
+with session items, retrieval, ranking and rules as stages (timings, metrics, trace spans),
+degraded to the retrieval order when the budget cannot fit the ranker and to the popularity
+order when it cannot fit retrieval."""
 
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ def test_ann_index_built_at_add_with_recall(tmp_path: Path) -> None:
     assert info["index"] == "hnsw" and info["items"] == 3000 and info["dim"] == 16
     assert info["recall_at_k"] >= 0.95
     assert (tmp_path / "repo" / "rec" / "1" / "items.faiss").is_file()
+
+
+def test_the_docs_name_the_item_count_that_gets_an_ann_index() -> None:
+    from redline.models.graph import ANN_MIN_ITEMS
+
+    root = Path(__file__).resolve().parents[2]
+    shown = f"{ANN_MIN_ITEMS:,}"
+    assert f"`auto` builds the index for {shown} items or more" in (
+        root / "docs" / "recommend.md").read_text()
+    assert f"keeps exact search below {shown} items" in " ".join(
+        (root / "docs" / "performance.md").read_text().split())
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +165,90 @@ def test_budget_too_small_for_the_ranker_answers_retrieval_order(graph_server: A
     assert "rank" not in doc["timings_us"] and "retrieve" in doc["timings_us"]
     # the popularity order itself: i0, i1, ... (out-of-stock i9 dropped)
     assert [i["item_id"] for i in doc["items"]] == ["i0", "i1", "i2", "i3", "i4"]
+
+
+@pytest.mark.slow
+def test_budget_too_small_for_retrieval_answers_popularity_order(graph_server: Any) -> None:
+    sid = "g-retrieval-budget"
+    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+                   json={"item_id": "i100", "type": "click", "ts_ms": 1_000})
+    assert r.status_code == 200, r.text
+    body = {"session_id": sid, "request": {}}
+    near = _predict(graph_server, "rec", body)  # retrieval's latency is known after a run
+    assert near["degraded"] is False
+    assert all(abs(int(i["item_id"][1:]) - 100) <= 15 for i in near["items"])
+    for _ in range(20):  # a probe may run retrieval anyway; the next request degrades
+        doc = _predict(graph_server, "rec", {**body, "budget_ms": 0.001})
+        if any("retrieval p99" in reason for reason in doc["degraded_reasons"]):
+            break
+    assert doc["degraded"] is True and doc["path"] == "fallback"
+    assert "candidates in popularity order" in doc["degraded_reasons"][0], doc
+    assert "retrieve" not in doc["timings_us"] and "query" not in doc["timings_us"]
+    assert "rules" in doc["timings_us"]
+    # the popularity candidates (i0..i19), not the neighbours of the click
+    ids = [int(i["item_id"][1:]) for i in doc["items"]]
+    assert len(ids) == 5 and all(i < 20 for i in ids), ids
+    # a budget that fits searches again
+    again = _predict(graph_server, "rec", {**body, "budget_ms": 5000})
+    assert again["degraded"] is False and "retrieve" in again["timings_us"]
+
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = "b7ad6b7169203331"
+GRAPH_STEPS = ["features", "sessions", "query", "retrieve", "rank", "rules"]
+
+
+def _stages_in_metrics(srv: Any, model: str, wanted: set[str]) -> set[str]:
+    """The stages of ``model`` in the /metrics histograms (folded on the monitor's tick)."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        found = {line.split('stage="')[1].split('"')[0] for line in text.splitlines()
+                 if line.startswith("redline_stage_duration_seconds_count")
+                 and f'model="{model}"' in line and 'stage="' in line}
+        if wanted <= found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_each_graph_step_is_a_span_a_timing_and_a_metric(graph_server: Any) -> None:
+    from tests.monitoring.otlp import MemorySink
+
+    sink = MemorySink()
+    graph_server.server.monitor.use_trace_exporter(sink)
+    sid = "g-traced"
+    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+                   json={"item_id": "i30", "type": "click", "ts_ms": 1_000})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{graph_server.url}/v1/models/ent/predict", timeout=10,
+                   headers={"traceparent": f"00-{TRACE}-{PARENT}-01"},
+                   json={"session_id": sid, "entities": {"card_id": "u-traced"},
+                         "request": {}, "request_id": "graph-traced"})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["degraded"] is False
+    for step in GRAPH_STEPS:
+        assert step in doc["timings_us"], doc["timings_us"]
+    deadline = time.monotonic() + 15
+    root = None
+    while root is None and time.monotonic() < deadline:
+        root = next((s for s in list(sink.spans)
+                     if s.attributes.get("redline.request_id") == "graph-traced"), None)
+        time.sleep(0.1)
+    assert root is not None, "the request's spans were not exported"
+    assert root.name == "redline v1 ent" and root.trace_id == TRACE and root.parent == PARENT
+    children = [s for s in sink.spans if s.trace_id == TRACE and s.parent == root.span_id]
+    names = [s.name for s in sorted(children, key=lambda s: s.start)]
+    for step in GRAPH_STEPS:
+        assert names.count(step) == 1, names
+    # in the order the steps ran, inside the request's span
+    assert [n for n in names if n in GRAPH_STEPS] == GRAPH_STEPS
+    assert all(root.start <= s.start <= s.end <= root.end for s in children)
+    # the ranker's run is its queue and inference spans, after the rank rows
+    assert names.index("inference") > names.index("rank")
+    found = _stages_in_metrics(graph_server, "ent", set(GRAPH_STEPS))
+    assert set(GRAPH_STEPS) <= found, found
 
 
 @pytest.mark.slow

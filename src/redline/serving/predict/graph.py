@@ -7,6 +7,9 @@ Loaded once per model version (the catalogue, the ANN index, the encoder), then 
 2. **query** — the encoder's query vector from the request fields, else the recency-weighted mean
    of the session items' embeddings; with neither, the catalogue's ``popularity`` order.
 3. **retrieve** — top-K by inner product: exact (numpy) or the HNSW index built at ``add``.
+   When the budget left is below the recent p99 of query and retrieval together, both are
+   skipped and the candidates are the catalogue's ``popularity`` order, ``degraded`` with the
+   reason.
 4. **rank** — the K candidates' rows in one batched run of the ranking model (its run is the
    queue/inference stages). When the budget left is below the ranker's recent p99, or the run
    is refused or late, the answer is the retrieval order, ``degraded`` with the reason.
@@ -56,9 +59,12 @@ RETRIEVAL_PATH = "fallback"  # the retrieval order served in place of the rankin
 class GraphRunner:
     """One loaded graph version: its catalogue, index and encoder, ready for requests."""
 
-    def __init__(self, folder: Path, spec: g.GraphSpec, name: str = "") -> None:
+    def __init__(self, folder: Path, spec: g.GraphSpec, name: str = "",
+                 retrieval: LatencyWindow | None = None) -> None:
         self.name = name
         self.spec = spec
+        # the recent p99 of query + retrieve, which the budget is checked against
+        self.retrieval = retrieval if retrieval is not None else LatencyWindow(256)
         self.cat = g.load_catalogue(folder)
         self.row_of = {item: i for i, item in enumerate(self.cat.ids)}
         self.index: Any = None
@@ -226,11 +232,22 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
     if req.session_id is not None:
         items = pipeline.session_items(req.session_id, runner.spec.session_items, reasons)
         t = _mark(record, SESSIONS, t)
-    q = runner.query(fields, items)
-    t = _mark(record, QUERY, t)
-    rows, scores = runner.retrieve(q)
-    t = _mark(record, RETRIEVE, t)
     path = "primary"
+    searched = runner.encoder is not None or bool(items)  # else the popularity order, free
+    p99 = runner.retrieval.estimate() if searched else 0.0
+    if p99 and not budget.fits(p99, 0.0) and not runner.retrieval.probe():
+        reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < retrieval p99 "
+                       f"{p99 * 1e3:.2f} ms: candidates in popularity order")
+        path = RETRIEVAL_PATH
+        rows, scores = runner.retrieve(None)
+    else:
+        t0 = t
+        q = runner.query(fields, items)
+        t = _mark(record, QUERY, t)
+        rows, scores = runner.retrieve(q)
+        t = _mark(record, RETRIEVE, t)
+        if q is not None:
+            runner.retrieval.add((t - t0) * 1e-9)
     p99 = window.estimate()
     if p99 and not budget.fits(p99, 0.0) and not window.probe():
         reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < ranker p99 "

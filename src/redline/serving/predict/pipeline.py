@@ -127,7 +127,10 @@ class PredictPipeline:
         for key in [k for k, r in self._graphs.items() if r.name == handle.name
                     and k not in loaded]:
             del self._graphs[key]  # versions unloaded since
-        runner = GraphRunner(folder, spec, handle.name)
+        cfg = self.settings.pipeline
+        runner = GraphRunner(folder, spec, handle.name,
+                             LatencyWindow(cfg.latency_window, cfg.latency_window_s,
+                                           cfg.probe_interval_ms / 1000.0))
         runner.read_entity(self.store, self.defs, handle)
         self._graphs[id(handle)] = runner
 
