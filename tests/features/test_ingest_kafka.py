@@ -295,3 +295,32 @@ def test_kafka_consumer_lag_is_watermark_minus_applied(kafka_broker, redis_serve
            if s.name == "redline_ingest_consumer_lag" and s.labels["stream_or_topic"] == "lag"}
     assert got == {("0", "kafka"): 0.0, ("1", "kafka"): 0.0}
     src.close()
+
+
+def test_kafka_session_events_reach_the_session_store(kafka_broker, redis_server) -> None:
+    from confluent_kafka import Producer
+
+    from redline.features.online.redis import connect
+    from redline.serving.predict.session_events import SessionEventWriter
+    from redline.serving.predict.sessions import RedisSessionStore
+
+    kafka_broker.create_topic("sess1", 1)
+    prod = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for k in range(3):
+        prod.produce("sess1", key=b"s1", value=orjson.dumps(
+            {"source": "session", "session_id": "s1", "item_id": f"i{k}", "type": "click",
+             "ts_ms": 1000 + k}))
+    prod.produce("sess1", key=b"s1", value=orjson.dumps(
+        {"source": "session", "session_id": "s1", "type": "click"}))
+    assert prod.flush(30) == 0
+    store = RedisStore(redis_server.url, timeout_ms=10_000)
+    sessions = RedisSessionStore(connect(redis_server.url, timeout_ms=2000), redis_server.url)
+    src = KafkaSource(load_definitions(DEFS), store, topic="sess1",
+                      bootstrap=kafka_broker.bootstrap, group="gs", batch=10,
+                      config=FAST_GROUP, sessions=SessionEventWriter(sessions))
+    _drain(src, 4)
+    src.close()
+    assert (src.counts.accepted, src.counts.dead) == (3, 1)
+    assert [i.item_id for i in sessions.items("s1")] == ["i2", "i1", "i0"]
+    dead = store.client.hgetall(dead_letter_key("sess1"))
+    assert len(dead) == 1 and b"item_id must be" in next(iter(dead.values()))

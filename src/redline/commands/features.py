@@ -48,6 +48,18 @@ def store_options(func: Any) -> Any:
 BULK_TIMEOUT_MS = 10_000.0  # ingest and verify send big batches; serving keeps its short timeout
 
 
+def _session_writer(config_path: str | None, store: Any) -> Any:
+    """Where ingest stores events of source ``session``: the servers' session store (in the
+    same Redis, with the same TTL, length and catalogue), through the servers' own writer."""
+    from redline.serving.predict import open_sessions
+    from redline.serving.predict.session_events import SessionEventWriter, load_catalogue
+
+    settings = load_settings(config_path)
+    cfg = settings.pipeline
+    catalogue = load_catalogue(cfg.session_catalogue) if cfg.session_catalogue else None
+    return SessionEventWriter(open_sessions(store, settings), catalogue)
+
+
 @click.group()
 def features() -> None:
     """Feature definitions, versions, training sets and skew verification.
@@ -324,7 +336,7 @@ def _print_report(name: str, rep: Any) -> None:
 
 @click.group()
 def ingest() -> None:
-    """Ingest events into the online store.
+    """Ingest events into the online store (events of source "session" into the session store).
 
     \b
     Examples:
@@ -371,7 +383,8 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
                           group=group or fs.consumer_group, consumer=consumer,
                           batch=batch or fs.ingest_batch,
                           claim_idle_ms=fs.claim_idle_ms if claim_idle_ms is None
-                          else claim_idle_ms)
+                          else claim_idle_ms,
+                          sessions=_session_writer(config_path, store))
     _run(cons, max_events, stats_every,
          f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}")
 
@@ -443,7 +456,7 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
     src = KafkaSource(defs, store, topic=topic or fs.kafka_topic,
                       bootstrap=bootstrap_servers or fs.kafka_bootstrap_servers,
                       group=group or fs.kafka_group, batch=batch or fs.ingest_batch,
-                      config=config)
+                      config=config, sessions=_session_writer(config_path, store))
     _run(src, max_events, stats_every,
          f"ingest: {src.name} on kafka topic {src.topic} group {src.group}")
 
@@ -472,7 +485,8 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
 
     fs, defs = _settings(config_path, definitions, store, redis_url)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
-    ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead")
+    ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",
+                   sessions=_session_writer(config_path, online))
     t0 = time.perf_counter()
     res = replay_file(ing, path, batch=batch)
     dt = time.perf_counter() - t0
@@ -510,7 +524,8 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
     fs, defs = _settings(config_path, definitions, store, redis_url)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     online.ping()
-    app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead"))
+    app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",
+                                   sessions=_session_writer(config_path, online)))
     click.echo(f"ingest: POST http://{host}:{port or fs.http_port}/v1/events into the "
                f"{fs.store} store ({len(defs.views)} views)", err=True)
     uvicorn.run(app, host=host, port=port or fs.http_port, log_level="warning",

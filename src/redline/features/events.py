@@ -25,6 +25,7 @@ import orjson
 
 from redline.features.aggregates import hll_hash, value_identity
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
+from redline.features.sessions import SESSION_SOURCE, SessionEvent
 
 KEY_PREFIX = "rl"
 # Redis key schema 2: one hash per (entity, source) holds every view's tiles (docs/features.md)
@@ -77,6 +78,8 @@ class UpdateBatch:
     ops: list[tuple[int, int, int, int, int, int, int, float, int, int, int]] = field(
         default_factory=list)
     accepted: list[int] = field(default_factory=list)  # tags of accepted events
+    # session item events (source "session"): not tiles, handed to the session store
+    sessions: list[SessionEvent] = field(default_factory=list)
     event_ts: list[int] = field(default_factory=list)  # their event times (for freshness)
     rejected: list[Rejected] = field(default_factory=list)
 
@@ -325,7 +328,7 @@ class EventDecoder:
                 if event is not None:
                     reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag)
             if reason:
-                batch.rejected.append(Rejected(reason, _raw_bytes(raw), tag))
+                batch.rejected.append(Rejected(reason, raw_bytes(raw), tag))
         return batch
 
     @staticmethod
@@ -364,6 +367,10 @@ class EventDecoder:
         if plan is None:
             if isinstance(src_name, str) and src_name in self.defs.sources:
                 return ""  # a source the chosen views do not read: not an error, nothing to do
+            if src_name == SESSION_SOURCE:  # a session item event: for the session store
+                fields = {k: v for k, v in ev.items() if k != "source"}
+                batch.sessions.append(SessionEvent(fields, flat, arrival, tag, ev))
+                return ""
             known = ", ".join(sorted(self.plans))
             return f"unknown source {src_name!r} (known: {known}); set 'source' in the event"
         src = plan.source
@@ -456,7 +463,8 @@ class EventDecoder:
         return ""
 
 
-def _raw_bytes(raw: Any) -> bytes:
+def raw_bytes(raw: Any) -> bytes:
+    """An event as the bytes a dead letter keeps."""
     if isinstance(raw, bytes):
         return raw
     if isinstance(raw, str):

@@ -9,9 +9,9 @@ same events at the same time, from an event log. Both use :class:`SessionItem` a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pandas only for the offline builder: serving imports this m
     import pandas as pd
 
 EVENT_COLUMNS = ("session_id", "item_id", "type", "ts_ms")
+# An event of this source is a session item event (unless the definitions declare a source of
+# that name): {"source": "session", "session_id": "s1", "item_id": "i1", "type": "click"}
+SESSION_SOURCE = "session"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,29 @@ class SessionItem:
 
     def to_dict(self) -> dict[str, Any]:
         return {"item_id": self.item_id, "type": self.type, "ts_ms": self.ts_ms}
+
+
+@dataclass
+class SessionEvent:
+    """A session item event as an event stream delivered it, not checked yet: its fields (without
+    ``source``), whether they arrived as strings (a Redis Stream entry's), when it arrived, and
+    its place in the batch (``tag``) and raw form, for a dead letter."""
+
+    fields: Mapping[str, Any]
+    flat: bool
+    arrival_ms: int
+    tag: int
+    raw: Any
+
+
+class SessionSink(Protocol):
+    """Where ingest hands session item events: serving's session store, through the checks of
+    ``POST /v1/sessions/{id}/events`` (``serving.predict.session_events.SessionEventWriter``)."""
+
+    def add_stream_events(self, events: Sequence[SessionEvent]) -> list[tuple[int, str]]:
+        """Check and store ``events`` (oldest first); returns the (tag, reason) of each refused.
+        A store that is down raises ``StoreUnavailable``: nothing is acknowledged."""
+        ...
 
 
 def item_increments(items: Iterable[SessionItem]) -> dict[str, float]:

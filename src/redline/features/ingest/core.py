@@ -13,8 +13,12 @@ from typing import Any
 import numpy as np
 
 from redline.features.definitions import FeatureDefinitions
-from redline.features.events import EventDecoder, Rejected, UpdateBatch
+from redline.features.events import EventDecoder, Rejected, UpdateBatch, raw_bytes
 from redline.features.online.base import OnlineStore, now_ms
+from redline.features.sessions import SESSION_SOURCE, SessionSink
+
+NO_SESSIONS = (f"session: this ingest has no session store for events of source "
+               f"'{SESSION_SOURCE}'; send them to a server or an ingest with features.store: redis")
 
 
 def settle_heap() -> None:
@@ -65,6 +69,25 @@ def reason_class(reason: str) -> str:
     return reason.split(":", 1)[0].split(" ", 1)[0]
 
 
+def hand_off_sessions(batch: UpdateBatch, sessions: SessionSink | None) -> None:
+    """Store the batch's session item events before its tiles are written (and its log
+    positions with them): stored ones count as accepted, refused ones join the dead letters.
+    A session store that is down raises, so the batch is not acknowledged and is read again;
+    events of sessions stored before the outage are then stored again (at least once)."""
+    events = batch.sessions
+    if not events:
+        return
+    refused = (dict(sessions.add_stream_events(events)) if sessions is not None
+               else {e.tag: NO_SESSIONS for e in events})
+    for e in events:
+        reason = refused.get(e.tag)
+        if reason is None:
+            batch.accepted.append(e.tag)
+        else:
+            batch.rejected.append(Rejected(reason, raw_bytes(e.raw), e.tag))
+    batch.sessions = []
+
+
 @dataclass
 class IngestResult:
     accepted: int
@@ -76,9 +99,11 @@ class Ingestor:
     for a Redis store, appended to the ``dead_stream``."""
 
     def __init__(self, defs: FeatureDefinitions, store: OnlineStore, *, source: str | None = None,
-                 dead_stream: str = "redline:events:dead", keep_dead: int = 1000) -> None:
+                 dead_stream: str = "redline:events:dead", keep_dead: int = 1000,
+                 sessions: SessionSink | None = None) -> None:
         self.defs = defs
         self.store = store
+        self.sessions = sessions  # where session item events go (none: dead letters)
         self.decoder = EventDecoder(defs, source)
         self.counts = IngestCounts()
         self.freshness = Freshness()
@@ -99,6 +124,7 @@ class Ingestor:
         return IngestResult(len(batch.accepted), batch.rejected)
 
     def apply(self, batch: UpdateBatch, measure: bool = True) -> None:
+        hand_off_sessions(batch, self.sessions)
         self.store.write(batch)
         if measure:
             self.freshness.record(batch.event_ts, time.time_ns())

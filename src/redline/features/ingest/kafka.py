@@ -30,8 +30,9 @@ import orjson
 from redline.errors import ConfigError
 from redline.features.definitions import FeatureDefinitions
 from redline.features.events import EventDecoder, UpdateBatch
-from redline.features.ingest.core import Freshness, IngestCounts
+from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
 from redline.features.online.base import now_ms
+from redline.features.sessions import SessionSink
 
 
 def _consumer_class() -> Any:
@@ -55,10 +56,12 @@ class KafkaSource:
     def __init__(self, defs: FeatureDefinitions, store: Any, *, topic: str, bootstrap: str,
                  group: str, batch: int = 1000, block_ms: int = 100,
                  config: Mapping[str, Any] | None = None, source: str | None = None,
-                 client_id: str | None = None, commit_every_ms: int = 100) -> None:
+                 client_id: str | None = None, commit_every_ms: int = 100,
+                 sessions: SessionSink | None = None) -> None:
         if getattr(store, "kind", "") != "redis":
             raise ConfigError("Kafka ingest writes to a shared store: set features.store: redis")
         self.store = store
+        self.sessions = sessions  # where session item events go (none: dead letters)
         self.topic = topic
         self.group = group
         self.batch = batch
@@ -135,6 +138,7 @@ class KafkaSource:
             kind, ts = m.timestamp()
             arrivals.append(ts if kind and ts >= 0 else now_ms())
         batch = self.decoder.decode([m.value() for m in good], arrivals)
+        hand_off_sessions(batch, self.sessions)  # before the write their offsets follow
         start = self._prepare(positions, batch)
         done += self.flush()
         self._inflight = start()

@@ -16,7 +16,8 @@ from typing import Any
 
 from redline.features.definitions import FeatureDefinitions
 from redline.features.events import EventDecoder, UpdateBatch
-from redline.features.ingest.core import Freshness, IngestCounts
+from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
+from redline.features.sessions import SessionSink
 
 
 def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -43,8 +44,10 @@ class StreamConsumer:
 
     def __init__(self, defs: FeatureDefinitions, store: Any, *, stream: str, group: str,
                  consumer: str | None = None, batch: int = 1000, claim_idle_ms: int = 30000,
-                 block_ms: int = 100, source: str | None = None) -> None:
+                 block_ms: int = 100, source: str | None = None,
+                 sessions: SessionSink | None = None) -> None:
         self.store = store
+        self.sessions = sessions  # where session item events go (none: dead letters)
         self.client = store.client
         self.stream = stream
         self.group = group
@@ -81,7 +84,9 @@ class StreamConsumer:
                 ) -> tuple[list[bytes], UpdateBatch]:
         ids = [e[0] for e in entries]
         arrivals = [_stream_ms(i) for i in ids]  # arrival = the entry's id: replays agree
-        return ids, self.decoder.decode([e[1] for e in entries], arrivals)
+        batch = self.decoder.decode([e[1] for e in entries], arrivals)
+        hand_off_sessions(batch, self.sessions)  # before the write that acks their entries
+        return ids, batch
 
     def _write(self, ids: list[bytes], batch: UpdateBatch) -> int:
         if self.store.cluster:

@@ -47,7 +47,7 @@ from redline.serving.predict.graph import GraphRunner, run_graph
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
-from redline.serving.predict.session_events import check_known, load_catalogue
+from redline.serving.predict.session_events import SessionEventWriter, load_catalogue
 from redline.serving.predict.sessions import SessionItem, SessionState, SessionStore
 from redline.serving.registry import HandleLookup
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
@@ -86,6 +86,7 @@ class PredictPipeline:
         self.sessions_shared = sessions.kind == "redis"
         self.catalogue = (load_catalogue(cfg.session_catalogue) if cfg.session_catalogue
                           else None)
+        self.session_events = SessionEventWriter(sessions, self.catalogue)
         self.max_instances = cfg.max_instances
         self._routes: dict[tuple[Any, ...], Route] = {}
         self._latency: dict[tuple[str, int], LatencyWindow] = {}
@@ -146,7 +147,7 @@ class PredictPipeline:
             if self.defs is None or self.store is None:
                 raise FeatureNotFound("no feature definitions are loaded; set "
                                       "features.definitions in redline.yaml")
-            self._ingestor = Ingestor(self.defs, self.store)
+            self._ingestor = Ingestor(self.defs, self.store, sessions=self.session_events)
         return self._ingestor
 
     # ------------------------------------------------------------------ the request
@@ -289,8 +290,7 @@ class PredictPipeline:
         the next read on any replica sharing the store sees them. A store that is down is a
         :class:`~redline.errors.StoreUnavailable` (503): an event is never dropped silently.
         With ``pipeline.session_catalogue`` set, an unknown item id is an ``InvalidInput``."""
-        check_known(items, self.catalogue)
-        return self.sessions.add_items(session_id, items)
+        return self.session_events.add(session_id, items)
 
     async def _run(self, plan: ModelPlan, x: np.ndarray, budget: Budget | None,
                    window: LatencyWindow | None, record: RequestRecord

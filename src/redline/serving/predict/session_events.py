@@ -1,20 +1,29 @@
-"""Item events posted to a session (``POST /v1/sessions/{id}/events``): checked, then stored.
+"""Item events of a session: checked, then stored, by one writer (:class:`SessionEventWriter`).
 
-A body is one event or a list of them: ``{"item_id": "i123", "type": "click", "ts_ms": ...}``.
-Every event is checked before any is stored, so a bad one in a list stores nothing and the
-answer names it; ``ts_ms`` defaults to the time the server received the event.
+They arrive posted to a session (``POST /v1/sessions/{id}/events``) or through ingest (events of
+source ``session`` on the event stream, in ``POST /v1/events`` or a replayed file). A posted body
+is one event or a list of them: ``{"item_id": "i123", "type": "click", "ts_ms": ...}``. Every
+event of a post is checked before any is stored, so a bad one in a list stores nothing and the
+answer names it; ingest dead-letters a bad event and stores the others. ``ts_ms`` defaults to the
+time the event arrived.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Set
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
 from redline.errors import ConfigError, InvalidInput, PayloadTooLarge
-from redline.serving.predict.sessions import SessionItem
+from redline.features.sessions import SessionEvent
+from redline.serving.predict.sessions import (
+    SessionItem,
+    SessionState,
+    SessionStore,
+    check_session_id,
+)
 
 MAX_EVENTS_PER_REQUEST = 1000
 MAX_ITEM_ID = 256
@@ -90,13 +99,64 @@ def load_catalogue(path: str) -> frozenset[str]:
     return ids
 
 
-def check_known(items: list[SessionItem], catalogue: Set[str] | None) -> None:
-    """With a catalogue configured, every event must name an item in it."""
+def check_known(items: list[SessionItem], catalogue: Set[str] | None, start: int = 0) -> None:
+    """With a catalogue configured, every event must name an item in it (``start``: the index
+    the first of ``items`` has in what the client sent)."""
     if catalogue is None:
         return
     unknown = [i for i, item in enumerate(items) if item.item_id not in catalogue]
     if unknown:
         first = unknown[0]
-        raise InvalidInput(f"event {first}: unknown item_id {_short(items[first].item_id)} "
+        raise InvalidInput(f"event {start + first}: unknown item_id "
+                           f"{_short(items[first].item_id)} "
                            f"({len(unknown)} of {len(items)} events name items that are not in "
                            "pipeline.session_catalogue); send ids of the catalogue")
+
+
+class SessionEventWriter:
+    """The one writer of session item events: posted ones and ingested ones are checked the same
+    way and stored by the same atomic step (``SessionStore.add_items``), so the next read on any
+    replica sharing the store sees them."""
+
+    def __init__(self, sessions: SessionStore, catalogue: Set[str] | None = None) -> None:
+        self.sessions = sessions
+        self.catalogue = catalogue
+
+    def add(self, session_id: str, items: list[SessionItem]) -> SessionState:
+        """Store a session's new item events (oldest first) and return its state; an unknown
+        item id (with a catalogue) is an ``InvalidInput``, a store that is down a
+        ``StoreUnavailable``."""
+        check_known(items, self.catalogue)
+        return self.sessions.add_items(session_id, items)
+
+    def add_stream_events(self, events: Sequence[SessionEvent]) -> list[tuple[int, str]]:
+        """Ingest's hand-off (``features.sessions.SessionSink``): each event checked as a posted
+        one (plus its ``session_id``), the good ones stored per session in arrival order;
+        returns the (tag, reason) of each refused."""
+        refused: list[tuple[int, str]] = []
+        by_session: dict[str, list[SessionItem]] = {}
+        for ev in events:
+            fields = _as_sent(ev.fields) if ev.flat else dict(ev.fields)
+            try:
+                session_id = check_session_id(fields.pop("session_id", None))
+                item = _event(fields, ev.tag, ev.arrival_ms)
+                check_known([item], self.catalogue, ev.tag)
+            except InvalidInput as exc:
+                refused.append((ev.tag, f"session: {exc.message}"))
+                continue
+            by_session.setdefault(session_id, []).append(item)
+        for session_id, items in by_session.items():
+            self.add(session_id, items)
+        return refused
+
+
+def _as_sent(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat event's values (a Redis Stream entry's bytes) as JSON would carry them."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, bytes):
+            value = value.decode(errors="replace")
+        if key == "ts_ms" and isinstance(value, str) and value.isdigit():
+            value = int(value)
+        out[key] = value
+    return out
