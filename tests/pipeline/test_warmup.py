@@ -219,7 +219,7 @@ def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
     each, preloaded store, monitoring on): the median first-request ratio is lower with it.
     Interleaved so the machine's moods fall on both sides alike; an absolute bound (first <= 2x
     later) held in some runs and not in others on this shared 2-core machine (a first request
-    after a quiet spell is slow in every stage, docs/performance.md#first-request), so the
+    after a quiet spell is slow in every stage, benchmarks/first_request/), so the
     figure lives in the benchmark and the test asserts the effect. Measured in this test:
     with 1.4-1.8, without 2.1-3.6."""
     import statistics

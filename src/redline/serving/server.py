@@ -146,7 +146,7 @@ class RedlineServer:
         self.phases.done("request path warm")
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
-        # in-flight request for ~10 ms (measured on the /v1 path, docs/performance.md#pipeline).
+        # in-flight request for ~10 ms (measured on the /v1 path).
         gc.collect()
         gc.freeze()
         loop = asyncio.get_running_loop()
