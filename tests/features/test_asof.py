@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from redline.errors import InvalidInput
-from redline.features import FeatureDefinitions
+from redline.features import Aggregation, FeatureDefinitions, FeatureView, asof, last
 from redline.features.offline import EventLog, build_training_set, read_events
-from tests.features.test_training_serving import DEFS, IDS_DEFS, T0, _stream, _view
+from tests.features.test_training_serving import DEFS, IDS, IDS_DEFS, T0, TX, _stream, _view, ev
 
 EXACT = ("count", "min", "max", "last", "distinct")
 
@@ -150,3 +150,50 @@ def test_overflow_and_empty_windows_by_columns() -> None:
     assert got["v:amount_sum_1m"].tolist() == [math.inf, 0.0]
     assert got["v:amount_mean_5m"][0] == 1e308 and got["v:amount_stddev_5m"][0] == 0.0
     assert math.isnan(got["v:amount_mean_5m"][1]) and got["v:n_distinct_5m"][1] == 0.0
+
+
+def _last_only(src: Any) -> FeatureDefinitions:
+    return FeatureDefinitions.of([FeatureView("v", src, [
+        last("amount", "5m"), last("n", "5m"), last("flag", "1m"),
+        Aggregation("last", "amount", "2m", name="amount_last_2m_30s", tile="30s", default=-1.0),
+    ])])
+
+
+@pytest.mark.parametrize("steps", [0, 1, 8])
+@pytest.mark.parametrize("ids", [False, True], ids=["no-ids", "event-ids"])
+def test_views_of_only_last_take_the_short_path_and_equal_the_replay(
+        monkeypatch: pytest.MonkeyPatch, ids: bool, steps: int) -> None:
+    """A window read only by ``last`` finds one position per row, stepping back over events not
+    yet arrived (and gathering the rest after ``steps`` steps): equal to the replay."""
+    calls: list[int] = []
+    real = asof._last_arrived
+    monkeypatch.setattr(asof, "_last_arrived", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(asof, "LAST_STEPS", steps)
+    defs = _last_only(IDS if ids else TX)
+    events, arrivals, _ = _stream(41 + steps, n=600)
+    if ids:  # every 7th event re-sent with its id, some beyond the window
+        for i, e in enumerate(events):
+            e["event_id"] = f"e{i % 150}"
+    # card c9: 12 events whose arrival comes long after their times (late but admitted), and
+    # two on one time and arrival (the stable id breaks the tie)
+    t9 = T0 + 600_000
+    events += [ev(t9 + i, "c9", amount=float(i), n=i, event_id=f"c9-{i}") for i in range(12)]
+    arrivals += [t9 + 100_000] * 12
+    events += [ev(t9 - 5, "c9", amount=a, event_id=f"t{a}") for a in (3.0, 4.0)]
+    arrivals += [t9 - 5] * 2
+    rows = pd.DataFrame([{**e, "_arrival_ms": a} for e, a in zip(events, arrivals, strict=True)])
+    labels = pd.concat([_labels(events, arrivals, 41), pd.DataFrame({
+        "card_id": ["c9"] * 5, "ts": [t9 - 6, t9 - 5, t9 + 20, t9 + 99_999, t9 + 100_000]})],
+        ignore_index=True)
+    view = defs.view("v")
+    refs = [view.ref(f) for f in view.feature_names]
+    cols = build_training_set(defs, rows, labels, refs, method="columns")
+    ref = build_training_set(defs, rows, labels, refs, method="replay")
+    assert calls, "the short path was not taken"
+    for r in refs:
+        a, b = cols[r].to_numpy(), ref[r].to_numpy()
+        bad = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+        assert not bad.any(), (r, np.flatnonzero(bad)[:5], a[bad][:5], b[bad][:5])
+    assert cols["v:amount_last_5m"].notna().sum() > 50
+    c9 = cols["v:amount_last_5m"].tail(5).tolist()
+    assert math.isnan(c9[0]) and c9[1] == c9[2] == c9[3] in (3.0, 4.0) and c9[4] == 11.0

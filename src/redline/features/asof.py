@@ -27,7 +27,7 @@ maps) return ``None``, and the builder replays them through the store instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -227,20 +227,23 @@ class Field:
 
 
 class Ids:
-    """An id column (entity or event id) as codes into its distinct texts; ``ok``: valid ids."""
+    """An id column (entity or event id) as codes into its distinct texts; ``ok``: valid ids.
+    An integer column keeps its distinct numbers (``ints``) and formats them only when asked."""
 
     def __init__(self, col: Column, fn: Callable[[Any], str | None]) -> None:
         a = col.arr
+        self.ints: np.ndarray | None = None
+        self._texts: list[str] | None = None
         if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "fb":
             # a float or a bool is no id
-            self.ok, self.codes, self.texts = (np.zeros(col.n, dtype=bool),
-                                               np.full(col.n, -1, dtype=np.int64), [])
+            self.ok, self.codes, self._texts = (np.zeros(col.n, dtype=bool),
+                                                np.full(col.n, -1, dtype=np.int64), [])
             return
         if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "iu":
             # every integer is the id of its decimal text, and distinct integers have distinct
             # texts: factorise the numbers, format only the distinct ones
             codes, uniq = pd.factorize(a)
-            self.texts = [str(int(u)) for u in uniq.tolist()]
+            self.ints = np.asarray(uniq)
             self.codes = codes.astype(np.int64)
             self.ok = np.ones(col.n, dtype=bool)
             return
@@ -248,10 +251,72 @@ class Ids:
         if not col.is_text():
             obj = _per_value(col, fn)  # every value through the decoder's rule, then as texts
         codes, uniq = pd.factorize(np.array(obj, dtype=object))  # None: -1
-        self.texts = [str(u) for u in uniq]
-        good = np.array([t != "" for t in self.texts] + [False], dtype=bool)
+        self._texts = [str(u) for u in uniq]
+        good = np.array([t != "" for t in self._texts] + [False], dtype=bool)
         self.codes = codes.astype(np.int64)
         self.ok = good[self.codes]  # code -1 picks the trailing False
+
+    def __len__(self) -> int:
+        return len(self.ints) if self.ints is not None else len(self.texts)
+
+    @property
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            assert self.ints is not None
+            self._texts = [str(int(u)) for u in self.ints.tolist()]
+        return self._texts
+
+
+def as_int64(a: np.ndarray | None) -> np.ndarray | None:
+    """Integers as int64, or ``None`` where some do not fit."""
+    if a is None or (a.dtype.kind == "u" and len(a) and int(a.max()) >= 2**63):
+        return None
+    return a.astype(np.int64, copy=False)
+
+
+class LabelIds(Sequence[str]):
+    """The label rows' entity ids as a sequence of texts, held as codes into the distinct ids
+    (``ints``: the distinct ids as integers, when the column holds integers)."""
+
+    def __init__(self, codes: np.ndarray, texts: list[str] | None,
+                 ints: np.ndarray | None = None) -> None:
+        self.codes = np.asarray(codes, dtype=np.int64)
+        self._texts, self.ints = texts, ints
+        self._order: tuple[np.ndarray, np.ndarray] | None = None
+
+    def row_order(self, times: np.ndarray) -> np.ndarray:
+        """The label rows by (id code, time); kept for the next view of the same rows."""
+        if self._order is not None and self._order[0] is times:
+            return self._order[1]
+        codes = self.codes
+        t_lo = int(times.min()) if len(times) else 0
+        t_span = int(times.max()) - t_lo + 1 if len(times) else 1
+        if (int(codes.max()) + 1 if len(codes) else 1) * t_span < 2**62:
+            order = np.argsort(codes * t_span + (times - t_lo), kind="stable")
+        else:
+            order = np.lexsort((times, codes))
+        self._order = (times, order)
+        return order
+
+    @staticmethod
+    def of_texts(ids: Sequence[str]) -> LabelIds:
+        codes, uniq = pd.factorize(np.array(list(ids), dtype=object), use_na_sentinel=False)
+        return LabelIds(codes, [str(u) for u in uniq])
+
+    @property
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            assert self.ints is not None
+            self._texts = [str(int(u)) for u in self.ints.tolist()]
+        return self._texts
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.texts[c] for c in self.codes[i].tolist()]
+        return self.texts[int(self.codes[i])]
 
 
 class Decoded:
@@ -266,7 +331,7 @@ class Decoded:
             names.append(plan.event_id)
         got = columns(events, names, src.name)
         self.ready = got is not None
-        self.orders: dict[tuple[bool, bytes], np.ndarray] = {}
+        self.orders: dict[tuple[bool, bytes, bytes], np.ndarray] = {}
         if got is None:
             return
         cols, ok, flat = got
@@ -286,11 +351,37 @@ class Decoded:
         self.index = np.flatnonzero(ok)  # file positions of the admitted events
         self.ts, self.arrival = ts[self.index], arrival[self.index]
         self.entity = ent.codes[self.index]
-        self.entity_texts = ent.texts
-        self.entity_ids = {t: c for c, t in enumerate(ent.texts)}
+        self.entities = ent
+        self._entity_ids: dict[str, int] | None = None
         if plan.event_id:
             self.ident_codes = ev.codes[self.index]
             self.ident_texts = ev.texts
+
+    @property
+    def entity_texts(self) -> list[str]:
+        return self.entities.texts
+
+    def ranks(self, lab: LabelIds) -> tuple[np.ndarray, np.ndarray]:
+        """(per label row, per entity code) a rank: the first distinct label id naming the
+        entity, so that label rows in the order of their ids' codes meet the entities in rank
+        order. -1: a row whose entity has no events, an entity no row names."""
+        ent = self.entities
+        ints = as_int64(ent.ints)
+        if lab.ints is not None and ints is not None:
+            lut = pd.Index(ints).get_indexer(lab.ints)  # integers meet integers
+        else:
+            if self._entity_ids is None:
+                self._entity_ids = {t: c for c, t in enumerate(ent.texts)}
+            get = self._entity_ids.get
+            lut = np.array([get(t, -1) for t in lab.texts], dtype=np.int64)
+        lut = np.asarray(lut, dtype=np.int64)
+        named = np.flatnonzero(lut >= 0)
+        entity_rank = np.full(len(ent), len(lut), dtype=np.int64)
+        np.minimum.at(entity_rank, lut[named], named)
+        entity_rank[entity_rank == len(lut)] = -1
+        label_rank = np.full(len(lut), -1, dtype=np.int64)
+        label_rank[named] = entity_rank[lut[named]]
+        return label_rank[lab.codes], entity_rank
 
     def stable_id(self, k: int) -> int:
         """``events`` stable id of admitted event ``k`` (the decoder's, for ties of ``last``)."""
@@ -382,15 +473,18 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     """(rows, outputs) float64: what a memory store fed the events answers per label row."""
     lay = view.layout()
     nrows = len(times)
-    out = np.empty((nrows, len(lay.outputs)))
+    out = np.empty((nrows, len(lay.outputs)), order="F")  # a feature's column is contiguous
+    lab = ids if isinstance(ids, LabelIds) else LabelIds.of_texts(ids)
+    qrank, entity_rank = dec.ranks(lab)
     sel = np.flatnonzero(_fresh(dec, view))
+    sel = sel[entity_rank[dec.entity[sel]] >= 0]  # events of entities no row names: no effect
     kinds = {o.kind for o in lay.outputs}
-    ent, ts, ar = dec.entity[sel], dec.ts[sel], dec.arrival[sel]
-    # one sorted key (entity, event time): the time itself when the product fits in int64,
+    ent, ts, ar = entity_rank[dec.entity[sel]], dec.ts[sel], dec.arrival[sel]
+    # one sorted key (entity rank, event time): the time itself when the product fits in int64,
     # else its rank among the distinct times
     t_lo = int(ts.min()) if len(ts) else 0
     t_span = (int(ts.max()) - t_lo + 2) if len(ts) else 2
-    nent = len(dec.entity_texts) + 1
+    nent = (int(entity_rank.max()) if len(entity_rank) else 0) + 2  # ranks, and -1
     if nent * t_span < 2**62:
         span = t_span
 
@@ -404,47 +498,114 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
         def rank(bound: np.ndarray) -> np.ndarray:
             return np.searchsorted(uts, bound)
         key = ent * span + np.searchsorted(uts, ts)
-    cache_key = ("last" in kinds, sel.tobytes())
+    cache_key = ("last" in kinds, sel.tobytes(), key.tobytes())
     cached = dec.orders.get(cache_key)
     if cached is not None:
         order = cached
     else:
         order = _event_order(dec, key, sel, ar, "last" in kinds)
         dec.orders = {cache_key: order}  # views of equal events share the sort
-    sel, ent, ts, ar, key = sel[order], ent[order], ts[order], ar[order], key[order]
-    qent = np.array([dec.entity_ids.get(i, -1) for i in ids], dtype=np.int64)
-    have = qent >= 0
+    sel, ar, key = sel[order], ar[order], key[order]
+    # label rows by (id, time): the binary searches then walk the keys in order; every array
+    # below is in that order until the values are put back in place
+    rows_by_key = lab.row_order(times)
+    qrank = qrank[rows_by_key]
+    qbase = qrank * span
+    qtimes = times[rows_by_key]
+    have = qrank >= 0
+    # an event later than t + skew had not arrived by t (the decoder admits no event whose time
+    # is ahead of its arrival by more than the skew): the searches leave it out at once
+    arrived_bound = qtimes + (dec.plan.skew_ms + 1)
     hll_pos: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # windows of one tile size and length read the same events: find them once
+    same: dict[tuple[int, int], list[Any]] = {}
     for w in lay.windows:
-        g = lay.groups[w.gid]
-        outs = [(i, o) for i, o in enumerate(lay.outputs) if o.wid == w.wid]
-        lo, hi = w.window.covering_array(times)
-        base = qent * span
-        left = np.searchsorted(key, base + rank(lo * w.window.tile_ms))
-        right = np.searchsorted(key, base + rank((hi + 1) * w.window.tile_ms))
-        lengths = np.where(have, right - left, 0)
-        x = dec.fields[g.field].x[dec.index[sel]] if g.field and not g.hll else None
-        if g.hll:
-            assert g.field is not None
-            if g.field not in hll_pos:
-                hll_pos[g.field] = _hll_positions(dec, g.field, sel)
-        cum = np.cumsum(lengths)
-        r0 = 0
-        while r0 < nrows:  # rows in chunks of at most CHUNK gathered events
-            base_n = cum[r0 - 1] if r0 else 0
-            r1 = max(r0 + 1, int(np.searchsorted(cum, base_n + CHUNK, side="right")))
-            r1 = min(r1, nrows)
-            ln = lengths[r0:r1]
-            seg = np.repeat(np.arange(r1 - r0), ln)
-            offs = np.cumsum(ln) - ln
-            pos = np.arange(len(seg)) - offs[seg] + left[r0:r1][seg]
-            keep = ar[pos] <= times[r0:r1][seg]
-            seg, pos = seg[keep], pos[keep]
-            cols = [i for i, _ in outs]
-            out[r0:r1, cols] = _aggregate([o for _, o in outs], r1 - r0, seg, pos, x,
-                                          hll_pos.get(g.field or "") if g.hll else None)
-            r0 = r1
+        same.setdefault((w.window.tile_ms, w.window.tiles), []).append(w)
+    for ws in same.values():
+        tw = ws[0].window
+        lo, hi = tw.covering_array(qtimes)
+        left = np.searchsorted(key, qbase + rank(lo * tw.tile_ms))
+        right = np.searchsorted(key, qbase + rank(np.minimum((hi + 1) * tw.tile_ms,
+                                                             arrived_bound)))
+        lengths = np.where(have, np.maximum(right - left, 0), 0)
+        plan = []
+        for w in ws:
+            g = lay.groups[w.gid]
+            outs = [(i, o) for i, o in enumerate(lay.outputs) if o.wid == w.wid]
+            x = dec.fields[g.field].x[dec.index[sel]] if g.field and not g.hll else None
+            if g.hll:
+                assert g.field is not None
+                if g.field not in hll_pos:
+                    hll_pos[g.field] = _hll_positions(dec, g.field, sel)
+            plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
+        if all(o.kind == "last" for outs, _, _ in plan for _, o in outs):
+            # the last event that had arrived, one position per row; a row without one picks
+            # the slot past the end, which holds the output's default
+            at = np.empty(nrows, dtype=np.int64)
+            at[rows_by_key] = _last_arrived(ar, qtimes, left, lengths)
+            at[at < 0] = len(sel)
+            for outs, x, _ in plan:
+                assert x is not None
+                for i, o in outs:
+                    np.take(np.append(x, o.default), at, out=out[:, i])
+            continue
+        for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
+            place = rows_by_key[rows]
+            for outs, x, hll in plan:
+                cols = np.array([i for i, _ in outs])
+                out[np.ix_(place, cols)] = _aggregate([o for _, o in outs], len(place), seg,
+                                                      pos, x, hll)
     return out
+
+
+LAST_STEPS = 8  # steps back over events not yet arrived before the rows left go the long way
+
+
+def _last_arrived(ar: np.ndarray, times: np.ndarray, left: np.ndarray, lengths: np.ndarray
+                  ) -> np.ndarray:
+    """Per row, the last of its events (positions ``left`` .. ``left + lengths - 1``, in ``last``
+    order) that had arrived by its time; -1 where none had. Steps back from the range's end
+    over the events that arrive later (few: late events, or future ones within the skew)."""
+    last = np.where(lengths > 0, left + lengths - 1, -1)
+    todo = np.flatnonzero(last >= 0)
+    for _ in range(LAST_STEPS):
+        todo = todo[ar[last[todo]] > times[todo]]
+        if not len(todo):
+            return last
+        last[todo] -= 1
+        gone = last[todo] < left[todo]
+        last[todo[gone]] = -1
+        todo = todo[~gone]
+    todo = todo[ar[last[todo]] > times[todo]]
+    if len(todo):  # rows with many events yet to arrive: gather their events
+        ln = last[todo] - left[todo] + 1
+        for rows, seg, pos in _gathered(left[todo], ln, ar, times[todo]):
+            part = todo[rows]
+            n = np.bincount(seg, minlength=len(part))
+            ends = np.cumsum(n)
+            tail = pos[np.maximum(ends - 1, 0)] if len(pos) else np.zeros(len(part), np.int64)
+            last[part] = np.where(n > 0, tail, -1)
+    return last
+
+
+def _gathered(left: np.ndarray, lengths: np.ndarray, ar: np.ndarray, times: np.ndarray
+              ) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """The events of rows ``left[i]`` .. ``left[i] + lengths[i] - 1`` that had arrived by
+    ``times[i]``, in chunks of at most ``CHUNK`` gathered events: (the chunk's rows, a slice;
+    each event's row in the chunk, ascending; its position)."""
+    cum = np.cumsum(lengths)
+    r0 = 0
+    while r0 < len(left):
+        base_n = cum[r0 - 1] if r0 else 0
+        r1 = max(r0 + 1, int(np.searchsorted(cum, base_n + CHUNK, side="right")))
+        r1 = min(r1, len(left))
+        ln = lengths[r0:r1]
+        seg = np.repeat(np.arange(r1 - r0), ln)
+        offs = np.cumsum(ln) - ln
+        pos = np.arange(len(seg)) - offs[seg] + left[r0:r1][seg]
+        keep = ar[pos] <= times[r0:r1][seg]
+        yield slice(r0, r1), seg[keep], pos[keep]
+        r0 = r1
 
 
 def _event_order(dec: Decoded, key: np.ndarray, sel: np.ndarray, ar: np.ndarray, last: bool

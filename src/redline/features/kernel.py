@@ -38,13 +38,14 @@ The function is pure: no global state, nothing read or written outside its argum
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from redline.errors import InvalidInput
+from redline.features.asof import LabelIds, as_int64
 from redline.features.definitions import FeatureDefinitions, FeatureView
 
 SEQ = "_seq"
@@ -101,12 +102,21 @@ def label_times(labels: pd.DataFrame, time_column: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def label_ids(labels: pd.DataFrame, view: FeatureView) -> list[str]:
+def label_ids(labels: pd.DataFrame, view: FeatureView) -> LabelIds:
+    """The label rows' ids of ``view``'s entity, as texts (``42`` and ``42.0`` are ``"42"``)."""
     key = view.entity.join_key
     if key not in labels.columns:
         raise InvalidInput(f"labels lack column '{key}' (entity '{view.entity.name}' id) "
                            f"needed by view '{view.name}'")
-    return [_label_id(x) for x in labels[key].tolist()]
+    col = labels[key]
+    a = col.to_numpy() if isinstance(col.dtype, np.dtype) else None
+    if a is not None and a.dtype.kind in "iu" and (ints := as_int64(a)) is not None:
+        codes, uniq = pd.factorize(ints)  # distinct integers have distinct texts
+        return LabelIds(codes, None, np.asarray(uniq, dtype=np.int64))
+    if a is not None and a.dtype.kind == "f":
+        codes, uniq = pd.factorize(a, use_na_sentinel=False)
+        return LabelIds(codes, [_label_id(u) for u in uniq.tolist()])
+    return LabelIds.of_texts([_label_id(x) for x in col.tolist()])
 
 
 def _label_id(x: Any) -> str:
@@ -136,7 +146,7 @@ def _in_log_order(events: Any) -> Any:
 
 
 def _values(defs: FeatureDefinitions, views: list[FeatureView], events: Any, times: np.ndarray,
-            ids: dict[str, list[str]], method: str) -> dict[str, np.ndarray]:
+            ids: Mapping[str, Sequence[str]], method: str) -> dict[str, np.ndarray]:
     """Per view, (rows, outputs) float64 values; a frame of several sources is split by its
     ``source`` column so each source takes the column path."""
     from redline.features.offline import point_in_time
@@ -169,7 +179,12 @@ def build_partition(defs: FeatureDefinitions, events: pd.DataFrame | Any, labels
     times = label_times(labels, time_column)
     result = labels.reset_index(drop=True).copy()
     views = [defs.view(name) for name in view_refs]
-    ids = {v.name: label_ids(result, v) for v in views}
+    by_key: dict[str, LabelIds] = {}  # views of one entity share its label ids
+    ids: dict[str, LabelIds] = {}
+    for v in views:
+        if v.entity.join_key not in by_key:
+            by_key[v.entity.join_key] = label_ids(result, v)
+        ids[v.name] = by_key[v.entity.join_key]
     computed: dict[str, np.ndarray] = {}
     if views:
         values = _values(defs, views, _in_log_order(events), times, ids, method)
