@@ -8,6 +8,9 @@ bounded by CPU per request on these two cores, so the server's CPU microseconds 
 (utime + stime from /proc) is the steadier figure; both are reported with the median and range
 of the per-round on/off ratios.
 
+``--together`` drives both servers at once instead: on a busy machine the noise then lands on
+both within the same seconds, each getting about half of what is left.
+
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/capacity.py --rounds 6
 """
 
@@ -46,16 +49,39 @@ def start(monitoring: bool) -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
-def bench(port: int, api: str, seconds: float) -> int:
+def bench_proc(port: int, api: str, seconds: float) -> subprocess.Popen[str]:
     url = f"http://127.0.0.1:{port}"
     if api == "v1":
         args = ["--model", "fraud", "--v1", (DEMO / "fraud-request.json").read_text()]
     else:
         args = ["--model", "breast_cancer"]  # inputs from the model's metadata
-    out = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "redline.cli", "bench", "--url", url, *args, "--concurrency", "8",
-         "--duration", str(seconds), "--json"], capture_output=True, text=True, check=True)
-    return int(json.loads(out.stdout)["ok"])
+         "--duration", str(seconds), "--json"], stdout=subprocess.PIPE, text=True)
+
+
+def answered(proc: subprocess.Popen[str]) -> int:
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"redline bench failed with exit code {proc.returncode}")
+    return int(json.loads(out)["ok"])
+
+
+def bench(port: int, api: str, seconds: float) -> int:
+    return answered(bench_proc(port, api, seconds))
+
+
+def together(servers: dict[str, tuple[subprocess.Popen[bytes], int]], api: str,
+             seconds: float) -> dict[str, tuple[float, float]]:
+    """Both servers driven at the same time: (req/s, server CPU µs a request) each."""
+    cpu0 = {name: cpu_seconds(proc.pid) for name, (proc, _) in servers.items()}
+    began = time.monotonic()
+    clients = {name: bench_proc(port, api, seconds) for name, (_, port) in servers.items()}
+    ok = {name: answered(client) for name, client in clients.items()}
+    wall = time.monotonic() - began
+    return {name: (ok[name] / wall,
+                   (cpu_seconds(proc.pid) - cpu0[name]) / max(ok[name], 1) * 1e6)
+            for name, (proc, _) in servers.items()}
 
 
 def main() -> None:
@@ -63,6 +89,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--apis", default="v1,v2")
+    parser.add_argument("--together", action="store_true",
+                        help="drive both servers at once instead of in turns: on a busy machine "
+                             "both then meet the same noise (each gets about half the CPU)")
     parser.add_argument("--settle", type=float, default=45.0,
                         help="seconds of load before measuring: drift thresholds are calibrated "
                              "after start and the prediction baseline once its first window fills")
@@ -78,7 +107,9 @@ def main() -> None:
             order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
             for api in args.apis.split(","):
                 got: dict[str, tuple[float, float]] = {}
-                for name in order:
+                if args.together:
+                    got = together(servers, api, args.seconds)
+                for name in ([] if args.together else order):
                     proc, port = servers[name]
                     cpu0 = cpu_seconds(proc.pid)
                     began = time.monotonic()
