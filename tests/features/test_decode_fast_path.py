@@ -250,3 +250,24 @@ def test_a_fractional_timestamp_string_is_accepted_like_its_number() -> None:
     for bad in ("1790000000000.75x", "nan", "inf", "1e400", "1.2.3"):
         got = EventDecoder(_defs(None)).decode([orjson.dumps({**_GOOD, "ts": bad})], arrival)
         assert got.rejected and "must be epoch milliseconds or ISO-8601" in got.rejected[0].reason
+
+
+def test_tile_visibility_at_each_grid_edge_equals_tiles_place() -> None:
+    """Whether an event's tile is still read from its arrival on, decided around each grid's
+    edge (lags near ``(tiles - 1) * tile_ms`` and near tile boundaries), at arrivals on and off a
+    tile boundary: the same tiles as ``tiles.place``, and some events fall outside a window."""
+    on_edge = NOW - NOW % 300_000
+    lags = [-1000, 0, 1, 4_999, 5_000, 54_999, 55_000, 55_001, 59_999, 60_000, 60_001, 269_999,
+            270_000, 270_001, 299_999, 300_000, 300_001, 599_999, 600_000]
+    for arrival in (on_edge, on_edge - 1, on_edge + 1, NOW, NOW + 4_999, NOW + 29_999):
+        expected = UpdateBatch()
+        raws = []
+        for lag in lags:
+            ev = {**_GOOD, "ts": arrival - lag}
+            assert not _reference(EventDecoder(_defs(None)), expected, ev, False, arrival,
+                                  len(raws))
+            raws.append(orjson.dumps(ev))
+        got = EventDecoder(_defs(None)).decode(raws, arrival)
+        _same(got, expected)
+        per_event = len(EventDecoder(_defs(None)).decode(raws[:1], arrival).ops)
+        assert len(got.ops) < per_event * len(lags)  # the late ones skip the 5 s and 30 s tiles

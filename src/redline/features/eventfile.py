@@ -63,7 +63,7 @@ def read_events(path: str | Path) -> EventLog:
 
 def arrival_of(obj: Any, decoder: EventDecoder, arrival_column: str = ARRIVAL) -> int:
     """When an event from a file arrived: its ``arrival_column``, else its event time, else 0."""
-    if isinstance(obj, Mapping):
+    if type(obj) is dict or isinstance(obj, Mapping):  # a dict decided without the ABC's check
         if arrival_column in obj:
             ms = to_ms(obj[arrival_column])
             if ms is not None:

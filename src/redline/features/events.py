@@ -207,11 +207,15 @@ def event_id_of(value: Any) -> str | None:
     return str(value)
 
 
+_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
+
+
 def stable_id(parts: Sequence[bytes]) -> int:
     """A 53-bit id of an event (exact as a double, so Lua and Python compare it alike): the last
     tie-breaker of ``last``, after event time and arrival."""
-    digest = hashlib.blake2b(b"\x1f".join(parts), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 11
+    h = _BLAKE2B_8.copy()  # cheaper than a new hash object, which parses its options
+    h.update(b"\x1f".join(parts))
+    return int.from_bytes(h.digest(), "little") >> 11
 
 
 class _SourcePlan:
@@ -241,6 +245,10 @@ class _SourcePlan:
         self.grids = sorted({(g.tile_ms, g.tiles, g.ring) for v in views
                              for g in v.layout().groups})
         grid_index = {grid: i for i, grid in enumerate(self.grids)}
+        # per grid also its horizon: an event less than ``(tiles - 1) * tile_ms`` behind its
+        # arrival is in a tile that reads from its arrival on still cover (``a//t - b//t`` is
+        # at most ``(a - b)//t + 1``), so ``tiles.place`` needs no second division for it
+        self.grid_spans = [(t, k, r, (k - 1) * t) for t, k, r in self.grids]
         # per view: the key around the entity id, its TTL, its tag and its tile groups
         self.views = [
             (f"{KEY_PREFIX}:{{{self.entity}:", f"}}:{v.name}:{v.version}", v.layout().ttl_ms,
@@ -431,9 +439,13 @@ class EventDecoder:
         ops = batch.ops
         # ``tiles.place`` per tile grid, written out: (tile, slot), or None when no read at or
         # after the arrival can see the tile
-        spots = [None if ts // tile_ms < arrival // tile_ms - tiles + 1
-                 else (ts // tile_ms, ts // tile_ms % ring)
-                 for tile_ms, tiles, ring in plan.grids]
+        spots: list[tuple[int, int] | None] = []
+        for tile_ms, tiles, ring, horizon in plan.grid_spans:
+            tile = ts // tile_ms
+            if lag < horizon or tile >= arrival // tile_ms - tiles + 1:
+                spots.append((tile, tile % ring))
+            else:
+                spots.append(None)
         names = [head + eid + tail for head, tail in plan.heads]
         skey = plan.store_head + eid + plan.store_tail
         key_index = batch.key_index

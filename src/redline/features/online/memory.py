@@ -16,10 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from redline.features.aggregates import LT, N, NumericTile, hll_estimate
+from redline.features.aggregates import EMPTY_RECORD, LT, N, NumericTile, hll_estimate
 from redline.features.definitions import FeatureView, ViewLayout
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
+
+# A ring holds each tile's record as a plain list, updated by ``NumericTile.update`` itself (the
+# same operations): on an exact list the interpreter unpacks and assigns in its fast path, which
+# makes each update twice as fast as on the subclass, and a start-up replay is mostly updates.
+_update_record = NumericTile.update
 
 
 class _KeyState:
@@ -187,11 +192,12 @@ class MemoryStore:
                 st.expires = max(st.expires, wall + ttl)
                 states.append(st)
             dedup = batch.key_dedup_ms
+            dedup_any = any(dedup)
             decided: dict[tuple[int, int], bool] = {}
             newest: dict[int, int] = {}
             for k, gid, idx, slot, ts, arrival, sid, x, reg, rank, tag in batch.ops:
                 st = states[k]
-                if dedup and dedup[k]:  # the first op of an event at a key decides for all
+                if dedup_any and dedup[k]:  # the first op of an event at a key decides for all
                     fresh = decided.get((k, tag))
                     if fresh is None:
                         seen = st.ids.get(sid)
@@ -210,7 +216,7 @@ class MemoryStore:
                     ring.extend([None] * (slot + 1 - len(ring)))
                 entry = ring[slot]
                 if entry is None or entry[0] < idx:
-                    entry = [idx, bytearray(256) if reg >= 0 else NumericTile()]
+                    entry = [idx, bytearray(256) if reg >= 0 else [*EMPTY_RECORD]]
                     ring[slot] = entry
                 elif entry[0] > idx:
                     continue  # the slot already holds a newer tile: this one left every window
@@ -219,7 +225,7 @@ class MemoryStore:
                     if rank > regs[reg]:
                         regs[reg] = rank
                 else:
-                    entry[1].update(x, ts, arrival, sid)
+                    _update_record(entry[1], x, ts, arrival, sid)
                 if st.cache_at is not None:
                     self._fold(st, gid, idx, ts, arrival, sid, x, reg, rank)
             for k, top in newest.items():  # forget ids older than the window (as the Lua does)
