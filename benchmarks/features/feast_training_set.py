@@ -104,9 +104,8 @@ def redline_side(repo: Path, labels_path: Path) -> tuple[float, pd.DataFrame]:
 
     defs = definitions()
     t0 = time.perf_counter()
-    frames = [pd.read_parquet(repo / "data" / f"fv{v}.parquet").assign(source=f"fv{v}_src")
-              for v in range(N_VIEWS)]
-    events = pd.concat(frames, ignore_index=True)
+    events = {f"fv{v}_src": pd.read_parquet(repo / "data" / f"fv{v}.parquet")
+              for v in range(N_VIEWS)}  # a frame per source, as the files come
     labels = pd.read_parquet(labels_path)
     labels["ts"] = labels["event_timestamp"].astype("datetime64[ms, UTC]").astype("int64")
     table = build_training_set(defs, events, labels.drop(columns=["event_timestamp"]))

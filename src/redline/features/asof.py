@@ -98,10 +98,13 @@ def columns(events: Any, names: Sequence[str], source: str
 
     if isinstance(events, pd.DataFrame):
         n = len(events)
-        if "source" in events.columns and not _one_source(events["source"].tolist(), source):
+        if "source" in events.columns and not (
+                (events["source"] == source).all()
+                or _one_source(events["source"].tolist(), source)):
             return None
-        cols = {c: (_series_column(events[c]) if c in events.columns else Column(n, obj=[None] * n))
-                for c in names}
+        # an absent column: every cell missing (NaN reads as a missing cell on every branch)
+        cols = {c: (_series_column(events[c]) if c in events.columns
+                    else Column(n, arr=np.full(n, np.nan))) for c in names}
         return cols, np.ones(n, dtype=bool), False
     log = events if isinstance(events, EventLog) else EventLog(list(events))
     rows: list[Any] = []
@@ -282,21 +285,17 @@ class LabelIds(Sequence[str]):
                  ints: np.ndarray | None = None) -> None:
         self.codes = np.asarray(codes, dtype=np.int64)
         self._texts, self.ints = texts, ints
-        self._order: tuple[np.ndarray, np.ndarray] | None = None
+        self._by_id: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
-    def row_order(self, times: np.ndarray) -> np.ndarray:
-        """The label rows by (id code, time); kept for the next view of the same rows."""
-        if self._order is not None and self._order[0] is times:
-            return self._order[1]
-        codes = self.codes
-        t_lo = int(times.min()) if len(times) else 0
-        t_span = int(times.max()) - t_lo + 1 if len(times) else 1
-        if (int(codes.max()) + 1 if len(codes) else 1) * t_span < 2**62:
-            order = np.argsort(codes * t_span + (times - t_lo), kind="stable")
-        else:
-            order = np.lexsort((times, codes))
-        self._order = (times, order)
-        return order
+    def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the label rows grouped by id, their id codes, their times), kept for the next view
+        of the same rows: rows of one id meet the events of one entity together."""
+        if self._by_id is not None and self._by_id[0] is times:
+            return self._by_id[1]
+        order = stable_argsort(self.codes)
+        got = (order, self.codes[order], times[order])
+        self._by_id = (times, got)
+        return got
 
     @staticmethod
     def of_texts(ids: Sequence[str]) -> LabelIds:
@@ -331,7 +330,7 @@ class Decoded:
             names.append(plan.event_id)
         got = columns(events, names, src.name)
         self.ready = got is not None
-        self.orders: dict[tuple[bool, bytes, bytes], np.ndarray] = {}
+        self.orders: dict[Any, Any] = {}  # the last views' sorted events (see _keyed)
         if got is None:
             return
         cols, ok, flat = got
@@ -362,9 +361,9 @@ class Decoded:
         return self.entities.texts
 
     def ranks(self, lab: LabelIds) -> tuple[np.ndarray, np.ndarray]:
-        """(per label row, per entity code) a rank: the first distinct label id naming the
-        entity, so that label rows in the order of their ids' codes meet the entities in rank
-        order. -1: a row whose entity has no events, an entity no row names."""
+        """(per distinct label id, per entity code) a rank: the first distinct label id naming
+        the entity, so that label rows in the order of their ids' codes meet the entities in
+        rank order. -1: an id whose entity has no events, an entity no label id names."""
         ent = self.entities
         ints = as_int64(ent.ints)
         if lab.ints is not None and ints is not None:
@@ -381,7 +380,7 @@ class Decoded:
         entity_rank[entity_rank == len(lut)] = -1
         label_rank = np.full(len(lut), -1, dtype=np.int64)
         label_rank[named] = entity_rank[lut[named]]
-        return label_rank[lab.codes], entity_rank
+        return label_rank, entity_rank
 
     def stable_id(self, k: int) -> int:
         """``events`` stable id of admitted event ``k`` (the decoder's, for ties of ``last``)."""
@@ -475,43 +474,14 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     nrows = len(times)
     out = np.empty((nrows, len(lay.outputs)), order="F")  # a feature's column is contiguous
     lab = ids if isinstance(ids, LabelIds) else LabelIds.of_texts(ids)
-    qrank, entity_rank = dec.ranks(lab)
-    sel = np.flatnonzero(_fresh(dec, view))
-    sel = sel[entity_rank[dec.entity[sel]] >= 0]  # events of entities no row names: no effect
     kinds = {o.kind for o in lay.outputs}
-    ent, ts, ar = entity_rank[dec.entity[sel]], dec.ts[sel], dec.arrival[sel]
-    # one sorted key (entity rank, event time): the time itself when the product fits in int64,
-    # else its rank among the distinct times
-    t_lo = int(ts.min()) if len(ts) else 0
-    t_span = (int(ts.max()) - t_lo + 2) if len(ts) else 2
-    nent = (int(entity_rank.max()) if len(entity_rank) else 0) + 2  # ranks, and -1
-    if nent * t_span < 2**62:
-        span = t_span
-
-        def rank(bound: np.ndarray) -> np.ndarray:
-            return np.clip(bound - t_lo, 0, t_span - 1)
-        key = ent * span + (ts - t_lo)
-    else:
-        uts = np.unique(ts)
-        span = len(uts) + 1
-
-        def rank(bound: np.ndarray) -> np.ndarray:
-            return np.searchsorted(uts, bound)
-        key = ent * span + np.searchsorted(uts, ts)
-    cache_key = ("last" in kinds, sel.tobytes(), key.tobytes())
-    cached = dec.orders.get(cache_key)
-    if cached is not None:
-        order = cached
-    else:
-        order = _event_order(dec, key, sel, ar, "last" in kinds)
-        dec.orders = {cache_key: order}  # views of equal events share the sort
-    sel, ar, key = sel[order], ar[order], key[order]
-    # label rows by (id, time): the binary searches then walk the keys in order; every array
+    ev = _keyed(dec, lab, _fresh(dec, view), "last" in kinds)
+    sel, ar, key, span, rank = ev.sel, ev.ar, ev.key, ev.span, ev.rank
+    # label rows grouped by id: the binary searches then walk the keys in order; every array
     # below is in that order until the values are put back in place
-    rows_by_key = lab.row_order(times)
-    qrank = qrank[rows_by_key]
+    rows_by_key, qcodes, qtimes = lab.by_id(times)
+    qrank = ev.label_rank[qcodes]
     qbase = qrank * span
-    qtimes = times[rows_by_key]
     have = qrank >= 0
     # an event later than t + skew had not arrived by t (the decoder admits no event whose time
     # is ahead of its arrival by more than the skew): the searches leave it out at once
@@ -524,10 +494,9 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     for ws in same.values():
         tw = ws[0].window
         lo, hi = tw.covering_array(qtimes)
-        left = np.searchsorted(key, qbase + rank(lo * tw.tile_ms))
+        low = qbase + rank(lo * tw.tile_ms)
         right = np.searchsorted(key, qbase + rank(np.minimum((hi + 1) * tw.tile_ms,
                                                              arrived_bound)))
-        lengths = np.where(have, np.maximum(right - left, 0), 0)
         plan = []
         for w in ws:
             g = lay.groups[w.gid]
@@ -542,13 +511,15 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
             # the last event that had arrived, one position per row; a row without one picks
             # the slot past the end, which holds the output's default
             at = np.empty(nrows, dtype=np.int64)
-            at[rows_by_key] = _last_arrived(ar, qtimes, left, lengths)
+            at[rows_by_key] = _last_arrived(key, ar, qtimes, low, right, have)
             at[at < 0] = len(sel)
             for outs, x, _ in plan:
                 assert x is not None
                 for i, o in outs:
-                    np.take(np.append(x, o.default), at, out=out[:, i])
+                    np.take(np.append(x, o.default), at, out=out[:, i], mode="clip")
             continue
+        left = np.searchsorted(key, low)
+        lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
             place = rows_by_key[rows]
             for outs, x, hll in plan:
@@ -561,31 +532,35 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
 LAST_STEPS = 8  # steps back over events not yet arrived before the rows left go the long way
 
 
-def _last_arrived(ar: np.ndarray, times: np.ndarray, left: np.ndarray, lengths: np.ndarray
-                  ) -> np.ndarray:
-    """Per row, the last of its events (positions ``left`` .. ``left + lengths - 1``, in ``last``
-    order) that had arrived by its time; -1 where none had. Steps back from the range's end
-    over the events that arrive later (few: late events, or future ones within the skew)."""
-    last = np.where(lengths > 0, left + lengths - 1, -1)
-    todo = np.flatnonzero(last >= 0)
+def _last_arrived(key: np.ndarray, ar: np.ndarray, times: np.ndarray, low: np.ndarray,
+                  right: np.ndarray, have: np.ndarray) -> np.ndarray:
+    """Per row, the last event (in ``last`` order) of positions ``< right[i]`` whose key is at
+    least ``low[i]`` (its entity and window) that had arrived by ``times[i]``; -1 where none had.
+    Steps back from the range's end over the events that arrive later (few: late events, or
+    future ones within the skew); rows with more gather their range."""
+    last = right - 1
+    at = np.maximum(last, 0)
+    valid = have & (last >= 0) & (key[at] >= low) if len(key) else np.zeros(len(last), bool)
+    todo = np.flatnonzero(valid & (ar[at] > times)) if len(key) else np.zeros(0, np.int64)
     for _ in range(LAST_STEPS):
-        todo = todo[ar[last[todo]] > times[todo]]
         if not len(todo):
-            return last
-        last[todo] -= 1
-        gone = last[todo] < left[todo]
-        last[todo[gone]] = -1
+            break
+        p = last[todo] - 1
+        gone = (p < 0) | (key[np.maximum(p, 0)] < low[todo])
+        last[todo] = p
+        valid[todo[gone]] = False
         todo = todo[~gone]
-    todo = todo[ar[last[todo]] > times[todo]]
+        todo = todo[ar[last[todo]] > times[todo]]
     if len(todo):  # rows with many events yet to arrive: gather their events
-        ln = last[todo] - left[todo] + 1
-        for rows, seg, pos in _gathered(left[todo], ln, ar, times[todo]):
+        left = np.searchsorted(key, low[todo])
+        for rows, seg, pos in _gathered(left, last[todo] - left + 1, ar, times[todo]):
             part = todo[rows]
             n = np.bincount(seg, minlength=len(part))
             ends = np.cumsum(n)
-            tail = pos[np.maximum(ends - 1, 0)] if len(pos) else np.zeros(len(part), np.int64)
-            last[part] = np.where(n > 0, tail, -1)
-    return last
+            if len(pos):
+                last[part] = pos[np.maximum(ends - 1, 0)]
+            valid[part] = n > 0
+    return np.where(valid, last, -1)
 
 
 def _gathered(left: np.ndarray, lengths: np.ndarray, ar: np.ndarray, times: np.ndarray
@@ -608,42 +583,134 @@ def _gathered(left: np.ndarray, lengths: np.ndarray, ar: np.ndarray, times: np.n
         r0 = r1
 
 
-def _event_order(dec: Decoded, key: np.ndarray, sel: np.ndarray, ar: np.ndarray, last: bool
-                 ) -> np.ndarray:
-    """The events by (entity, time), ties by arrival, then stable id (for ``last``), then the
-    first applied."""
-    order = np.argsort(key, kind="stable")
-    k2 = key[order]
-    same = np.flatnonzero(k2[1:] == k2[:-1])
-    if len(same):  # equal (entity, time): by arrival, then stable id (for last), first applied
-        at = np.unique(np.r_[same, same + 1])
-        sub = order[at]
-        sub = sub[np.lexsort((-sel[sub], ar[sub], key[sub]))]
-        tie = np.zeros(len(sub), dtype=np.int64)
-        if last:  # stable ids only where (entity, time, arrival) are equal
-            ks, a_sub = key[sub], ar[sub]
-            eq = np.flatnonzero((ks[1:] == ks[:-1]) & (a_sub[1:] == a_sub[:-1]))
-            for p in np.unique(np.r_[eq, eq + 1]).tolist():
-                tie[p] = dec.stable_id(int(sel[sub[p]]))
-        order[at] = sub[np.lexsort((-sel[sub], tie, ar[sub], key[sub]))]
+def stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of integers, faster where they are small: numpy sorts
+    16-bit integers by radix, so keys below 2**32 take one or two radix passes (low half, then
+    high half: stable, so the low order holds among equal high halves)."""
+    n = len(key)
+    if n == 0 or int(key.min()) < 0 or int(key.max()) >= 2**32:
+        return np.argsort(key, kind="stable")
+    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    if int(key.max()) >= 2**16:
+        high = (key[order] >> 16).astype(np.uint16)
+        order = order[np.argsort(high, kind="stable")]
     return order
 
 
+def _key_order(ent: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of keys ordered first by entity (``ent``): the events
+    by entity (radix), then by key (a stable sort of runs: a log's events of one entity are
+    nearly in time order already)."""
+    order = stable_argsort(ent)
+    k = key[order]
+    if len(k) > 1 and not (k[1:] >= k[:-1]).all():
+        order = order[np.argsort(k, kind="stable")]
+    return order
+
+
+class _Keyed:
+    """The events a view reads, sorted by one key (entity rank, event time), ties in the store's
+    order; and the label ids' entity ranks (-1: no events) that search them."""
+
+    def __init__(self, label_rank: np.ndarray, sel: np.ndarray, ar: np.ndarray, key: np.ndarray,
+                 span: int, t_lo: int, uts: np.ndarray | None) -> None:
+        self.label_rank, self.sel, self.ar, self.key = label_rank, sel, ar, key
+        self.span, self.t_lo, self.uts = span, t_lo, uts
+
+    def rank(self, bound: np.ndarray) -> np.ndarray:
+        """Times as the key's time part: an event's key is below ``base + rank(b)`` exactly
+        when its time is below ``b``."""
+        if self.uts is not None:
+            return np.searchsorted(self.uts, bound)
+        return np.clip(bound - self.t_lo, 0, self.span - 1)
+
+    def reorder(self, order: np.ndarray) -> _Keyed:
+        return _Keyed(self.label_rank, self.sel[order], self.ar[order], self.key[order],
+                      self.span, self.t_lo, self.uts)
+
+
+def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed:
+    """The sorted events of a view whose key applies ``fresh``; views of the same events and
+    label rows share them (kept on ``dec``)."""
+    cache = dec.orders
+    fresh_bytes = fresh.tobytes()
+    if cache.get("labels") is not lab or cache.get("fresh") != fresh_bytes:
+        cache = dec.orders = {"labels": lab, "fresh": fresh_bytes}
+    if last in cache:
+        return cache[last]  # type: ignore[no-any-return]
+    if "base" not in cache:
+        label_rank, entity_rank = dec.ranks(lab)
+        sel = np.flatnonzero(fresh)
+        sel = sel[entity_rank[dec.entity[sel]] >= 0]  # entities no row names: no effect
+        ent, ts, ar = entity_rank[dec.entity[sel]], dec.ts[sel], dec.arrival[sel]
+        # the time itself as the key's low part when the product fits in int64, else its rank
+        # among the distinct times
+        t_lo = int(ts.min()) if len(ts) else 0
+        t_span = (int(ts.max()) - t_lo + 2) if len(ts) else 2
+        nent = (int(entity_rank.max()) if len(entity_rank) else 0) + 2  # ranks, and -1
+        uts = None
+        if nent * t_span < 2**62:
+            span = t_span
+            key = ent * span + (ts - t_lo)
+        else:
+            uts = np.unique(ts)
+            span = len(uts) + 1
+            key = ent * span + np.searchsorted(uts, ts)
+        order = _key_order(ent, key)
+        base = cache["base"] = _Keyed(label_rank, sel, ar, key, span, t_lo, uts).reorder(order)
+        k = base.key
+        cache["ties"] = np.flatnonzero(k[1:] == k[:-1])
+    base, same = cache["base"], cache["ties"]
+    if not len(same):
+        cache[last] = base
+        return base  # type: ignore[no-any-return]
+    # equal (entity, time): by arrival, then stable id (for last), then the first applied
+    sel, ar, key = base.sel, base.ar, base.key
+    at = np.unique(np.r_[same, same + 1])
+    sub = at[np.lexsort((-sel[at], ar[at], key[at]))]
+    tie = np.zeros(len(sub), dtype=np.int64)
+    if last:  # stable ids only where (entity, time, arrival) are equal
+        ks, a_sub = key[sub], ar[sub]
+        eq = np.flatnonzero((ks[1:] == ks[:-1]) & (a_sub[1:] == a_sub[:-1]))
+        for p in np.unique(np.r_[eq, eq + 1]).tolist():
+            tie[p] = dec.stable_id(int(sel[sub[p]]))
+    order = np.arange(len(sel))
+    order[at] = sub[np.lexsort((-sel[sub], tie, ar[sub], key[sub]))]
+    cache[last] = base.reorder(order)
+    return cache[last]  # type: ignore[no-any-return]
+
+
+HLL_MEMO_SIZE = 1_000_000
+_HLL_MEMO: dict[tuple[str, Any], tuple[int, int]] = {}
+
+
 def _hll_positions(dec: Decoded, field: str, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(register, rank) of each selected event's value: one hash per distinct value, and a
+    value met before in this process (another partition) is not hashed again."""
     fld = dec.fields[field]
     idx = dec.index[sel]
-    reg = np.empty(len(idx), dtype=np.int64)
-    rank = np.empty(len(idx), dtype=np.uint8)
+    if fld.py is not None:
+        codes, uniq = pd.factorize(np.array([fld.py[i] for i in idx.tolist()], dtype=object))
+        values = list(uniq)
+    else:
+        ints = getattr(fld, "ints", None)
+        codes, uniq = pd.factorize(ints[idx] if ints is not None else fld.x[idx])
+        conv = {"int": int, "bool": bool}.get(fld.typ, float)
+        values = [conv(u) for u in uniq.tolist()]
+    typ = dec.plan.types[field]
+    memo = _HLL_MEMO
+    if len(memo) + len(values) > HLL_MEMO_SIZE:
+        memo.clear()
     hll = dec.plan.hll
-    if fld.py is None:  # a typed column: one hash per distinct value
-        _, first, inv = np.unique(fld.x[idx], return_index=True, return_inverse=True)
-        pos = [hll(field, fld.value(int(idx[f]))) for f in first.tolist()]
-        reg[:] = np.array([p[0] for p in pos], dtype=np.int64)[inv]
-        rank[:] = np.array([p[1] for p in pos], dtype=np.uint8)[inv]
-        return reg, rank
-    for k, i in enumerate(idx.tolist()):
-        reg[k], rank[k] = hll(field, fld.py[i])
-    return reg, rank
+    pos = []
+    for v in values:
+        p = memo.get((typ, v))
+        if p is None:
+            p = memo[(typ, v)] = hll(field, v)
+        pos.append(p)
+    at = np.asarray(codes, dtype=np.int64)
+    return (np.array([p[0] for p in pos], dtype=np.int64)[at],
+            np.array([p[1] for p in pos], dtype=np.uint8)[at])
 
 
 def _aggregate(outs: list[Any], nrows: int, seg: np.ndarray, pos: np.ndarray,

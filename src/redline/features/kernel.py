@@ -15,7 +15,9 @@ event, as ingest would receive it:
 * the schema fields of each source, any dtype: each value is coerced by the decoder's own rules;
 * optional ``_arrival_ms`` (int64 epoch ms; absent: arrival = event time);
 * optional ``source`` (text): required when the requested views read several sources; rows of
-  other sources are ignored;
+  other sources are ignored. Events of several sources may instead come as a mapping from source
+  name to its own frame (one Parquet file per source, say: no ``source`` column needed, nothing
+  to split); a source the mapping lacks has no events;
 * optional ``_seq`` (int64): the event's position in the whole log. Order matters only between
   events of one entity with equal arrival and the same event id (the first applied wins), so an
   engine that cannot keep the log order of an entity's events (a shuffle) passes ``_seq`` and the
@@ -139,6 +141,8 @@ def apply_transforms(result: pd.DataFrame, transforms: Sequence[Any],
 
 
 def _in_log_order(events: Any) -> Any:
+    if isinstance(events, Mapping):
+        return {name: _in_log_order(frame) for name, frame in events.items()}
     if isinstance(events, pd.DataFrame) and SEQ in events.columns:
         order = np.argsort(events[SEQ].to_numpy(), kind="stable")
         return events.iloc[order].drop(columns=[SEQ]).reset_index(drop=True)
@@ -154,18 +158,36 @@ def _values(defs: FeatureDefinitions, views: list[FeatureView], events: Any, tim
     sources: dict[str, list[FeatureView]] = {}
     for v in views:
         sources.setdefault(v.source.name, []).append(v)
+    if isinstance(events, Mapping):  # a frame per source
+        if method == "replay":
+            events = _one_frame(events)
+        else:
+            out: dict[str, np.ndarray] = {}
+            for name, vs in sources.items():
+                part = events.get(name)
+                if part is None:
+                    part = pd.DataFrame({"_empty": []})
+                out.update(point_in_time(defs, vs, part, times, ids, method=method))
+            return out
     if (method == "replay" or not isinstance(events, pd.DataFrame)
             or "source" not in events.columns):
         return point_in_time(defs, views, events, times, ids, method=method)
-    out: dict[str, np.ndarray] = {}
-    src = events["source"]
+    out = {}
+    codes, names = pd.factorize(events["source"])  # missing: -1
     for name, vs in sources.items():
-        mine = np.array(src == name, dtype=bool)
+        k = names.get_loc(name) if name in names else len(names)
+        mine = codes == k
         if len(sources) == 1:  # a single source is also every row that names none
-            mine |= np.array(src.isna(), dtype=bool)
+            mine |= codes < 0
         part = events[mine].reset_index(drop=True)
         out.update(point_in_time(defs, vs, part, times, ids, method=method))
     return out
+
+
+def _one_frame(events: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Frames per source as one frame with a ``source`` column."""
+    frames = [f.assign(source=name) for name, f in events.items() if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"source": []})
 
 
 def build_partition(defs: FeatureDefinitions, events: pd.DataFrame | Any, labels: pd.DataFrame,
@@ -186,13 +208,26 @@ def build_partition(defs: FeatureDefinitions, events: pd.DataFrame | Any, labels
             by_key[v.entity.join_key] = label_ids(result, v)
         ids[v.name] = by_key[v.entity.join_key]
     computed: dict[str, np.ndarray] = {}
+    blocks: list[pd.DataFrame] = []
     if views:
         values = _values(defs, views, _in_log_order(events), times, ids, method)
         for view in views:
-            for ref, idx in view_refs[view.name]:
+            pairs = view_refs[view.name]
+            for ref, idx in pairs:
                 computed[ref] = values[view.name][:, idx]
-    for ref in refs:
-        if ref in computed:
+            idxs = [idx for _, idx in pairs]
+            block = values[view.name]
+            if idxs != list(range(block.shape[1])):
+                block = block[:, idxs]
+            blocks.append(pd.DataFrame(block, columns=[r for r, _ in pairs], copy=False))
+    wanted = [r for r in refs if r in computed]
+    if blocks and len(set(wanted)) == len(wanted) and not set(wanted) & set(result.columns):
+        # each view's values join as one block, not one column at a time
+        result = pd.concat([result, *blocks], axis=1)
+        if list(result.columns[len(labels.columns):]) != wanted:
+            result = result[[*labels.columns, *wanted]]
+    else:
+        for ref in wanted:
             result[ref] = computed[ref]
     apply_transforms(result, transforms, computed)
     return result
