@@ -45,7 +45,7 @@ from redline.features.events import (
     stable_id,
     to_ms,
 )
-from redline.features.tiles import admitted_array
+from redline.features.tiles import TileWindow, admitted_array
 
 ARRIVAL = "_arrival_ms"
 CHUNK = 2_000_000  # gathered (row, event) pairs per step: bounds memory on dense windows
@@ -286,6 +286,7 @@ class LabelIds(Sequence[str]):
         self.codes = np.asarray(codes, dtype=np.int64)
         self._texts, self.ints = texts, ints
         self._by_id: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._bounds: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the label rows grouped by id, their id codes, their times), kept for the next view
@@ -295,7 +296,22 @@ class LabelIds(Sequence[str]):
         order = stable_argsort(self.codes)
         got = (order, self.codes[order], times[order])
         self._by_id = (times, got)
+        self._bounds = {}
         return got
+
+    def bounds(self, times: np.ndarray, window: TileWindow, skew_ms: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Per label row in :meth:`by_id` order, the times a read at its time merges: from the
+        window's first tile on, and below both the end of its last tile and the latest event
+        time that can have arrived by then (the decoder admits no event whose time is ahead
+        of its arrival by more than the skew). Kept for the next view of the same rows."""
+        qtimes = self.by_id(times)[2]
+        k = (window.tile_ms, window.tiles, skew_ms)
+        if k not in self._bounds:
+            lo, hi = window.covering_array(qtimes)
+            self._bounds[k] = (lo * window.tile_ms,
+                               np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
+        return self._bounds[k]
 
     @staticmethod
     def of_texts(ids: Sequence[str]) -> LabelIds:
@@ -483,20 +499,15 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     qrank = ev.label_rank[qcodes]
     qbase = qrank * span
     have = qrank >= 0
-    # an event later than t + skew had not arrived by t (the decoder admits no event whose time
-    # is ahead of its arrival by more than the skew): the searches leave it out at once
-    arrived_bound = qtimes + (dec.plan.skew_ms + 1)
     hll_pos: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     # windows of one tile size and length read the same events: find them once
     same: dict[tuple[int, int], list[Any]] = {}
     for w in lay.windows:
         same.setdefault((w.window.tile_ms, w.window.tiles), []).append(w)
     for ws in same.values():
-        tw = ws[0].window
-        lo, hi = tw.covering_array(qtimes)
-        low = qbase + rank(lo * tw.tile_ms)
-        right = np.searchsorted(key, qbase + rank(np.minimum((hi + 1) * tw.tile_ms,
-                                                             arrived_bound)))
+        first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
+        low = qbase + rank(first)
+        right = np.searchsorted(key, qbase + rank(end))
         plan = []
         for w in ws:
             g = lay.groups[w.gid]
