@@ -258,16 +258,15 @@ class _SourcePlan:
         ]
         self.store_head = f"{STORE_PREFIX}:{{{self.entity}:"
         self.store_tail = f"}}:{source.name}"
-        # the decoder's loop over them: per view its TTL and tag, and per tile group (gid,
-        # field ("" for a count), kind: 0 count, 1 a float field's value as is, 2 a value to
-        # convert, 3 distinct)
+        # the decoder's loop over them: per view its key around the entity id, TTL and tag, and
+        # per tile group (gid, field ("" for a count), kind: 0 count, 1 a float field's value as
+        # is, 2 a value to convert, 3 distinct)
         self.view_ops = [
-            (ttl, tag, [(gid, fld or "", 0 if fld is None else 3 if hll
-                         else 1 if self.types[fld] == "float" else 2, gi)
-                        for gid, fld, hll, gi in groups])
-            for _head, _tail, ttl, tag, groups in self.views
+            (head, tail, ttl, tag, [(gid, fld or "", 0 if fld is None else 3 if hll
+                                     else 1 if self.types[fld] == "float" else 2, gi)
+                                    for gid, fld, hll, gi in groups])
+            for head, tail, ttl, tag, groups in self.views
         ]
-        self.heads = [(head, tail) for head, tail, *_ in self.views]
 
     def hll(self, name: str, value: Any) -> tuple[int, int]:
         cache = self.hll_cache[name]
@@ -446,20 +445,20 @@ class EventDecoder:
                 spots.append((tile, tile % ring))
             else:
                 spots.append(None)
-        names = [head + eid + tail for head, tail in plan.heads]
-        skey = plan.store_head + eid + plan.store_tail
         key_index = batch.key_index
-        for name, (ttl, vtag, groups) in zip(names, plan.view_ops, strict=True):
+        for head, tail, ttl, vtag, groups in plan.view_ops:
             k = -1
             for gid, fld, kind, gi in groups:
                 where = spots[gi]
                 if where is None:
                     continue  # no read at or after its arrival can see this tile
                 idx, slot = where
-                if k < 0:
+                if k < 0:  # the view's key, named once per event (a list of them cost more)
+                    name = head + eid + tail
                     k = key_index.get(name, -1)
                     if k < 0:
-                        k = batch.key(name, ttl, plan.dedup_ms, skey, vtag)
+                        k = batch.key(name, ttl, plan.dedup_ms,
+                                      plan.store_head + eid + plan.store_tail, vtag)
                 if kind == 1:  # a float field: its value is a float already
                     ops.append((k, gid, idx, slot, ts, arrival, sid, values[fld], -1, 0, tag))
                 elif kind == 0:
