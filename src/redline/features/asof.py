@@ -512,7 +512,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
         for w in ws:
             g = lay.groups[w.gid]
             outs = [(i, o) for i, o in enumerate(lay.outputs) if o.wid == w.wid]
-            x = dec.fields[g.field].x[dec.index[sel]] if g.field and not g.hll else None
+            x = ev.values(dec, g.field) if g.field and not g.hll else None
             if g.hll:
                 assert g.field is not None
                 if g.field not in hll_pos:
@@ -627,6 +627,7 @@ class _Keyed:
                  span: int, t_lo: int, uts: np.ndarray | None) -> None:
         self.label_rank, self.sel, self.ar, self.key = label_rank, sel, ar, key
         self.span, self.t_lo, self.uts = span, t_lo, uts
+        self._values: dict[str, np.ndarray] = {}
 
     def rank(self, bound: np.ndarray) -> np.ndarray:
         """Times as the key's time part: an event's key is below ``base + rank(b)`` exactly
@@ -634,6 +635,12 @@ class _Keyed:
         if self.uts is not None:
             return np.searchsorted(self.uts, bound)
         return np.clip(bound - self.t_lo, 0, self.span - 1)
+
+    def values(self, dec: Decoded, field: str) -> np.ndarray:
+        """A numeric field's values of these events, in their order (kept for the next view)."""
+        if field not in self._values:
+            self._values[field] = dec.fields[field].x[dec.index[self.sel]]
+        return self._values[field]
 
     def reorder(self, order: np.ndarray) -> _Keyed:
         return _Keyed(self.label_rank, self.sel[order], self.ar[order], self.key[order],
