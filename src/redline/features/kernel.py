@@ -35,7 +35,8 @@ column per requested feature ref ``view:feature`` and transform, in ``features``
 every view's features, then every transform). A row whose entity has no events gets each
 feature's default (counts 0).
 
-The function is pure: no global state, nothing read or written outside its arguments.
+The function is pure: no global state, nothing read or written outside its arguments (a process
+remembers the hash positions of the distinct values it has counted: a cache of a pure function).
 """
 
 from __future__ import annotations

@@ -100,12 +100,15 @@ def _arrivals(raws: list[Any], decoder: EventDecoder) -> tuple[list[Any], list[i
 
 
 def build_training_set(
-    defs: FeatureDefinitions, events: pd.DataFrame | EventLog | Sequence[Any],
+    defs: FeatureDefinitions,
+    events: pd.DataFrame | Mapping[str, pd.DataFrame] | EventLog | Sequence[Any],
     labels: pd.DataFrame, features: Sequence[str] | None = None, *, time_column: str = "ts",
     method: str = "auto",
 ) -> pd.DataFrame:
     """``labels`` (entity id column(s) named by join key, ``time_column`` in epoch ms, anything
     else passed through) + one float64 column per feature / transform, point-in-time correct.
+    ``events``: one frame (a ``source`` column when several sources), a dict of one frame per
+    source name, an ``EventLog`` or event dicts.
 
     The whole input is one partition of :func:`redline.features.kernel.build_partition`, the
     function every engine runs. ``method``: ``"columns"`` (the vectorised replay of
