@@ -63,8 +63,9 @@ def test_frames_per_source_equal_one_frame_with_a_source_column() -> None:
                         "amount": rng.standard_normal(300),
                         "ts": np.sort(rng.choice(labels["ts"].to_numpy(), 300)) - 5})
     one = pd.concat([tx.assign(source="tx"), oth.assign(source="other")], ignore_index=True)
-    per = build_training_set(defs, {"tx": tx, "other": oth}, labels)
-    pd.testing.assert_frame_equal(per, build_training_set(defs, one, labels))
+    per = build_training_set(defs, {"tx": tx, "other": oth}, labels, threads=2)
+    pd.testing.assert_frame_equal(per, build_training_set(defs, one, labels, threads=2))
+    pd.testing.assert_frame_equal(per, build_training_set(defs, one, labels, threads=1))
     replay = build_training_set(defs, {"tx": tx, "other": oth}, labels, method="replay")
     for ref in ("o:count_1m", "o:amount_last_5m", "v:count_1m", "v:amount_last_5m"):
         pd.testing.assert_series_equal(per[ref], replay[ref])

@@ -27,6 +27,7 @@ maps) return ``None``, and the builder replays them through the store instead.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -287,17 +288,19 @@ class LabelIds(Sequence[str]):
         self._texts, self.ints = texts, ints
         self._by_id: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._bounds: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()  # the views of several sources may run in threads
 
     def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the label rows grouped by id, their id codes, their times), kept for the next view
         of the same rows: rows of one id meet the events of one entity together."""
-        if self._by_id is not None and self._by_id[0] is times:
-            return self._by_id[1]
-        order = stable_argsort(self.codes)
-        got = (order, self.codes[order], times[order])
-        self._by_id = (times, got)
-        self._bounds = {}
-        return got
+        with self._lock:
+            if self._by_id is not None and self._by_id[0] is times:
+                return self._by_id[1]
+            order = stable_argsort(self.codes)
+            got = (order, self.codes[order], times[order])
+            self._by_id = (times, got)
+            self._bounds = {}
+            return got
 
     def bounds(self, times: np.ndarray, window: TileWindow, skew_ms: int
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -307,11 +310,12 @@ class LabelIds(Sequence[str]):
         of its arrival by more than the skew). Kept for the next view of the same rows."""
         qtimes = self.by_id(times)[2]
         k = (window.tile_ms, window.tiles, skew_ms)
-        if k not in self._bounds:
-            lo, hi = window.covering_array(qtimes)
-            self._bounds[k] = (lo * window.tile_ms,
-                               np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
-        return self._bounds[k]
+        with self._lock:
+            if k not in self._bounds:
+                lo, hi = window.covering_array(qtimes)
+                self._bounds[k] = (lo * window.tile_ms,
+                                   np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
+            return self._bounds[k]
 
     @staticmethod
     def of_texts(ids: Sequence[str]) -> LabelIds:

@@ -103,7 +103,7 @@ def build_training_set(
     defs: FeatureDefinitions,
     events: pd.DataFrame | Mapping[str, pd.DataFrame] | EventLog | Sequence[Any],
     labels: pd.DataFrame, features: Sequence[str] | None = None, *, time_column: str = "ts",
-    method: str = "auto",
+    method: str = "auto", threads: int | None = None,
 ) -> pd.DataFrame:
     """``labels`` (entity id column(s) named by join key, ``time_column`` in epoch ms, anything
     else passed through) + one float64 column per feature / transform, point-in-time correct.
@@ -113,11 +113,14 @@ def build_training_set(
     The whole input is one partition of :func:`redline.features.kernel.build_partition`, the
     function every engine runs. ``method``: ``"columns"`` (the vectorised replay of
     ``asof.py``), ``"replay"`` (event by event through the decoder and a memory store: the
-    reference), ``"auto"`` (columns where the input allows, else replay)."""
+    reference), ``"auto"`` (columns where the input allows, else replay). ``threads``: sources
+    built at once (default: one per core)."""
+    import os
+
     from redline.features.kernel import build_partition
 
     return build_partition(defs, events, labels, features, time_column=time_column,
-                           method=method)
+                           method=method, threads=threads or os.cpu_count() or 1)
 
 
 def point_in_time(defs: FeatureDefinitions, views: Sequence[FeatureView],
