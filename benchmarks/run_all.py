@@ -309,7 +309,7 @@ def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outco
 def _feast_offline_plan(args: argparse.Namespace) -> list[str]:
     return [PY, "-m", "benchmarks.features.feast_training_set", "--feast-python",
             str(args.feast_python or "FEAST_PYTHON"), "--labels", "100000,1000000",
-            "--out", str(_scratch("feast_offline.json"))]
+            "--repeat", "3", "--out", str(_scratch("feast_offline.json"))]
 
 
 def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
