@@ -526,8 +526,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
             # the last event that had arrived, one position per row; a row without one picks
             # the slot past the end, which holds the output's default
             at = np.empty(nrows, dtype=np.int64)
-            at[rows_by_key] = _last_arrived(key, ar, qtimes, low, right, have)
-            at[at < 0] = len(sel)
+            at[rows_by_key] = _last_arrived(key, ar, qtimes, low, right, have, len(sel))
             for outs, x, _ in plan:
                 assert x is not None
                 for i, o in outs:
@@ -548,9 +547,10 @@ LAST_STEPS = 8  # steps back over events not yet arrived before the rows left go
 
 
 def _last_arrived(key: np.ndarray, ar: np.ndarray, times: np.ndarray, low: np.ndarray,
-                  right: np.ndarray, have: np.ndarray) -> np.ndarray:
+                  right: np.ndarray, have: np.ndarray, none: int = -1) -> np.ndarray:
     """Per row, the last event (in ``last`` order) of positions ``< right[i]`` whose key is at
-    least ``low[i]`` (its entity and window) that had arrived by ``times[i]``; -1 where none had.
+    least ``low[i]`` (its entity and window) that had arrived by ``times[i]``; ``none`` where
+    none had.
     Steps back from the range's end over the events that arrive later (few: late events, or
     future ones within the skew); rows with more gather their range."""
     last = right - 1
@@ -575,7 +575,7 @@ def _last_arrived(key: np.ndarray, ar: np.ndarray, times: np.ndarray, low: np.nd
             if len(pos):
                 last[part] = pos[np.maximum(ends - 1, 0)]
             valid[part] = n > 0
-    return np.where(valid, last, -1)
+    return np.where(valid, last, none)
 
 
 def _gathered(left: np.ndarray, lengths: np.ndarray, ar: np.ndarray, times: np.ndarray
