@@ -197,3 +197,42 @@ def test_views_of_only_last_take_the_short_path_and_equal_the_replay(
     assert cols["v:amount_last_5m"].notna().sum() > 50
     c9 = cols["v:amount_last_5m"].tail(5).tolist()
     assert math.isnan(c9[0]) and c9[1] == c9[2] == c9[3] in (3.0, 4.0) and c9[4] == 11.0
+
+
+@pytest.mark.parametrize("ids", [False, True], ids=["no-ids", "event-ids"])
+def test_bisection_inside_entities_equals_the_replay(monkeypatch: pytest.MonkeyPatch,
+                                                     ids: bool) -> None:
+    """The searches inside each entity's events (taken where entities have few events, as in
+    snapshot tables) give the whole-array search's answer: forced on the hostile stream."""
+    monkeypatch.setattr(asof, "SMALL_GROUPS", 10**9)
+    defs = IDS_DEFS if ids else DEFS
+    events, arrivals, _ = _stream(51, n=600)
+    if ids:
+        for i, e in enumerate(events):
+            e["event_id"] = f"e{i % 150}"
+    log = EventLog([orjson.dumps({**e, "_arrival_ms": a})
+                    for e, a in zip(events, arrivals, strict=True)])
+    assert _same(defs, log, _labels(events, arrivals, 51)) > 50
+
+
+@pytest.mark.parametrize("small", [0, 3])
+def test_snapshot_tables_equal_the_replay(monkeypatch: pytest.MonkeyPatch, small: int) -> None:
+    """One or two events per entity (a snapshot table, Feast's shape): bisecting inside the
+    entities (the default) and searching the whole array both equal the replay."""
+    monkeypatch.setattr(asof, "SMALL_GROUPS", small)
+    rng = random.Random(7)
+    rows = []
+    for k in range(600):
+        for _ in range(rng.choice([1, 1, 2])):
+            t = T0 + rng.randrange(600_000)
+            rows.append({**ev(t, f"k{k}", amount=rng.uniform(-5, 50), n=rng.randrange(9),
+                              merchant=f"m{rng.randrange(40)}"),
+                         "_arrival_ms": t + rng.choice([0, 0, 30, 150_000])})
+    labels = pd.DataFrame({"card_id": [f"k{rng.randrange(650)}" for _ in range(3000)],
+                           "ts": [T0 + rng.randrange(-1000, 700_000) for _ in range(3000)]})
+    assert _same(DEFS, pd.DataFrame(rows), labels) > 200
+    lasts = _last_only(TX)  # a view read only by last: one position per row
+    cols = build_training_set(lasts, pd.DataFrame(rows), labels, method="columns")
+    ref = build_training_set(lasts, pd.DataFrame(rows), labels, method="replay")
+    pd.testing.assert_frame_equal(cols, ref)
+    assert cols["v:amount_last_5m"].notna().sum() > 200

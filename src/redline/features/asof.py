@@ -511,7 +511,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     for ws in same.values():
         first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
         low = qbase + rank(first)
-        right = np.searchsorted(key, qbase + rank(end))
+        right = ev.search(qrank, have, qbase + rank(end))
         plan = []
         for w in ws:
             g = lay.groups[w.gid]
@@ -532,7 +532,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 for i, o in outs:
                     np.take(np.append(x, o.default), at, out=out[:, i], mode="clip")
             continue
-        left = np.searchsorted(key, low)
+        left = ev.search(qrank, have, low)
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
             place = rows_by_key[rows]
@@ -543,6 +543,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     return out
 
 
+SMALL_GROUPS = 3  # at most this many events per entity: bisect inside entities (2 steps)
 LAST_STEPS = 8  # steps back over events not yet arrived before the rows left go the long way
 
 
@@ -628,10 +629,28 @@ class _Keyed:
     order; and the label ids' entity ranks (-1: no events) that search them."""
 
     def __init__(self, label_rank: np.ndarray, sel: np.ndarray, ar: np.ndarray, key: np.ndarray,
-                 span: int, t_lo: int, uts: np.ndarray | None) -> None:
+                 span: int, t_lo: int, uts: np.ndarray | None, starts: np.ndarray) -> None:
         self.label_rank, self.sel, self.ar, self.key = label_rank, sel, ar, key
         self.span, self.t_lo, self.uts = span, t_lo, uts
+        self.starts = starts  # where each entity rank's events begin (and the end)
+        self.longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
         self._values: dict[str, np.ndarray] = {}
+
+    def search(self, qrank: np.ndarray, have: np.ndarray, bound: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(key, bound)`` for bounds inside their rows' entity ranges. Where
+        every entity has only a few events (a snapshot table: one row per entity), a few
+        bisection steps inside each entity's range beat a search of the whole array."""
+        if self.longest > SMALL_GROUPS:
+            return np.searchsorted(self.key, bound)
+        r = np.where(have, qrank, 0)
+        lo, hi = self.starts[r], self.starts[r + 1]
+        for _ in range(self.longest.bit_length()):
+            mid = (lo + hi) >> 1
+            active = lo < hi
+            less = active & (self.key[np.where(active, mid, 0)] < bound)
+            lo = np.where(less, mid + 1, lo)
+            hi = np.where(active & ~less, mid, hi)
+        return lo
 
     def rank(self, bound: np.ndarray) -> np.ndarray:
         """Times as the key's time part: an event's key is below ``base + rank(b)`` exactly
@@ -648,7 +667,7 @@ class _Keyed:
 
     def reorder(self, order: np.ndarray) -> _Keyed:
         return _Keyed(self.label_rank, self.sel[order], self.ar[order], self.key[order],
-                      self.span, self.t_lo, self.uts)
+                      self.span, self.t_lo, self.uts, self.starts)
 
 
 def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed:
@@ -679,7 +698,9 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
             span = len(uts) + 1
             key = ent * span + np.searchsorted(uts, ts)
         order = _key_order(ent, key)
-        base = cache["base"] = _Keyed(label_rank, sel, ar, key, span, t_lo, uts).reorder(order)
+        starts = np.r_[0, np.cumsum(np.bincount(ent, minlength=len(label_rank)))]
+        base = cache["base"] = _Keyed(label_rank, sel, ar, key, span, t_lo, uts,
+                                      starts).reorder(order)
         k = base.key
         cache["ties"] = np.flatnonzero(k[1:] == k[:-1])
     base, same = cache["base"], cache["ties"]
