@@ -451,7 +451,7 @@ def _neumaier(x: np.ndarray, seg: np.ndarray, starts: np.ndarray, nseg: int
     if len(x) == 0:
         return s, c
     r = np.arange(len(x)) - starts[seg]
-    by_r = np.argsort(r, kind="stable")
+    by_r = stable_argsort(r)  # positions in segments are small: a radix sort
     bounds = np.r_[0, np.cumsum(np.bincount(r))]
     with np.errstate(invalid="ignore", over="ignore"):
         for p in range(len(bounds) - 1):
@@ -475,12 +475,14 @@ class _Linear:
 def _distinct(reg: np.ndarray, rank: np.ndarray, seg: np.ndarray, nseg: int) -> np.ndarray:
     """``aggregates.hll_estimate`` of each segment's registers, the same operations in order."""
     m = 256
-    regs = np.zeros((nseg, m), dtype=np.uint8)
-    np.maximum.at(regs, (seg, reg), rank)
+    flat = np.zeros(m * nseg, dtype=np.uint8)  # register-major: each register's row contiguous
+    np.maximum.at(flat, reg * nseg + seg, rank)
+    regs = flat.reshape(m, nseg)
     z = np.zeros(nseg)
+    zeros = np.zeros(nseg, dtype=np.int64)
     for j in range(m):  # in register order, as hll_estimate adds
-        z = z + _POW2[regs[:, j]]
-    zeros = (regs == 0).sum(axis=1)
+        z = z + _POW2[regs[j]]
+        zeros += regs[j] == 0
     alpha = 0.7213 / (1.0 + 1.079 / m)
     e = alpha * m * m / z
     lin = _Linear(m).table[zeros]
