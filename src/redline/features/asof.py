@@ -230,7 +230,21 @@ class Field:
         return v
 
 
-class Ids:
+class _DistinctTexts:
+    """Distinct ids held as integers (``ints``) are formatted as texts only when asked."""
+
+    ints: np.ndarray | None
+    _texts: list[str] | None
+
+    @property
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            assert self.ints is not None
+            self._texts = [str(int(u)) for u in self.ints.tolist()]
+        return self._texts
+
+
+class Ids(_DistinctTexts):
     """An id column (entity or event id) as codes into its distinct texts; ``ok``: valid ids.
     An integer column keeps its distinct numbers (``ints``) and formats them only when asked."""
 
@@ -263,13 +277,6 @@ class Ids:
     def __len__(self) -> int:
         return len(self.ints) if self.ints is not None else len(self.texts)
 
-    @property
-    def texts(self) -> list[str]:
-        if self._texts is None:
-            assert self.ints is not None
-            self._texts = [str(int(u)) for u in self.ints.tolist()]
-        return self._texts
-
 
 def as_int64(a: np.ndarray | None) -> np.ndarray | None:
     """Integers as int64, or ``None`` where some do not fit."""
@@ -278,7 +285,7 @@ def as_int64(a: np.ndarray | None) -> np.ndarray | None:
     return a.astype(np.int64, copy=False)
 
 
-class LabelIds(Sequence[str]):
+class LabelIds(_DistinctTexts, Sequence[str]):
     """The label rows' entity ids as a sequence of texts, held as codes into the distinct ids
     (``ints``: the distinct ids as integers, when the column holds integers)."""
 
@@ -321,13 +328,6 @@ class LabelIds(Sequence[str]):
     def of_texts(ids: Sequence[str]) -> LabelIds:
         codes, uniq = pd.factorize(np.array(list(ids), dtype=object), use_na_sentinel=False)
         return LabelIds(codes, [str(u) for u in uniq])
-
-    @property
-    def texts(self) -> list[str]:
-        if self._texts is None:
-            assert self.ints is not None
-            self._texts = [str(int(u)) for u in self.ints.tolist()]
-        return self._texts
 
     def __len__(self) -> int:
         return len(self.codes)
