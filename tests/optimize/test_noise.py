@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import onnx
 
-from redline.optimize import OptimizeOptions, measure_latency, optimize
+from redline.optimize import OptimizeOptions, optimize
 from redline.optimize import optimizer as optimizer_module
 from redline.optimize.candidates import Candidate
 from redline.optimize.gate import EXIT_SLOWDOWN, GateOptions, slowdown_check
 from redline.optimize.optimizer import choose
-from redline.optimize.profile import Latency, ModelRunner
+from redline.optimize.profile import Latency
 from redline.optimize.report import to_markdown
 from tests.optimize.conftest import run_cli
 
@@ -96,15 +96,11 @@ def test_candidates_within_noise_are_reported_as_tied(digits, digits_mlp, onnx_o
     assert "as fast as copy-a (within noise)" in to_markdown(report)
 
 
-def _latency(runner: ModelRunner, x: np.ndarray) -> Latency:
-    return measure_latency({"m": runner}, x, [1], rounds=60, passes=6)["m"][1]
-
-
-def test_the_slowdown_is_judged_on_its_paired_interval(digits, digits_mlp, onnx_of):
-    runner = ModelRunner(onnx_of(digits_mlp, digits.x_train), task="classification",
-                         class_labels=DIGITS)
-    baseline = _latency(runner, digits.x_val)
-    assert baseline.passes is not None
+def test_the_slowdown_is_judged_on_its_paired_interval():
+    # Timings of six passes of 60 calls, fixed here: measured ones may hold a noisy pass
+    # already, and this is about how the check reads passes, not about this machine.
+    rng = np.random.default_rng(0)
+    baseline = Latency(1, rng.normal(100.0, 3.0, 360), np.repeat(np.arange(6), 60))
     noisy = baseline.samples_us * np.where(baseline.passes < 4, 1.6, 1.0)
     # four of the six passes met a noisy neighbour: the pooled median looks 1.6x slower
     candidate = Latency(1, noisy, baseline.passes)
