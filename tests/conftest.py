@@ -253,6 +253,23 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def ingest_redis_stream(defs: Path | str, redis_url: str, stream: str, max_events: int,
+                        cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run ``redline ingest redis-stream`` (group ``g``) until ``max_events``, as a user would;
+    fail on a non-zero exit or an unexpected traceback in its log. Returns its stdout."""
+    out = subprocess.run(
+        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", str(defs),
+         "--redis-url", redis_url, "--stream", stream, "--group", "g",
+         "--max-events", str(max_events), "--stats-every", "0"],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},
+        capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    check_output(out.stderr, "redline ingest")
+    return out.stdout
+
+
 # A smaller `make demo`: the same steps and files, fewer rows and calls.
 SMALL_DEMO_ARGS = ["--calls", "200", "--cards", "300", "--days", "4", "--replay", "200",
                    "--bench-seconds", "0.5"]

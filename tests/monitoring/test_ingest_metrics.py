@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redline.features import MemoryStore, load_definitions
 from redline.features.ingest import Ingestor
 from redline.monitoring.ingest import IngestMetrics
-from tests.logwatch import check_output
+from tests.conftest import ingest_redis_stream
 
 DEFS = Path(__file__).resolve().parents[1] / "features" / "defs_tx.py"
 
@@ -40,10 +40,6 @@ def test_ingest_stats_become_metrics() -> None:
 def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: Path) -> None:
     """`redline ingest redis-stream` with the server's PROMETHEUS_MULTIPROC_DIR: a scrape of
     that directory (what any server worker's /metrics does) shows its events and dead letters."""
-    import os
-    import subprocess
-    import sys
-
     import orjson
     import redis
     from prometheus_client import CollectorRegistry
@@ -56,14 +52,8 @@ def test_ingest_process_metrics_join_the_shared_scrape(redis_server, tmp_path: P
         client.xadd("events", {"d": orjson.dumps({"card_id": f"c{i % 5}", "amount": 1.0,
                                                    "merchant": "m", "ts": now_ms})})
     client.xadd("events", {"d": b"{not json"})
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    out = subprocess.run(
-        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", str(DEFS),
-         "--redis-url", redis_server.url, "--stream", "events", "--group", "g",
-         "--max-events", "51", "--stats-every", "0"],
-        env=env, capture_output=True, text=True, timeout=120, cwd=root)
-    assert out.returncode == 0, out.stderr
-    check_output(out.stderr, "redline ingest")
+    ingest_redis_stream(DEFS, redis_server.url, "events", 51, root,
+                        {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -5,9 +5,6 @@ the writer ``POST /v1/sessions/{id}/events`` uses, so the next request on any re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from redline.features.online import MemoryStore
 from redline.models import ModelRepository
 from redline.serving.predict.session_events import SessionEventWriter
 from redline.serving.predict.sessions import MemorySessionStore, SessionItem
-from tests.logwatch import check_output
+from tests.conftest import ingest_redis_stream
 from tests.pipeline.conftest import ServerThread, make_settings
 from tests.pipeline.graphs import make_graph
 
@@ -60,15 +57,8 @@ def test_a_click_through_the_event_stream_changes_the_next_answer_on_a_server(
                                                "type": "click"})})
         client.xadd("ev", {"d": orjson.dumps({"card_id": "c-stream", "amount": 3.0,
                                                "ts": now})})
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        out = subprocess.run(
-            [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", str(defs_path),
-             "--redis-url", redis_server.url, "--stream", "ev", "--group", "g",
-             "--max-events", "4", "--stats-every", "0"],
-            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        check_output(out.stderr, "redline ingest")
-        stats = json.loads(out.stdout.strip().splitlines()[-1])
+        stdout = ingest_redis_stream(defs_path, redis_server.url, "ev", 4, tmp_path)
+        stats = json.loads(stdout.strip().splitlines()[-1])
         # two session events and the feature event accepted, the bad one dead
         assert (stats["accepted"], stats["dead"]) == (3, 1), stats
         dead = client.xrange("ev:dead")
