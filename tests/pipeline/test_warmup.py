@@ -239,15 +239,22 @@ def test_warm_up_makes_the_first_request_cheaper(store: str, tmp_path: Any,
                       "server:\n  watch_repository: false\n")
     on: list[float] = []
     off: list[float] = []
-    for _ in range(5):  # measured ranges (above) do not overlap: five of each is plenty
-        for warmup, ratios in (("on", on), ("off", off)):
-            proc, url = start_serving(config, warmup)
-            try:
-                wait_ready(proc, url, config.parent / f"serve-{url.rsplit(':', 1)[1]}.log")
-                ratios.append(first_over_later(url, 0.01, 30))
-            finally:
-                proc.terminate()
-                proc.wait(30)
+
+    def pairs(n: int) -> None:
+        for _ in range(n):
+            for warmup, ratios in (("on", on), ("off", off)):
+                proc, url = start_serving(config, warmup)
+                try:
+                    wait_ready(proc, url, config.parent / f"serve-{url.rsplit(':', 1)[1]}.log")
+                    ratios.append(first_over_later(url, 0.01, 30))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+
+    pairs(5)  # measured ranges (above) do not overlap: five of each is usually plenty
+    if statistics.median(on) >= statistics.median(off):
+        # A busy spell (the suite's other worker) can swamp five pairs: judge ten of each.
+        pairs(5)
     assert statistics.median(on) < statistics.median(off), (on, off)
 
 
