@@ -146,7 +146,7 @@ class SessionEventWriter:
                 continue
             by_session.setdefault(session_id, []).append(item)
         for session_id, items in by_session.items():
-            self.add(session_id, items)
+            self.sessions.add_items(session_id, items)  # each item was checked above
         return refused
 
 
