@@ -4,6 +4,8 @@ traceback."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -188,3 +190,31 @@ def test_ingest_http_old_port_option_still_works() -> None:
 
     ctx = ingest_http.make_context("http", ["--port", "9999"])
     assert ctx.params["legacy_port"] == 9999 and ctx.params["port"] is None
+
+
+SERVE_THREADS_PROBE = """
+import json, sys
+import redline.scaling.workers as workers
+
+def probe(settings, count):  # where serve would build the server: numpy loads from here on
+    import numpy, threadpoolctl
+    print(json.dumps({i["user_api"]: i["num_threads"] for i in threadpoolctl.threadpool_info()}))
+    raise SystemExit(0)
+
+workers.resolve_workers = probe
+from redline.cli import main
+main(["serve", "--repository", sys.argv[1], "--no-grpc", "--http-port", "0"])
+"""
+
+
+@pytest.mark.parametrize(("operator_set", "expected"), [(None, 1), ("2", 2)])
+def test_serve_gives_blas_the_runtime_threads(tmp_path, operator_set, expected) -> None:
+    """A retrieval's matrix product must not fan out over every core under load; an operator's
+    own OPENBLAS_NUM_THREADS wins."""
+    env = {k: v for k, v in os.environ.items() if k not in
+           ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    if operator_set:
+        env["OPENBLAS_NUM_THREADS"] = operator_set
+    out = subprocess.run([sys.executable, "-c", SERVE_THREADS_PROBE, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1])["blas"] == expected
