@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated areas (default: " + ", ".join(
                         (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last two need the peer kit and "
                     "say how to set it up when it is missing); also: hedging (three minutes), "
-                    "graph (the inference-graph steps, two minutes)")
+                    "graph (the inference-graph steps, two minutes), recommend-ray (the "
+                    "recommender against Ray Serve, ten minutes)")
     ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
                     help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
                     "train.py ran (env REDLINE_PEER_KIT)")
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Feast peer's interpreter (the kit's feast/README.md)")
     ap.add_argument("--feast-repo", type=Path, default=None, help="the Feast peer's repository")
     ap.add_argument("--feast-model", type=Path, default=None, help="the Feast peer's model.onnx")
+    ap.add_argument("--ray-python", type=Path, default=_ray_python(),
+                    help="the Ray Serve peer's interpreter (benchmarks/recommend/"
+                    "setup_ray_serve.sh makes it and prints it)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per area (default 3)")
     ap.add_argument("--page", type=Path, default=PAGE)
     ap.add_argument("--machine", default="shared 2-core VM, noisy: read the ratios",
@@ -331,6 +335,44 @@ def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict
     return Outcome("feast-offline", "\n".join(lines), targets)
 
 
+def _ray_plan(args: argparse.Namespace) -> list[str]:
+    return [PY, "benchmarks/recommend/compare_ray_serve.py", "--artifacts",
+            "examples/recommend/artifacts", "--data", "examples/recommend/data", "--peer-python",
+            str(args.ray_python or "RAY_PYTHON"), "--peer", "one:1:8", "--peer", "three:1:8",
+            "--rounds", "2", "--duration", "4", "--json-out", str(_scratch("ray.json"))]
+
+
+def _ray(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
+    report = runs[0]
+    bound = report["p99_bound_ms"]
+    rows = []
+    for config, targets in report["peers"].items():
+        for name, r in targets.items():
+            top = r.get("max_rate_p99_ok")
+            if top is None:
+                first = r["ladder"][0]
+                top = f"none ({number(first['p99_ms'])} ms at {first['rate']})"
+            rows.append([name if name != "redline" else f"redline (beside {config})",
+                         f"{r['c1']['rps']:.0f}", f"{r['c1']['p50_ms']:.1f} / "
+                         f"{r['c1']['p99_ms']:.1f}", f"{r['c8']['rps']:.0f}",
+                         f"{r['c8']['p50_ms']:.1f} / {r['c8']['p99_ms']:.1f}", str(top)])
+    s = report["summary"]
+    ratio = s["rate_ratio"] if s["rate_ratio"] is not None else float(s["redline_max_rate"])
+    targets = [Target(f"highest rate with p99 ≤ {bound:.0f} ms, redline over Ray Serve "
+                      f"{s['best_peer']}" + ("" if s["peer_max_rate"] else
+                                             " (the peer sustained none: redline's rate)"),
+                      ">=", 5.0, ratio),
+               Target("rates the peer sustained where redline's p99 was not lower", "<=", 0.0,
+                      0.0 if s["p99_lower_at_every_sustained_rate"] else 1.0, unit="")]
+    lines = [_stamp(args, command), "",
+             *table(["target", "c=1 req/s", "c=1 p50 / p99 ms", "c=8 req/s",
+                     "c=8 p50 / p99 ms", f"highest rate with p99 ≤ {bound:.0f} ms"], rows), "",
+             f"Against the best peer configuration ({s['best_peer']}): "
+             f"{s['c1_rps_ratio']:.1f}x its throughput at c=1, {s['c8_rps_ratio']:.1f}x at c=8.",
+             "", *targets_table(targets)]
+    return Outcome("recommend-ray", "\n".join(lines), targets)
+
+
 Render = Callable[[argparse.Namespace, list[str], list[dict]], Outcome]  # type: ignore[type-arg]
 def _hedging_plan(args: argparse.Namespace) -> list[str]:
     return [PY, "benchmarks/scaling/hedging.py", "--calls", "3000", "--rounds", str(args.rounds),
@@ -390,6 +432,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "hedging": (_hedging_plan, _hedging),
     "graph": (_graph_plan, _graph),
     "feast-offline": (_feast_offline_plan, _feast_offline),
+    "recommend-ray": (_ray_plan, _ray),
 }
 
 _RATIO_NAMES = {
@@ -423,7 +466,8 @@ _SERVER_NAMES = {
 # Areas whose benchmark interleaves its own rounds and writes its result to a file.
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
                  "monitoring": "monitoring.json", "hedging": "hedging.json",
-                 "graph": "graph.json", "feast-offline": "feast_offline.json"}
+                 "graph": "graph.json", "feast-offline": "feast_offline.json",
+                 "recommend-ray": "ray.json"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -449,6 +493,15 @@ def _missing(area: str, args: argparse.Namespace) -> str:
     if area == "feast-offline" and not args.feast_python:
         return ("Feast comes from the peer kit (shared/peers/feast/README.md: setup.sh makes its "
                 "virtual environment), then pass --feast-python PY")
+    if area == "recommend-ray":
+        example = ROOT / "examples" / "recommend"
+        if not (example / "artifacts" / "graph.yaml").is_file():
+            return ("the recommender example's data and artifacts are missing: in "
+                    "examples/recommend run `python generate.py --out data` and `python train.py "
+                    "--data data --out artifacts` (about ten minutes)")
+        if not args.ray_python:
+            return ("Ray Serve runs from its own environment: `bash benchmarks/recommend/"
+                    "setup_ray_serve.sh` makes it, then pass --ray-python PY")
     if area == "v1" and not (args.peers and args.feast_python and args.feast_repo
                              and args.feast_model):
         return ("the Feast peer comes from the peer kit (shared/peers/feast/README.md: setup.sh, "
@@ -491,7 +544,7 @@ def _shown(command: list[str], args: argparse.Namespace) -> str:
     """The command as the page prints it: no machine paths."""
     names = {PY: "python", str(args.peers): "$KIT", str(args.peers_venv): "$KIT_VENV",
              str(args.feast_python): "$FEAST_PYTHON", str(args.feast_repo): "$FEAST_REPO",
-             str(args.feast_model): "$FEAST_MODEL"}
+             str(args.feast_model): "$FEAST_MODEL", str(args.ray_python): "$RAY_PYTHON"}
     parts = []
     skip = False
     for part in command:
@@ -516,6 +569,12 @@ def _scratch(name: str) -> Path:
 
 def _range(values: list[float]) -> str:
     return f"{number(min(values))}–{number(max(values))}"
+
+
+def _ray_python() -> Path | None:
+    """Where setup_ray_serve.sh puts the peer's environment, when it has run."""
+    made = Path(tempfile.gettempdir()) / "redline-ray-serve" / "venv" / "bin" / "python"
+    return _env_path("RAY_SERVE_PYTHON") or (made if made.exists() else None)
 
 
 def _env_path(name: str) -> Path | None:

@@ -7,15 +7,17 @@ measures every target in alternation: c=1 and c=8 closed loop (throughput, p50, 
 open-loop ladder of rates, keeping the highest rate whose p99 stays at or below ``--p99-ms``.
 
     python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
-        --data examples/recommend/data --peer three:1:8 --peer one:2:4 \
+        --data examples/recommend/data --peer one:1:8 --peer three:1:8 \
         [--redline-url http://127.0.0.1:8000 --redline-model recommend]
 
-With ``--redline-url``, the server there serves the example's graph (``redline models add``);
-give it the same Redis (``--redis-url``, its ``features.store: redis``) so both keep sessions
-and user windows there.
+redline is started as a user would start it: ``redline models add`` of the artifacts into a
+scratch repository, then ``redline serve`` of the example's ``redline.yaml`` on the same Redis
+(``--redis-url``: its default worker count, one process per core). With ``--redline-url`` the
+server there is measured instead; it must serve the example's graph on that Redis.
 
-Prints one JSON document: per target the best of its rounds, and redline's ratios to the best
-peer configuration.
+Prints one JSON document (also to ``--json-out``): per target the best of its rounds, and
+``summary``: redline's highest rate over the best peer configuration's, and whether its p99 was
+lower at every rate the peer sustained.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.recommend.load import closed_loop, open_loop  # noqa: E402
 
-RATES = [5, 10, 20, 40, 80, 150, 250, 400, 600, 900, 1300, 1800, 2500]
+RATES = [5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 250, 300, 400, 600, 900, 1300,
+         1800, 2500]
 
 
 def free_port() -> int:
@@ -133,6 +136,56 @@ def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tupl
     raise RuntimeError(f"Ray Serve did not answer in 180 s; see {log.name}")
 
 
+def start_redline(artifacts: str, redis_url: str, model: str) -> tuple[
+        subprocess.Popen, str, Path]:
+    """``redline models add`` into a scratch repository, then ``redline serve`` of the
+    example's settings on ``redis_url``; returns the process, its base URL and the folder."""
+    folder = Path(tempfile.mkdtemp(prefix="redline-rec-repo-"))
+    redline = [sys.executable, "-c", "from redline.cli import main; main()"]
+    config = str(ROOT / "examples" / "recommend" / "redline.yaml")
+    subprocess.run([*redline, "models", "add", "-m", model, artifacts, "--config", config,
+                    "--repository", str(folder / "models")], check=True, capture_output=True)
+    port = free_port()
+    log = open(folder / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([*redline, "serve", "--config", config, "--repository",
+                             str(folder / "models"), "--redis-url", redis_url, "--http-port",
+                             str(port), "--grpc-port", "0", "--no-watch", "--log-level",
+                             "warning"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redline serve exited; see {log.name}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return proc, url, folder
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"redline did not become ready in 120 s; see {log.name}")
+
+
+def summarize(peers: dict[str, dict[str, dict]]) -> dict:
+    """redline against the best peer configuration (the highest rate it sustained, then its
+    c=1 throughput), each from the same interleaved run."""
+    def rate(result: dict) -> int:
+        return int(result.get("max_rate_p99_ok") or 0)
+
+    best_config = max(peers, key=lambda c: (rate(peers[c][f"ray-serve {c}"]),
+                                            peers[c][f"ray-serve {c}"]["c1"]["rps"]))
+    peer, ours = peers[best_config][f"ray-serve {best_config}"], peers[best_config]["redline"]
+    ours_at = {r["rate"]: r["p99_ms"] for r in ours.get("ladder", [])}
+    sustained = [r for r in peer.get("ladder", []) if r["rate"] <= rate(peer)]
+    return {"best_peer": best_config, "peer_max_rate": rate(peer),
+            "redline_max_rate": rate(ours),
+            "rate_ratio": rate(ours) / rate(peer) if rate(peer) else None,
+            "c1_rps_ratio": ours["c1"]["rps"] / peer["c1"]["rps"],
+            "c8_rps_ratio": ours["c8"]["rps"] / peer["c8"]["rps"],
+            "p99_lower_at_every_sustained_rate": all(
+                ours_at.get(r["rate"], float("inf")) < r["p99_ms"] for r in sustained)}
+
+
 def stop(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, 15)
@@ -187,6 +240,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--p99-ms", type=float, default=20.0)
     parser.add_argument("--sessions", type=int, default=500)
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     python = args.peer_python or subprocess.run(
         ["bash", str(HERE / "setup_ray_serve.sh")], check=True, capture_output=True,
@@ -194,7 +248,11 @@ def main() -> None:
     redis_proc, redis_url, redis_dir = (None, args.redis_url, None) if args.redis_url \
         else start_redis()
     report: dict = {"p99_bound_ms": args.p99_ms, "peers": {}}
+    redline_proc, redline_dir = None, None
     try:
+        if args.redline_url is None:
+            redline_proc, args.redline_url, redline_dir = start_redline(
+                str(Path(args.artifacts).resolve()), redis_url, args.redline_model)
         bodies = load_sessions(redis_url, args.redline_url, read(Path(args.data)),
                                args.sessions)
         encoded = [orjson.dumps(b) for b in bodies]
@@ -206,20 +264,27 @@ def main() -> None:
             proc, url = start_peer(python, str(Path(args.artifacts).resolve()), redis_url,
                                    config)
             try:
-                targets: dict[str, tuple[str, object]] = {f"ray-serve {config}": (url, body_of)}
-                if args.redline_url:
-                    targets["redline"] = (f"{args.redline_url}/v1/models/"
-                                          f"{args.redline_model}/predict", body_of)
+                targets: dict[str, tuple[str, object]] = {
+                    f"ray-serve {config}": (url, body_of),
+                    "redline": (f"{args.redline_url}/v1/models/{args.redline_model}/predict",
+                                body_of)}
                 report["peers"][config] = measure(targets, args.rounds, args.duration,
                                                   args.p99_ms)
             finally:
                 stop(proc)
+        report["summary"] = summarize(report["peers"])
     finally:
+        if redline_proc is not None:
+            stop(redline_proc)
+            shutil.rmtree(redline_dir, ignore_errors=True)
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait(10)
             shutil.rmtree(redis_dir, ignore_errors=True)
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+    if args.json_out:
+        args.json_out.write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ READ_RUNS = [
 
 def _args() -> argparse.Namespace:
     return argparse.Namespace(machine="test machine", peers=None, peers_venv=None,
-                              feast_python=None, feast_repo=None, feast_model=None, rounds=3)
+                              feast_python=None, feast_repo=None, feast_model=None, rounds=3,
+                              ray_python=None)
 
 
 def _refresh(page: str) -> tuple[str, run_all.Outcome]:
@@ -144,3 +145,39 @@ def test_the_feast_comparison_reads_its_targets_from_one_result_document() -> No
     assert rate.met and rate.value == pytest.approx(8.0)
     assert "| FastAPI + Feast + ONNX Runtime | 1.000 | 6.000 | 5.000 (2.000–8.000) | 6.000x |" in (
         outcome.body)
+
+
+def _ray_side(c1: float, ladder: list[tuple[int, float]], bound: float = 20.0) -> dict:
+    steps = [{"rate": rate, "p50_ms": p99 / 2, "p99_ms": p99, "errors": 0} for rate, p99 in ladder]
+    side: dict = {"c1": {"rps": c1, "p50_ms": 2.0, "p99_ms": 5.0},
+                  "c8": {"rps": 2 * c1, "p50_ms": 8.0, "p99_ms": 30.0}, "ladder": steps}
+    ok = [s["rate"] for s in steps if s["p99_ms"] <= bound]
+    if ok:
+        side["max_rate_p99_ok"] = max(ok)
+    return side
+
+
+def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration() -> None:
+    from benchmarks.recommend.compare_ray_serve import summarize
+
+    peers = {"one:1:8": {"ray-serve one:1:8": _ray_side(90, [(5, 15.0), (10, 19.0), (20, 40.0)]),
+                         "redline": _ray_side(500, [(5, 6.0), (10, 7.0), (20, 8.0), (40, 9.0),
+                                                    (80, 12.0), (150, 30.0)])},
+             "three:1:8": {"ray-serve three:1:8": _ray_side(60, [(5, 25.0)]),
+                           "redline": _ray_side(520, [(5, 6.0), (10, 30.0)])}}
+    summary = summarize(peers)
+    assert summary["best_peer"] == "one:1:8" and summary["peer_max_rate"] == 10
+    assert summary["rate_ratio"] == 8.0 and summary["p99_lower_at_every_sustained_rate"]
+    args = _args()
+    args.ray_python = "/scratch/redline-ray-serve/venv/bin/python"
+    outcome = run_all._ray(args, run_all._ray_plan(args),
+                           [{"p99_bound_ms": 20.0, "peers": peers, "summary": summary}])
+    rate, slower = outcome.targets
+    assert rate.met and rate.value == 8.0 and slower.met
+    assert "| ray-serve three:1:8 | 60 | 2.0 / 5.0 | 120 | 8.0 / 30.0 | none (25.0 ms at 5) |" in (
+        outcome.body)
+    stamp = outcome.body.splitlines()[0]
+    assert "--peer-python $RAY_PYTHON" in stamp and "/scratch" not in stamp
+
+    peers["one:1:8"]["redline"]["ladder"][1]["p99_ms"] = 19.5  # slower than the peer at 10/s
+    assert not summarize(peers)["p99_lower_at_every_sustained_rate"]
