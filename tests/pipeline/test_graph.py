@@ -318,3 +318,55 @@ def test_a_click_on_one_replica_changes_the_next_answer_on_another(
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.slow
+def test_a_slow_session_store_degrades_within_the_budget_then_recovers(
+        tmp_path: Path, defs_path: Path, redis_server: Any) -> None:
+    """Redis paused (SIGSTOP) behind a 2 s socket timeout: the session read stops waiting when
+    the request's budget says so, the answer comes on time, degraded with the reason, and once
+    Redis answers again the session's items steer the answer again."""
+    import signal
+
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_graph("rec", make_graph(tmp_path / "g"))
+    settings = make_settings(tmp_path / "models", defs_path, store="redis",
+                             redis_url=redis_server.url)
+    settings.features.redis_timeout_ms = 2000.0
+    settings.pipeline.breaker_reset_ms = 200
+    srv = ServerThread(settings).start()
+    try:
+        sid = f"slow-{time.monotonic_ns()}"
+        r = httpx.post(f"{srv.url}/v1/sessions/{sid}/events", timeout=10,
+                       json={"item_id": "i150", "type": "click", "ts_ms": 1_000})
+        assert r.status_code == 200, r.text
+        body = {"session_id": sid, "request": {}, "budget_ms": 30}
+        near = _predict(srv, "rec", body)
+        assert not near["degraded"] and all(
+            abs(int(i["item_id"][1:]) - 150) <= 15 for i in near["items"]), near
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            docs, waited = [], []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                docs.append(_predict(srv, "rec", body))
+                waited.append(time.perf_counter() - t0)
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        assert all(d["degraded"] for d in docs), docs
+        assert "session store slow" in docs[0]["degraded_reasons"][0], docs[0]
+        assert all("session" in d["degraded_reasons"][0] for d in docs), docs
+        assert max(waited) < 0.5, waited  # the 30 ms budget, not the 2 s socket timeout
+        # Server-side: the read ends at the budget (slack for timer wake-ups on a busy CPU).
+        assert all(d["timings_us"]["total"] < 60_000 for d in docs), [
+            d["timings_us"] for d in docs]
+        deadline = time.monotonic() + 10
+        while True:  # the breaker lets a request through again and the session steers it
+            doc = _predict(srv, "rec", body)
+            if not doc["degraded"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not doc["degraded"], doc
+        assert [i["item_id"] for i in doc["items"]] == [i["item_id"] for i in near["items"]]
+    finally:
+        srv.stop()

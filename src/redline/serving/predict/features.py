@@ -66,6 +66,11 @@ class FeatureRead:
                 read, self._executor, route.entity_names, self.store_call_ended, start=start)
         return fetcher
 
+    @property
+    def loop_redis(self) -> LoopRedis | None:
+        """The event loop's own Redis connection, when reads use one (session reads share it)."""
+        return self._loop_redis
+
     def made(self, route: Route) -> FeatureFetcher | None:
         """The route's fetcher if a read has made it (for stats: reading them makes nothing)."""
         return self._fetchers.get(id(route))

@@ -230,7 +230,9 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
         t = _mark(record, FEATURES, t)
     items: list[SessionItem] = []
     if req.session_id is not None:
-        items = pipeline.session_items(req.session_id, runner.spec.session_items, reasons)
+        reserve = runner.retrieval.estimate() + window.estimate()  # what follows the read
+        items = await pipeline.read_session_items(req.session_id, runner.spec.session_items,
+                                                  budget, reserve, reasons)
         t = _mark(record, SESSIONS, t)
     path = "primary"
     searched = runner.encoder is not None or bool(items)  # else the popularity order, free

@@ -17,6 +17,7 @@ Each stage is a span on the request's :class:`~redline.serving.stages.RequestRec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +49,12 @@ from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
 from redline.serving.predict.session_events import SessionEventWriter, load_catalogue
-from redline.serving.predict.sessions import SessionItem, SessionState, SessionStore
+from redline.serving.predict.sessions import (
+    RedisSessionStore,
+    SessionItem,
+    SessionState,
+    SessionStore,
+)
 from redline.serving.registry import HandleLookup
 from redline.serving.stages import ADMISSION, DECODE, FEATURES, SESSIONS, RequestRecord, perf_ns
 
@@ -284,6 +290,48 @@ class PredictPipeline:
         if shared:
             self.breaker.success()
         return items
+
+    async def read_session_items(self, session_id: str, limit: int | None, budget: Budget,
+                                 reserve_s: float, reasons: list[str]) -> list[SessionItem]:
+        """:meth:`session_items` for a request, bound by its budget.
+
+        On a single Redis the read goes over the event loop's own connection (the feature
+        reads' one) and is waited for no longer than the budget leaves after ``reserve_s`` (the
+        steps that follow): a slow store degrades this request alone, and the late reply still
+        reaches the circuit breaker. Elsewhere the read is the store's own, inline: the memory
+        store's costs microseconds, Redis Cluster's is bound by ``features.redis_timeout_ms``.
+        """
+        client = self.features.loop_redis
+        if client is None or not self.sessions_shared or (limit is not None and limit <= 0):
+            return self.session_items(session_id, limit, reasons)
+        if not self.breaker.allow():
+            reasons.append("session store circuit open: session items not read")
+            return []
+        answer: asyncio.Future[tuple[Any, BaseException | None]] = (
+            asyncio.get_running_loop().create_future())
+
+        def done(reply: Any, exc: BaseException | None) -> None:
+            if exc is None:
+                self.breaker.success()
+            else:
+                self.breaker.failure()
+            if not answer.done():
+                answer.set_result((reply, exc))
+
+        key = RedisSessionStore.keys(session_id)[2]
+        client.call(["LRANGE", key, 0, -1 if limit is None else limit - 1], done)
+        wait = budget.wait_for(reserve_s)
+        try:
+            reply, exc = await asyncio.wait_for(answer, wait)
+        except TimeoutError:
+            reasons.append(f"session store slow (no answer within {wait * 1e3:.1f} ms): "
+                           "session items not read")
+            return []
+        if exc is not None:
+            reasons.append(f"session store unavailable ({type(exc).__name__}): session items "
+                           "not read")
+            return []
+        return [SessionItem.decode(r) for r in reply]
 
     def add_session_events(self, session_id: str, items: list[SessionItem]) -> SessionState:
         """Store a session's new item events (oldest first) atomically and return its state:
