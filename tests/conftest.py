@@ -255,12 +255,14 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ingest_redis_stream(defs: Path | str, redis_url: str, stream: str, max_events: int,
+def ingest_redis_stream(defs: Path | str | None, redis_url: str, stream: str, max_events: int,
                         cwd: Path, env: dict[str, str] | None = None) -> str:
-    """Run ``redline ingest redis-stream`` (group ``g``) until ``max_events``, as a user would;
-    fail on a non-zero exit or an unexpected traceback in its log. Returns its stdout."""
+    """Run ``redline ingest redis-stream`` (group ``g``) until ``max_events``, as a user would
+    (``defs`` None: without definitions); fail on a non-zero exit or an unexpected traceback in
+    its log. Returns its stdout."""
     out = subprocess.run(
-        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream", "-d", str(defs),
+        [sys.executable, "-m", "redline.cli", "ingest", "redis-stream",
+         *(["-d", str(defs)] if defs is not None else []),
          "--redis-url", redis_url, "--stream", stream, "--group", "g",
          "--max-events", str(max_events), "--stats-every", "0"],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},

@@ -142,3 +142,24 @@ def test_without_a_session_store_session_events_are_dead_letters(defs_path: Path
                                     "type": "click"})])
     assert res.accepted == 0 and len(res.rejected) == 1
     assert "no session store" in res.rejected[0].reason
+
+
+@pytest.mark.slow
+def test_a_recommender_without_feature_views_ingests_session_events(
+        tmp_path: Path, redis_server: Any) -> None:
+    """No definitions anywhere: ingest takes the session events and dead-letters the rest with
+    the reason, instead of refusing to start."""
+    client = redis.Redis.from_url(redis_server.url)
+    sid = f"nodefs-{time.monotonic_ns()}"
+    client.xadd("ev", {"source": "session", "session_id": sid, "item_id": "i7",
+                       "type": "click", "ts_ms": "1000"})
+    client.xadd("ev", {"d": orjson.dumps({"card_id": "c1", "amount": 3.0, "ts": 1000})})
+    stdout = ingest_redis_stream(None, redis_server.url, "ev", 2, tmp_path)
+    stats = json.loads(stdout.strip().splitlines()[-1])
+    assert (stats["accepted"], stats["dead"]) == (1, 1), stats
+    reason = client.xrange("ev:dead")[0][1][b"reason"]
+    assert b"no feature definitions" in reason, reason
+    from redline.serving.predict.sessions import RedisSessionStore
+
+    store = RedisSessionStore(client, redis_server.url)
+    assert [i.item_id for i in store.items(sid)] == ["i7"]

@@ -17,7 +17,12 @@ from redline.errors import ConfigError, InvalidInput
 
 
 def _settings(config_path: str | None, definitions: str | None, store: str | None = None,
-              redis_url: str | None = None) -> tuple[FeatureSettings, Any]:
+              redis_url: str | None = None,
+              sessions_only: bool = False) -> tuple[FeatureSettings, Any]:
+    """Feature settings with the command's overrides, and the definitions they name.
+
+    ``sessions_only``: an ingest without definitions (a recommender with no feature views)
+    takes events of source ``session`` only; any other event is a dead letter saying why."""
     from redline.features import load_definitions
 
     fs = load_settings(config_path).features
@@ -27,6 +32,12 @@ def _settings(config_path: str | None, definitions: str | None, store: str | Non
         fs.redis_url = redis_url
         fs.store = store or "redis"
     target = definitions or fs.definitions
+    if not target and sessions_only:
+        from redline.features.definitions import FeatureDefinitions
+
+        click.echo('ingest: no feature definitions: only events of source "session" are '
+                   "stored (pass --definitions FILE.py for feature events)", err=True)
+        return fs, FeatureDefinitions.of([], origin="no feature definitions")
     if not target:
         raise ConfigError("no feature definitions: pass --definitions FILE.py or set "
                           "features.definitions in redline.yaml")
@@ -338,6 +349,9 @@ def _print_report(name: str, rep: Any) -> None:
 def ingest() -> None:
     """Ingest events into the online store (events of source "session" into the session store).
 
+    Without feature definitions (a recommender with no feature views) only session events are
+    taken; any other event is a dead letter saying why.
+
     \b
     Examples:
       redline ingest redis-stream                 # consumer group member (run N of these)
@@ -376,7 +390,8 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
     from redline.features.ingest import StreamConsumer
     from redline.features.online.redis import RedisStore
 
-    fs, defs = _settings(config_path, definitions, "redis", redis_url)
+    fs, defs = _settings(config_path, definitions, "redis", redis_url,
+                         sessions_only=True)
     store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
@@ -444,7 +459,8 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
     from redline.features.ingest.kafka import KafkaSource
     from redline.features.online.redis import RedisStore
 
-    fs, defs = _settings(config_path, definitions, "redis", redis_url)
+    fs, defs = _settings(config_path, definitions, "redis", redis_url,
+                         sessions_only=True)
     config = dict(fs.kafka_config)
     for opt in kafka_options:
         key, sep, value = opt.partition("=")
@@ -483,7 +499,8 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
     from redline.features.ingest import Ingestor, replay_file
     from redline.features.online import open_online_store
 
-    fs, defs = _settings(config_path, definitions, store, redis_url)
+    fs, defs = _settings(config_path, definitions, store, redis_url,
+                         sessions_only=True)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",
                    sessions=_session_writer(config_path, online))
@@ -521,7 +538,8 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
     from redline.features.online import open_online_store
 
     port = port if port is not None else legacy_port
-    fs, defs = _settings(config_path, definitions, store, redis_url)
+    fs, defs = _settings(config_path, definitions, store, redis_url,
+                         sessions_only=True)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
     online.ping()
     app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",

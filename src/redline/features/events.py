@@ -378,7 +378,7 @@ class EventDecoder:
                 fields = {k: v for k, v in ev.items() if k != "source"}
                 batch.sessions.append(SessionEvent(fields, flat, arrival, tag, ev))
                 return ""
-            known = ", ".join(sorted(self.plans))
+            known = ", ".join(sorted(self.plans)) or "none: no feature definitions"
             return f"unknown source {src_name!r} (known: {known}); set 'source' in the event"
         src = plan.source
         ts = ev.get(src.timestamp)
