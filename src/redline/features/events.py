@@ -305,13 +305,16 @@ class EventDecoder:
     def decode(
         self, raws: Sequence[Any], arrivals_ms: Sequence[int] | int,
         tags: Sequence[int] | None = None, flat: bool | None = None, str_keys: bool = False,
+        sink: dict[Any, list[Any]] | None = None,
     ) -> UpdateBatch:
         """Validate ``raws`` (JSON bytes, dicts, flat string maps) arriving at ``arrivals_ms``.
 
         ``flat=True`` says every value may arrive as a string (CSV rows); by default a map with
         bytes keys (a Redis Stream entry) is flat and anything else is JSON-typed.
         ``str_keys=True`` says every map has text keys (events read from a file), so none needs
-        its keys checked for a Redis Stream entry's."""
+        its keys checked for a Redis Stream entry's. With a ``sink`` an accepted event makes no
+        ops: its (time, arrival, stable id, entity id, values, tag) go to ``sink[plan]``, for a
+        columnar writer (``online.bulk``) to place on the tiles as the ops would be."""
         batch = UpdateBatch()
         n = len(raws)
         arrivals = [arrivals_ms] * n if isinstance(arrivals_ms, int) else arrivals_ms
@@ -329,11 +332,12 @@ class EventDecoder:
             elif str_keys and type(raw) is dict and not (len(raw) == 1 and "d" in raw):
                 event = raw
             if event is not None:
-                reason = self._add(batch, event, bool(flat), arrivals[i], tag)
+                reason = self._add(batch, event, bool(flat), arrivals[i], tag, sink)
             else:
                 event, is_flat, reason = self._parse(raw)
                 if event is not None:
-                    reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag)
+                    reason = self._add(batch, event, is_flat or bool(flat), arrivals[i], tag,
+                                       sink)
             if reason:
                 batch.rejected.append(Rejected(reason, raw_bytes(raw), tag))
         return batch
@@ -362,7 +366,7 @@ class EventDecoder:
         return None, False, f"unparseable: an event must be a JSON object, got {type(raw).__name__}"
 
     def _add(self, batch: UpdateBatch, ev: Mapping[str, Any], flat: bool, arrival: int,
-             tag: int) -> str:
+             tag: int, sink: dict[Any, list[Any]] | None = None) -> str:
         # Per event this is most of ingest's Python time, so the common case — a JSON event whose
         # values already have their schema types — is decided inline, by exact type, without the
         # general functions (``to_ms``, ``entity_id_of``, ``_coerce``, ``value_identity``,
@@ -435,6 +439,11 @@ class EventDecoder:
             sid = stable_id([plan.name_bytes, b"id", ident.encode()])
         else:
             sid = stable_id(parts)
+        if sink is not None:
+            sink[plan].append((ts, arrival, sid, eid, values, tag))
+            batch.accepted.append(tag)
+            batch.event_ts.append(ts)
+            return ""
         ops = batch.ops
         # ``tiles.place`` per tile grid, written out: (tile, slot), or None when no read at or
         # after the arrival can see the tile

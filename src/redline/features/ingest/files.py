@@ -13,9 +13,11 @@ from redline.features.online.base import now_ms
 
 
 def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
-                arrival_column: str = "_arrival_ms") -> IngestResult:
+                arrival_column: str = "_arrival_ms", bulk: bool = True) -> IngestResult:
     """Backfill from JSONL/CSV/Parquet, read exactly as ``training-set`` reads it (the same
-    ``eventfile.read_events``); arrival = ``arrival_column`` or the event time itself."""
+    ``eventfile.read_events``); arrival = ``arrival_column`` or the event time itself.
+    A store with a ``bulk_loader`` (the memory store) gets its tiles in bulk, columnar: the
+    same state; ``bulk=False`` writes each batch op by op, the reference it is held to."""
     from redline.features.eventfile import arrival_of, read_events
 
     log = read_events(path)
@@ -36,14 +38,21 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
         arrivals.append(ms or now_ms())
     accepted = 0
     rejected: list[Rejected] = []
+    make_loader = getattr(ingestor.store, "bulk_loader", None) if bulk else None
+    loader = make_loader() if make_loader is not None else None
     for i in range(0, len(raws), batch):
         chunk = raws[i:i + batch]
+        sink = loader.sink() if loader is not None else None
         decoded = ingestor.decoder.decode(chunk, arrivals[i:i + batch], flat=log.flat,
-                                           str_keys=True)
+                                           str_keys=True, sink=sink)
+        if loader is not None and sink is not None:
+            loader.add(sink, i)  # the batch's tiles, folded at the end
         ingestor.apply(decoded, measure=False)
         accepted += len(decoded.accepted)
         for r in decoded.rejected:
             line = log.raws[r.tag + i]  # the file's own bytes, not the parsed object's
             rejected.append(Rejected(r.reason, line if isinstance(line, bytes) else r.raw,
                                      r.tag + i))
+    if loader is not None:
+        loader.flush()
     return IngestResult(accepted, rejected)
