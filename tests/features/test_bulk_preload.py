@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 
 from redline.features import FeatureDefinitions, FeatureView
 from redline.features.definitions import load_definitions
+from redline.features.events import EventDecoder
 from redline.features.ingest import Ingestor, replay_file
-from redline.features.online import MemoryStore, bulk
+from redline.features.online import MemoryStore, bulk, memory
 from redline.features.verify import random_events
 from tests.features import streams
 
@@ -219,6 +220,41 @@ def test_edges_by_hand(batch: int, dedup: bool) -> None:
     defs = _dedup_definitions() if dedup else streams.definitions()
     assert_same_replay(defs, EDGES, batch)
     assert_same_replay(defs, EDGES, batch, flush_ops=1)
+
+
+def test_keys_expired_between_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that jumps past every TTL between batches: the store's sweep drops the keys a
+    batch did not touch, and a later event makes them again, empty, on both paths."""
+    batches = [0]
+    decode = EventDecoder.decode
+
+    def counted(self: EventDecoder, *args: Any, **kwargs: Any) -> Any:
+        batches[0] += 1
+        return decode(self, *args, **kwargs)
+
+    def clock() -> int:
+        return streams.T0 + 10_000_000 * batches[0]
+
+    monkeypatch.setattr(EventDecoder, "decode", counted)
+    monkeypatch.setattr(memory, "now_ms", clock)
+    monkeypatch.setattr(bulk, "now_ms", clock)
+    defs = _dedup_definitions()
+    lines = _hostile(defs, 5, 400)
+    states, dropped = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        for use_bulk in (False, True):
+            batches[0] = 0
+            store = MemoryStore()
+            expire = store.expire
+            gone: list[int] = []
+            monkeypatch.setattr(store, "expire", lambda wall, f=expire, g=gone: g.append(f(wall)))
+            replay_file(Ingestor(defs, store), path, batch=4, bulk=use_bulk)
+            states.append(_state(store))
+            dropped.append(sum(gone))
+    assert states[0] == states[1]
+    assert dropped[0] == dropped[1] > 0
 
 
 @pytest.mark.parametrize("bad", BAD_ROWS)

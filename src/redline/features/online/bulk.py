@@ -24,7 +24,7 @@ from redline.features.online.base import now_ms
 if TYPE_CHECKING:
     from redline.features.online.memory import MemoryStore, _KeyState
 
-FLUSH_OPS = 1_000_000  # ops held before they are folded (~100 MB of columns)
+FLUSH_OPS = 500_000  # ops held before they are folded (~50 MB of columns)
 _COLUMNS = ("key", "gid", "tile", "slot", "ts", "arrival", "sid", "x", "reg", "rank", "seq")
 
 
@@ -47,8 +47,6 @@ class BulkLoader:
         """The events of one decoded batch (its tags count from ``first`` in the whole replay)."""
         store = self.store
         wall = now_ms()
-        if store.sweep_due(wall):
-            self.flush()  # the sweep may drop keys: their tiles are written first, as they were
         store.sweep(wall)
         with store.lock:
             for plan, events in sink.items():
@@ -59,7 +57,7 @@ class BulkLoader:
     def _key(self, name: str, ttl: int, wall: int) -> int:
         number = self.numbers.get(name)
         st = self.store.state(name)
-        if number is None:
+        if number is None or self.states[number] is not st:  # new, or expired and made again
             number = self.numbers[name] = len(self.states)
             self.states.append(st)
         st.expires = max(st.expires, wall + ttl)
@@ -174,18 +172,28 @@ def fold(states: list[_KeyState], c: dict[str, np.ndarray]) -> None:
     sizes = np.diff(np.append(starts, m))
     live = tiles == np.repeat(top, sizes)  # the ops of that tile
     distinct = (c["reg"][order[starts]] >= 0).tolist()
+    gk, gg, gslot = ks[starts], gs[starts], ss[starts]
+    # a ring is grown once to the largest slot its ops name (slots ascend within a ring)
+    ring_end = np.ones(len(starts), dtype=bool)
+    ring_end[:-1] = (gk[1:] != gk[:-1]) | (gg[1:] != gg[:-1])
+    ends = np.flatnonzero(ring_end)
+    size_of = np.repeat(gslot[ends] + 1, np.diff(np.append(-1, ends)))
     groups: list[int] = []  # the numeric slots to fold, their ring entries and held records
     entries: list[list[Any]] = []
     helds: list[list[Any] | None] = []
-    for g, (k, gid, slot, t, start, size, hll) in enumerate(zip(
-            ks[starts].tolist(), gs[starts].tolist(), ss[starts].tolist(), top.tolist(),
-            starts.tolist(), sizes.tolist(), distinct, strict=True)):
-        rings = states[k].rings
-        ring = rings.get(gid)
-        if ring is None:
-            ring = rings[gid] = []
-        if slot >= len(ring):
-            ring.extend([None] * (slot + 1 - len(ring)))
+    ring: list[Any] = []
+    last_k = last_gid = -1
+    for g, (k, gid, slot, t, start, size, hll, needed) in enumerate(zip(
+            gk.tolist(), gg.tolist(), gslot.tolist(), top.tolist(), starts.tolist(),
+            sizes.tolist(), distinct, size_of.tolist(), strict=True)):
+        if k != last_k or gid != last_gid:
+            last_k, last_gid = k, gid
+            rings = states[k].rings
+            ring = rings.get(gid)
+            if ring is None:
+                ring = rings[gid] = []
+            if needed > len(ring):
+                ring.extend([None] * (needed - len(ring)))
         entry = ring[slot]
         if entry is not None and entry[0] > t:
             continue  # the slot holds a newer tile: every op of this one is skipped

@@ -234,9 +234,6 @@ class MemoryStore:
                 for old in [i for i, a in ids.items() if a < cutoff]:
                     del ids[old]
 
-    def sweep_due(self, wall_ms: int) -> bool:
-        return wall_ms >= self._next_sweep
-
     def sweep(self, wall_ms: int) -> None:
         """Expire entities once a minute of the write clock."""
         if wall_ms >= self._next_sweep:
