@@ -46,7 +46,7 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
         decoded = ingestor.decoder.decode(chunk, arrivals[i:i + batch], flat=log.flat,
                                            str_keys=True, sink=sink)
         if loader is not None and sink is not None:
-            loader.add(sink, i)  # the batch's tiles, folded at the end
+            loader.add(sink)  # the batch's tiles, folded at the end
         ingestor.apply(decoded, measure=False)
         accepted += len(decoded.accepted)
         for r in decoded.rejected:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from redline.features.online.memory import MemoryStore, _KeyState
 
 FLUSH_OPS = 500_000  # ops held before they are folded (~50 MB of columns)
-_COLUMNS = ("key", "gid", "tile", "slot", "ts", "arrival", "sid", "x", "reg", "rank", "seq")
+_COLUMNS = ("key", "gid", "tile", "slot", "ts", "arrival", "sid", "x", "reg", "rank")
 
 
 class BulkLoader:
@@ -43,14 +43,14 @@ class BulkLoader:
         """What ``EventDecoder.decode`` fills for :meth:`add`."""
         return collections.defaultdict(list)
 
-    def add(self, sink: dict[Any, list[Any]], first: int) -> None:
-        """The events of one decoded batch (its tags count from ``first`` in the whole replay)."""
+    def add(self, sink: dict[Any, list[Any]]) -> None:
+        """The events of one decoded batch; batches come in replay order."""
         store = self.store
         wall = now_ms()
         store.sweep(wall)
         with store.lock:
             for plan, events in sink.items():
-                self._add_plan(plan, events, first, wall)
+                self._add_plan(plan, events, wall)
         if self.count >= FLUSH_OPS:
             self.flush()
 
@@ -63,12 +63,11 @@ class BulkLoader:
         st.expires = max(st.expires, wall + ttl)
         return number
 
-    def _add_plan(self, plan: Any, events: list[Any], first: int, wall: int) -> None:
-        ts_l, ar_l, sid_l, eids, values, tags = zip(*events, strict=True)
+    def _add_plan(self, plan: Any, events: list[Any], wall: int) -> None:
+        ts_l, ar_l, sid_l, eids, values, _ = zip(*events, strict=True)
         ts = np.array(ts_l, dtype=np.int64)
         ar = np.array(ar_l, dtype=np.int64)
         sid = np.array(sid_l, dtype=np.int64)
-        seq = np.array(tags, dtype=np.int64) + first
         lag = ar - ts
         spots = []  # per tile grid: (visible, tile, slot), as ``tiles.place``
         for tile_ms, tiles, ring, horizon in plan.grid_spans:
@@ -117,7 +116,7 @@ class BulkLoader:
                     rank = np.zeros(len(at), dtype=np.int64)
                 self._hold(key=keys[on], gid=np.full(len(at), gid, dtype=np.int64),
                            tile=tile[at], slot=slot[at], ts=ts[at], arrival=ar[at],
-                           sid=sid[at], x=x, reg=reg, rank=rank, seq=seq[at])
+                           sid=sid[at], x=x, reg=reg, rank=rank)
 
     def _hold(self, **cols: np.ndarray) -> None:
         for name, col in cols.items():
@@ -161,80 +160,101 @@ class BulkLoader:
 
 def fold(states: list[_KeyState], c: dict[str, np.ndarray]) -> None:
     """Apply ops (columns ``_COLUMNS``, ``key`` numbering ``states``) to the rings."""
-    # each slot's ops together, in event order
-    order = np.lexsort((c["seq"], c["slot"], c["gid"], c["key"]))
+    # each slot's ops together, in event order: they are held in it (a slot's ops are one
+    # view's and one tile group's, added batch after batch in event order), and sorts are stable
+    order = _by_slot(c["key"], c["gid"], c["slot"])
     ks, gs, ss, tiles = (c[name][order] for name in ("key", "gid", "slot", "tile"))
     m = len(order)
     head = np.ones(m, dtype=bool)
     head[1:] = (ks[1:] != ks[:-1]) | (gs[1:] != gs[:-1]) | (ss[1:] != ss[:-1])
-    starts = np.flatnonzero(head)
+    starts = np.flatnonzero(head)  # a group: the ops of one ring slot
     top = np.maximum.reduceat(tiles, starts)  # the newest tile each slot's ops name
     sizes = np.diff(np.append(starts, m))
     live = tiles == np.repeat(top, sizes)  # the ops of that tile
-    distinct = (c["reg"][order[starts]] >= 0).tolist()
     gk, gg, gslot = ks[starts], gs[starts], ss[starts]
-    # a ring is grown once to the largest slot its ops name (slots ascend within a ring)
-    ring_end = np.ones(len(starts), dtype=bool)
-    ring_end[:-1] = (gk[1:] != gk[:-1]) | (gg[1:] != gg[:-1])
-    ends = np.flatnonzero(ring_end)
-    size_of = np.repeat(gslot[ends] + 1, np.diff(np.append(-1, ends)))
-    groups: list[int] = []  # the numeric slots to fold, their ring entries and held records
-    entries: list[list[Any]] = []
-    helds: list[list[Any] | None] = []
-    ring: list[Any] = []
-    last_k = last_gid = -1
-    for g, (k, gid, slot, t, start, size, hll, needed) in enumerate(zip(
-            gk.tolist(), gg.tolist(), gslot.tolist(), top.tolist(), starts.tolist(),
-            sizes.tolist(), distinct, size_of.tolist(), strict=True)):
-        if k != last_k or gid != last_gid:
-            last_k, last_gid = k, gid
-            rings = states[k].rings
-            ring = rings.get(gid)
-            if ring is None:
-                ring = rings[gid] = []
-            if needed > len(ring):
-                ring.extend([None] * (needed - len(ring)))
-        entry = ring[slot]
-        if entry is not None and entry[0] > t:
-            continue  # the slot holds a newer tile: every op of this one is skipped
-        held = entry[1] if entry is not None and entry[0] == t else None
-        if hll:
-            regs = held if held is not None else bytearray(256)
-            if held is None:
-                ring[slot] = [t, regs]
-            ops = order[start:start + size][live[start:start + size]]
-            for reg, rank in zip(c["reg"][ops].tolist(), c["rank"][ops].tolist(), strict=True):
-                if rank > regs[reg]:
-                    regs[reg] = rank
-            continue
-        if held is None:
-            entry = ring[slot] = [t, None]  # its record is set below
-        groups.append(g)
-        entries.append(entry)
-        helds.append(held)
-    if groups:
-        _fold_numeric(c, order, live, starts, sizes, groups, entries, helds)
+    # the rings (key, tile group) the groups fall in, in turn; slots ascend within a ring
+    first = np.ones(len(starts), dtype=bool)
+    first[1:] = (gk[1:] != gk[:-1]) | (gg[1:] != gg[:-1])
+    ring_at = np.flatnonzero(first)
+    ring_end = np.append(ring_at[1:], len(starts))
+    slots, tops = gslot.tolist(), top.tolist()
+    held: dict[int, Any] = {}  # group -> the record its slot holds for its tile
+    skipped: list[int] = []  # groups whose slot holds a newer tile: their ops are skipped
+    rings: list[list[Any]] = []
+    for a, b, k, gid, last_slot in zip(ring_at.tolist(), ring_end.tolist(), gk[ring_at].tolist(),
+                                      gg[ring_at].tolist(), gslot[ring_end - 1].tolist(),
+                                      strict=True):
+        by_gid = states[k].rings
+        ring = by_gid.get(gid)
+        if ring is None:
+            ring = by_gid[gid] = []
+        had = len(ring)
+        if last_slot >= had:
+            ring.extend([None] * (last_slot + 1 - had))
+        rings.append(ring)
+        for g in range(a, b) if had else ():
+            entry = ring[slots[g]]
+            if entry is not None:
+                if entry[0] > tops[g]:
+                    skipped.append(g)
+                elif entry[0] == tops[g]:
+                    held[g] = entry[1]
+    ring_of = np.repeat(np.arange(len(ring_at)), ring_end - ring_at).tolist()
+    todo = np.ones(len(starts), dtype=bool)
+    todo[skipped] = False
+    distinct = c["reg"][order[starts]] >= 0
+    for g in np.flatnonzero(todo & distinct).tolist():
+        regs = held.get(g)
+        if regs is None:
+            regs = bytearray(256)
+            rings[ring_of[g]][slots[g]] = [tops[g], regs]
+        ops = order[starts[g]:starts[g] + sizes[g]][live[starts[g]:starts[g] + sizes[g]]]
+        for reg, rank in zip(c["reg"][ops].tolist(), c["rank"][ops].tolist(), strict=True):
+            if rank > regs[reg]:
+                regs[reg] = rank
+    numeric = np.flatnonzero(todo & ~distinct)
+    if not len(numeric):
+        return
+    records = _fold_numeric(c, order, live, starts, sizes, numeric, held)
+    if not held:  # slots that held nothing for these tiles (a fresh store: all)
+        for g, row in zip(numeric.tolist(), records, strict=True):
+            rings[ring_of[g]][slots[g]] = [tops[g], row]
+        return
+    for g, row in zip(numeric.tolist(), records, strict=True):
+        record = held.get(g)
+        if record is None:
+            rings[ring_of[g]][slots[g]] = [tops[g], row]
+        else:
+            record[:] = row
+
+
+def _by_slot(keys: np.ndarray, gids: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The stable order by (key, tile group, slot): one sort of a combined number where it
+    fits in 62 bits (always, but for rings of millions of tiles), else three."""
+    n_gid, n_slot = int(gids.max()) + 1, int(slots.max()) + 1
+    if (int(keys.max()) + 1) * n_gid * n_slot < 2 ** 62:
+        return np.argsort((keys * n_gid + gids) * n_slot + slots, kind="stable")
+    return np.lexsort((slots, gids, keys))
 
 
 def _fold_numeric(c: dict[str, np.ndarray], order: np.ndarray, live: np.ndarray,
-                  starts: np.ndarray, sizes: np.ndarray, groups: list[int],
-                  entries: list[list[Any]], helds: list[list[Any] | None]) -> None:
-    """``NumericTile.update`` of each slot's live ops, one event at a time across the slots:
-    each entry's record becomes its held record (a new one when None) with its ops folded in."""
+                  starts: np.ndarray, sizes: np.ndarray, groups: np.ndarray,
+                  held: dict[int, Any]) -> list[list[Any]]:
+    """``NumericTile.update`` of each group's live ops, one event at a time across the groups,
+    from the record the group's slot holds (``held``) or a new one: the records after."""
     picked = np.flatnonzero(live)
     owner = np.repeat(np.arange(len(starts)), sizes)[picked]
-    wanted = np.array(groups, dtype=np.int64)
-    runs = np.searchsorted(owner, wanted, side="left")  # each slot's live ops, one run each
-    counts = np.searchsorted(owner, wanted, side="right") - runs
+    runs = np.searchsorted(owner, groups, side="left")  # each group's live ops, one run each
+    counts = np.searchsorted(owner, groups, side="right") - runs
     ops = order[picked]
     # times and ids below 2**53 (``to_ms``'s range, 53-bit ids): exact as doubles
     ts, ar, sid = (c[name][ops].astype(np.float64) for name in ("ts", "arrival", "sid"))
     xs = c["x"][ops]
     rec = np.empty((len(groups), len(EMPTY_RECORD)), dtype=np.float64)
     rec[:] = EMPTY_RECORD
-    kept = [i for i, held in enumerate(helds) if held is not None]
+    kept = [i for i, g in enumerate(groups.tolist()) if g in held]
     if kept:
-        rec[kept] = [helds[i] for i in kept]
+        rec[kept] = [held[g] for g in groups[kept].tolist()]
     n, s, cc, mu, m2, mn, mx, lt, la, li, _ = rec.T.copy()
     winner = np.full(len(groups), -1, dtype=np.int64)  # the op ``last`` holds (-1: as held)
     with np.errstate(all="ignore"):
@@ -264,19 +284,15 @@ def _fold_numeric(c: dict[str, np.ndarray], order: np.ndarray, live: np.ndarray,
             la[a] = np.where(wins, ea, ha)
             li[a] = np.where(wins, ei, hi)
             winner[a] = np.where(wins, ops[j], winner[a])
-    stats = np.stack([n, s, cc, mu, m2, mn, mx]).T.tolist()
+    rows = np.stack([n, s, cc, mu, m2, mn, mx]).T.tolist()
     won = np.maximum(winner, 0)
     # the winning event's own values, as Python ints and floats (as the reference keeps them)
     last = zip(c["ts"][won].tolist(), c["arrival"][won].tolist(), c["sid"][won].tolist(),
                c["x"][won].tolist(), strict=True)
-    for entry, held, row, w, tail in zip(entries, helds, stats, winner.tolist(), last,
-                                         strict=True):
+    if kept:  # ``last`` stays the held record's where no op of the group won
+        for i in np.flatnonzero(winner < 0).tolist():
+            rows[i] += held[int(groups[i])][7:]
+    for row, w, tail in zip(rows, winner.tolist(), last, strict=True):
         if w >= 0:
-            row += tail
-        else:
-            assert held is not None
-            row += held[7:]
-        if held is None:
-            entry[1] = row
-        else:
-            held[:] = row
+            row.extend(tail)
+    return rows
