@@ -183,9 +183,9 @@ def test_a_read_cache_is_not_left_stale() -> None:
 
 
 def _event(entity: str, offset_ms: int, amount: float, event_id: str | int | None = None,
-           arrival_ms: int | None = None) -> bytes:
+           arrival_ms: int | None = None, merchant: str = "m") -> bytes:
     ev: dict[str, Any] = {"source": "tx", "card_id": entity, "ts": streams.T0 + offset_ms,
-                          "amount": amount, "merchant": "m", "n": 1}
+                          "amount": amount, "merchant": merchant, "n": 1}
     if event_id is not None:
         ev["event_id"] = event_id
     if arrival_ms is not None:
@@ -208,9 +208,16 @@ EDGES = [
     _event("f", 1_000, 1.0, "x", 1_000), _event("f", 1_001, 1.0, "y", 1_001),
     _event("f", 61_001, 1.0, "v", 61_001),
     _event("f", 1_010, 4.0, "x", 1_010), _event("f", 1_011, 8.0, "y", 1_011),
-    # the same tile again after its slot held a newer one
-    _event("r", 0, 1.0), _event("r", 3_600_000, 2.0, arrival_ms=3_600_000),
-    _event("r", 3_600_001, 3.0, arrival_ms=3_600_001),
+    # a slot's tile replaced by a newer one (a ring of every tile size turns in an hour), then
+    # an event of the old tile, which no read can see any more
+    _event("r", 0, 1.0, merchant="a"),
+    _event("r", 3_600_000, 2.0, arrival_ms=3_600_000, merchant="b"),
+    _event("r", 3_600_001, 3.0, arrival_ms=3_600_001, merchant="c"),
+    _event("r", 3_600_002, 3.0, arrival_ms=3_600_002, merchant="d"),
+    _event("r", 3_599_000, 4.0, arrival_ms=3_600_003, merchant="e"),
+    # arrivals going back: older tiles of slots that hold newer ones (skipped), and of free ones
+    *(_event("r", 3_600_000 - k * 5_000, 5.0, arrival_ms=3_600_000 - k * 5_000, merchant="f")
+      for k in range(1, 400, 7)),
 ]
 
 
@@ -255,6 +262,14 @@ def test_keys_expired_between_batches(monkeypatch: pytest.MonkeyPatch) -> None:
             dropped.append(sum(gone))
     assert states[0] == states[1]
     assert dropped[0] == dropped[1] > 0
+
+
+def test_slot_order_without_the_combined_number() -> None:
+    rng = np.random.default_rng(1)
+    keys, gids = rng.integers(0, 50, 3000), rng.integers(0, 4, 3000)
+    for top in (40, 2**60):  # a combined number, then one too large for it
+        slots = rng.integers(0, top, 3000) // (top // 40) * (top // 40)
+        assert np.array_equal(bulk._by_slot(keys, gids, slots), np.lexsort((slots, gids, keys)))
 
 
 @pytest.mark.parametrize("bad", BAD_ROWS)
