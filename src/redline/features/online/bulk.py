@@ -82,15 +82,10 @@ class BulkLoader:
             rows = np.flatnonzero(seen)
             if not len(rows):
                 continue
-            # the view's key per event, made in event order (as the reference names them)
-            names: dict[str, int] = {}
-            keys = np.empty(len(rows), dtype=np.int64)
-            for i, r in enumerate(rows.tolist()):
-                eid = eids[r]
-                k = names.get(eid)
-                if k is None:
-                    k = names[eid] = self._key(head + eid + tail, ttl, wall)
-                keys[i] = k
+            # the view's key per event (each entity's made once, in the order they come)
+            ids = eids if len(rows) == len(eids) else [eids[r] for r in rows.tolist()]
+            names = {eid: self._key(head + eid + tail, ttl, wall) for eid in dict.fromkeys(ids)}
+            keys = np.array([names[eid] for eid in ids], dtype=np.int64)
             if plan.dedup_ms:
                 fresh = self._dedup(keys, ar[rows], sid[rows], plan.dedup_ms)
                 rows, keys = rows[fresh], keys[fresh]
