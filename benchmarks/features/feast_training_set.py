@@ -9,42 +9,56 @@ hours, so many rows come before a card's value exists: Feast drops such rows, re
 with missing values. Values are compared on the rows both return (float32 equality, NaN = NaN),
 and each side's returned row count is reported.
 
+What each clock covers — the same work on both sides. Each side reads the label rows (the entity
+frame) from their Parquet file once, outside its clock: both APIs take them as a pandas frame.
+Each timed build then starts from the 5 feature Parquet files on disk and ends with a pandas
+frame of every label row's features in memory: for Feast, ``get_historical_features(entity_df,
+refs).to_df()`` (which reads the files itself); for redline, reading the 5 files (a frame per
+feature view's source, as the files come), the label times as epoch ms, and
+``build_training_set``. Nothing else is timed: not the imports, not ``store.apply`` (Feast's
+registry), not redline's definitions, not writing the result.
+
 Feast runs in its own virtual environment (never a redline dependency), in a child process that
-times only ``get_historical_features(...).to_df()``; redline is timed from reading the Parquet
-files (a frame per feature view's source, as the files come) to its finished table, with its
-modules imported first as Feast's are. Each side runs ``--repeat`` times on the same inputs and
-its best time counts (one run each with ``--repeat 1``).
+stays up for the whole run; redline runs in this process. Each side first builds ``--warmup``
+times untimed (the first builds of a process pay for imports' lazy work and for touching new
+memory), then the two sides take turns, one timed build each, ``--repeat`` times, so a busy spell
+on this shared machine falls on both. Each side reports its best and its median wall time and
+the process CPU time (all threads) of its best build; the speed-up is best over best, and
+median over median alongside.
 
 Setting up the Feast side: the peer kit's ``setup.sh`` (``shared/peers/feast/``) makes a virtual
 environment with Feast; any environment with ``pip install feast pandas pyarrow`` serves too.
 
     python -m benchmarks.features.feast_training_set --feast-python <kit venv>/bin/python \\
-        [--cards 100000] [--labels 100000,1000000] [--repeat 3] [--out results.json]
+        [--cards 100000] [--labels 100000,1000000] [--warmup 1] [--repeat 3] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
 
 N_VIEWS, N_FEAT = 5, 8
+# The Feast side: set up once, then one timed build per "build" line on stdin, a JSON line back.
 FEAST_SIDE = textwrap.dedent('''
     import json, sys, time
     from datetime import timedelta
     import pandas as pd
     from feast import Entity, FeatureStore, FeatureView, Field, FileSource, ValueType
     from feast.types import Float32
-    repo, labels_path, out_path, n_views, n_feat, repeat = sys.argv[1:7]
-    n_views, n_feat, repeat = int(n_views), int(n_feat), int(repeat)
+    repo, labels_path, out_path, n_views, n_feat = sys.argv[1:6]
+    n_views, n_feat = int(n_views), int(n_feat)
     store = FeatureStore(repo_path=repo)
     card = Entity(name="card", join_keys=["card"], value_type=ValueType.INT64)
     views = []
@@ -56,14 +70,17 @@ FEAST_SIDE = textwrap.dedent('''
                                          for j in range(n_feat)], source=src))
     store.apply([card, *views])
     refs = [f"fv{v}:fv{v}_f{j}" for v in range(n_views) for j in range(n_feat)]
-    entity_df = pd.read_parquet(labels_path)
-    seconds = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+    labels = pd.read_parquet(labels_path)  # the entity frame: read once, outside the clock
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        entity_df = labels.copy()  # untimed: each build gets the frame as read
+        t0, c0 = time.perf_counter(), time.process_time()
         df = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
-        seconds = min(seconds, time.perf_counter() - t0)
-    df.to_parquet(out_path, index=False)
-    print(json.dumps({"seconds": seconds, "rows": len(df)}))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if line.strip() == "last":
+            df.to_parquet(out_path, index=False)
+        print(json.dumps({"seconds": wall, "cpu_s": cpu, "rows": len(df)}), flush=True)
+        del df
 ''')
 
 
@@ -106,19 +123,80 @@ def definitions():  # type: ignore[no-untyped-def]
     return FeatureDefinitions.of(views)
 
 
-def redline_side(repo: Path, labels_path: Path) -> tuple[float, pd.DataFrame]:
+def redline_side(repo: Path, labels: pd.DataFrame) -> tuple[float, float, pd.DataFrame]:
+    """(wall s, CPU s, table) of one build from the feature files and the label frame."""
     import redline.features.asof
     import redline.features.kernel  # noqa: F401 - imported before the clock starts, as Feast's
     from redline.features.offline import build_training_set
 
     defs = definitions()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     events = {f"fv{v}_src": pd.read_parquet(repo / "data" / f"fv{v}.parquet")
               for v in range(N_VIEWS)}  # a frame per source, as the files come
-    labels = pd.read_parquet(labels_path)
-    labels["ts"] = labels["event_timestamp"].astype("datetime64[ms, UTC]").astype("int64")
-    table = build_training_set(defs, events, labels.drop(columns=["event_timestamp"]))
-    return time.perf_counter() - t0, table
+    rows = labels.drop(columns=["event_timestamp"])
+    rows["ts"] = labels["event_timestamp"].astype("datetime64[ms, UTC]").astype("int64")
+    table = build_training_set(defs, events, rows)
+    return time.perf_counter() - t0, time.process_time() - c0, table
+
+
+class FeastChild:
+    """The Feast side in its own environment: set up once, then one timed build per call."""
+
+    def __init__(self, python: str, repo: Path, labels: Path, out: Path) -> None:
+        self.err = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would stall it
+        self.proc = subprocess.Popen(
+            [python, "-c", FEAST_SIDE, str(repo), str(labels), str(out), str(N_VIEWS),
+             str(N_FEAT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+            text=True, cwd=repo)
+        self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        out: IO[str] = self.proc.stdout  # type: ignore[assignment]
+        for line in out:
+            if line.startswith("{"):
+                return json.loads(line)  # type: ignore[no-any-return]
+        self.proc.wait(timeout=60)
+        self.err.seek(0)
+        sys.exit(f"Feast failed:\n{self.err.read()[-3000:]}")
+
+    def build(self, last: bool = False) -> dict[str, Any]:
+        stdin: IO[str] = self.proc.stdin  # type: ignore[assignment]
+        stdin.write("last\n" if last else "build\n")
+        stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.err.close()
+
+
+def interleaved(feast: FeastChild, repo: Path, labels_path: Path, warmup: int, repeat: int
+                ) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Warm-up builds on each side, then one timed build per side in turn, ``repeat`` times."""
+    labels = pd.read_parquet(labels_path)  # the label frame: read once, outside the clock
+    for _ in range(warmup):
+        feast.build()
+        redline_side(repo, labels)
+    f_runs: list[dict[str, Any]] = []
+    r_runs: list[tuple[float, float]] = []
+    table = pd.DataFrame()
+    for i in range(repeat):
+        f_runs.append(feast.build(last=i == repeat - 1))
+        wall, cpu, table = redline_side(repo, labels)
+        r_runs.append((wall, cpu))
+    f_wall = [r["seconds"] for r in f_runs]
+    r_wall = [w for w, _ in r_runs]
+    f_best, r_best = min(f_runs, key=lambda r: r["seconds"]), min(r_runs)
+    f_med, r_med = statistics.median(f_wall), statistics.median(r_wall)
+    return {"feast_s": round(f_best["seconds"], 3), "redline_s": round(r_best[0], 3),
+            "speedup": round(f_best["seconds"] / r_best[0], 3),
+            "feast_median_s": round(f_med, 3), "redline_median_s": round(r_med, 3),
+            "speedup_median": round(f_med / r_med, 3),
+            "feast_cpu_s": round(f_best["cpu_s"], 3), "redline_cpu_s": round(r_best[1], 3),
+            "feast_runs_s": [round(x, 3) for x in f_wall],
+            "redline_runs_s": [round(x, 3) for x in r_wall]}, table
 
 
 def compare(feast: pd.DataFrame, red: pd.DataFrame) -> dict[str, int]:
@@ -143,7 +221,9 @@ def main() -> None:
     ap.add_argument("--feast-python", required=True, help="python of the Feast kit's venv")
     ap.add_argument("--cards", type=int, default=100_000)
     ap.add_argument("--labels", default="100000,1000000")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per side; the best counts")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed builds per side first")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="timed builds per side, taking turns; the best counts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     check = subprocess.run([args.feast_python, "-c", "import feast"], capture_output=True)
@@ -159,19 +239,12 @@ def main() -> None:
             labels = Path(tmp) / f"labels_{n}.parquet"
             write_labels(labels, n, args.cards, now, seed=1 + i)
             out = Path(tmp) / f"feast_{n}.parquet"
-            proc = subprocess.run([args.feast_python, "-c", FEAST_SIDE, str(repo), str(labels),
-                                   str(out), str(N_VIEWS), str(N_FEAT), str(args.repeat)],
-                                  capture_output=True, text=True, cwd=repo)
-            if proc.returncode:
-                sys.exit(f"Feast failed:\n{proc.stderr[-3000:]}")
-            feast_run = json.loads(proc.stdout.strip().splitlines()[-1])
-            red_s = float("inf")
-            for _ in range(args.repeat):
-                seconds, table = redline_side(repo, labels)
-                red_s = min(red_s, seconds)
-            row = {"labels": n, "cards": args.cards, "feast_s": round(feast_run["seconds"], 3),
-                   "redline_s": round(red_s, 3),
-                   "speedup": round(feast_run["seconds"] / red_s, 3),
+            feast = FeastChild(args.feast_python, repo, labels, out)
+            try:
+                timing, table = interleaved(feast, repo, labels, args.warmup, args.repeat)
+            finally:
+                feast.close()
+            row = {"labels": n, "cards": args.cards, **timing,
                    **compare(pd.read_parquet(out), table)}
             print(json.dumps(row), flush=True)
             results.append(row)

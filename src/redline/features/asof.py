@@ -57,12 +57,13 @@ class Column:
     """One field of every event: a numpy array of a plain dtype (``arr``; NaN/NaT are absent
     cells) or Python values (``obj``; ``None`` is absent), as the decoder would receive them."""
 
-    __slots__ = ("arr", "obj", "n", "text")
+    __slots__ = ("arr", "obj", "n", "text", "absent")
 
     def __init__(self, n: int, arr: np.ndarray | None = None, obj: list[Any] | None = None,
-                 text: bool = False):
+                 text: bool = False, absent: bool = False):
         self.n, self.arr, self.obj = n, arr, obj
         self.text = text  # obj holds only str and None
+        self.absent = absent  # the frame has no such column: every cell is missing
 
     def is_text(self) -> bool:
         return self.text or (self.obj is not None
@@ -105,7 +106,7 @@ def columns(events: Any, names: Sequence[str], source: str
             return None
         # an absent column: every cell missing (NaN reads as a missing cell on every branch)
         cols = {c: (_series_column(events[c]) if c in events.columns
-                    else Column(n, arr=np.full(n, np.nan))) for c in names}
+                    else Column(n, arr=np.full(n, np.nan), absent=True)) for c in names}
         return cols, np.ones(n, dtype=bool), False
     log = events if isinstance(events, EventLog) else EventLog(list(events))
     rows: list[Any] = []
@@ -174,37 +175,46 @@ def times_ms(col: Column) -> tuple[np.ndarray, np.ndarray]:
 
 class Field:
     """A schema field coerced like ``events._coerce``: which events have a valid value, the value
-    as a double (what numeric aggregates add), and the Python value (what a distinct counts)."""
+    as a double (what numeric aggregates add), and the Python value (what a distinct counts).
+    A typed numeric column keeps its own array (``raw``) and casts to doubles only what is
+    asked: the values a ``last`` picks, or the whole column when something adds them."""
 
     def __init__(self, col: Column, typ: str, flat: bool) -> None:
         self.typ = typ
         a = col.arr
         self.py: list[Any] | None = None
+        self.raw: np.ndarray | None = None  # valid events' doubles are raw's, cast
+        self._x: np.ndarray | None = None
         if a is not None and isinstance(a, np.ndarray) and not flat:
             kind = a.dtype.kind
+            if typ == "float" and kind in "iuf" and a.dtype.itemsize <= 8:
+                # float16/32/64 and integers: finite exactly when their double is
+                self.raw = a
+                self.ok = np.isfinite(a) if kind == "f" else np.ones(len(a), dtype=bool)
+                return
             if typ == "float" and kind in "iuf":
                 x = a.astype(np.float64)
-                self.ok, self.x = np.isfinite(x), x
+                self.ok, self._x = np.isfinite(x), x
                 return
             if typ == "int" and kind in "iu":
-                self.ok, self.x = np.ones(len(a), dtype=bool), a.astype(np.float64)
+                self.ok, self.raw = np.ones(len(a), dtype=bool), a
                 self.ints = a
                 return
             if typ == "int" and kind == "f":
                 with np.errstate(invalid="ignore"):
                     self.ok = np.isfinite(a) & (np.floor(a) == a)
-                self.x = np.where(self.ok, a, 0.0)
+                self._x = np.where(self.ok, a, 0.0)
                 return
             if typ == "bool" and kind == "b":
-                self.ok, self.x = np.ones(len(a), dtype=bool), a.astype(np.float64)
+                self.ok, self.raw = np.ones(len(a), dtype=bool), a
                 return
             if kind in "iufb":  # a number where a string is due, a bool where a number is...
-                self.ok, self.x = np.zeros(len(a), dtype=bool), np.zeros(len(a))
+                self.ok, self._x = np.zeros(len(a), dtype=bool), np.zeros(len(a))
                 return
         if (a is None and typ == "float" and not flat and col.obj
                 and all(type(v) is float for v in col.obj)):
             x = np.array(col.obj, dtype=np.float64)
-            self.ok, self.x = np.isfinite(x), x
+            self.ok, self._x = np.isfinite(x), x
             return
         py: list[Any]
         if typ == "str" and col.obj is not None and col.is_text():
@@ -214,9 +224,22 @@ class Field:
         self.py = py
         self.ok = _mask(py)
         if typ in ("int", "float", "bool"):
-            self.x = np.array([float(v) if v is not None else 0.0 for v in py])
+            self._x = np.array([float(v) if v is not None else 0.0 for v in py])
         else:
-            self.x = np.zeros(col.n)
+            self._x = np.zeros(col.n)
+
+    @property
+    def x(self) -> np.ndarray:
+        """Every event's value as a double (0 or the raw value where not valid)."""
+        if self._x is None:
+            assert self.raw is not None
+            self._x = self.raw.astype(np.float64)
+        return self._x
+
+    def take(self, pos: np.ndarray) -> np.ndarray:
+        """The doubles of the events at ``pos`` (file positions), cast after the gather."""
+        src = self.raw if self.raw is not None else self.x
+        return src.take(pos).astype(np.float64, copy=False)
 
     def value(self, i: int) -> Any:
         """The Python value of event ``i`` (valid events only), of the field's type."""
@@ -260,9 +283,9 @@ class Ids(_DistinctTexts):
         if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "iu":
             # every integer is the id of its decimal text, and distinct integers have distinct
             # texts: factorise the numbers, format only the distinct ones
-            codes, uniq = pd.factorize(a)
+            codes, uniq = factorize_ints(a)
             self.ints = np.asarray(uniq)
-            self.codes = codes.astype(np.int64)
+            self.codes = codes.astype(np.int64, copy=False)
             self.ok = np.ones(col.n, dtype=bool)
             return
         obj = col.obj
@@ -276,6 +299,47 @@ class Ids(_DistinctTexts):
 
     def __len__(self) -> int:
         return len(self.ints) if self.ints is not None else len(self.texts)
+
+
+DENSE_SLACK = 65_536  # a table of ids this much wider than twice their count is still cheap
+
+
+def _dense_range(a: np.ndarray, count: int) -> int | None:
+    """The smallest of integers ``a`` when they span few enough values for a table indexed by
+    value (at most twice ``count``, plus some), else ``None``."""
+    if not len(a) or a.dtype.kind not in "iu":
+        return None
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= 2 * count + DENSE_SLACK or lo <= -2**63 + 1 or hi >= 2**63 - 1:
+        return None
+    return lo
+
+
+def factorize_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of integers, the codes numbering the distinct values in ascending order.
+    Ids in a dense range (card numbers, row numbers) take a table indexed by value instead of a
+    hash: a few passes over memory instead of a probe per value."""
+    lo = _dense_range(a, len(a))
+    if lo is None:
+        codes, uniq = pd.factorize(a)
+        return np.asarray(codes, dtype=np.int64), np.asarray(uniq)
+    off = a.astype(np.int64, copy=False) - lo
+    present = np.zeros(int(off.max()) + 1, dtype=bool)
+    present[off] = True
+    code_of = np.cumsum(present) - 1
+    return code_of[off], np.flatnonzero(present) + lo
+
+
+def index_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Per query, the position of the equal value among the distinct integers ``keys``, -1
+    where none is (``pd.Index(keys).get_indexer(queries)``; a table when keys are dense)."""
+    lo = _dense_range(keys, len(keys) + len(queries))
+    if lo is None or not len(queries) or queries.dtype != np.int64 or keys.dtype != np.int64:
+        return np.asarray(pd.Index(keys).get_indexer(queries), dtype=np.int64)
+    hi = int(keys.max())
+    table = np.full(hi - lo + 3, -1, dtype=np.int64)  # a -1 on each side for queries outside
+    table[keys - (lo - 1)] = np.arange(len(keys))
+    return table[np.clip(queries, lo - 1, hi + 1) - (lo - 1)]
 
 
 def as_int64(a: np.ndarray | None) -> np.ndarray | None:
@@ -354,9 +418,12 @@ class Decoded:
         if got is None:
             return
         cols, ok, flat = got
+        self.rows = len(ok)  # input rows, admitted or not
         ts_ok, ts = times_ms(cols[src.timestamp])
-        ar_ok, ar = times_ms(cols[ARRIVAL])
-        arrival = np.where(ar_ok, ar, np.where(ts_ok, ts, 0))
+        arrival = np.where(ts_ok, ts, 0)  # without an arrival time, the event time
+        if not cols[ARRIVAL].absent:
+            ar_ok, ar = times_ms(cols[ARRIVAL])
+            arrival = np.where(ar_ok, ar, arrival)
         ok &= ts_ok
         ent = Ids(cols[plan.join_key], entity_id_of)
         ok &= ent.ok
@@ -367,9 +434,13 @@ class Decoded:
             ev = Ids(cols[plan.event_id], event_id_of)
             ok &= ev.ok
         ok &= admitted_array(ts, arrival, plan.lateness_ms, plan.skew_ms)
-        self.index = np.flatnonzero(ok)  # file positions of the admitted events
-        self.ts, self.arrival = ts[self.index], arrival[self.index]
-        self.entity = ent.codes[self.index]
+        if ok.all():  # every event admitted (the usual case): no copies
+            self.index = np.arange(len(ok))
+            self.ts, self.arrival, self.entity = ts, arrival, ent.codes
+        else:
+            self.index = np.flatnonzero(ok)  # file positions of the admitted events
+            self.ts, self.arrival = ts[self.index], arrival[self.index]
+            self.entity = ent.codes[self.index]
         self.entities = ent
         self._entity_ids: dict[str, int] | None = None
         if plan.event_id:
@@ -387,7 +458,15 @@ class Decoded:
         ent = self.entities
         ints = as_int64(ent.ints)
         if lab.ints is not None and ints is not None:
-            lut = pd.Index(ints).get_indexer(lab.ints)  # integers meet integers
+            # integers meet integers: distinct ids name distinct entities, so each named
+            # entity's rank is the one id naming it
+            lut = index_of(ints, lab.ints)
+            named = np.flatnonzero(lut >= 0)
+            entity_rank = np.full(len(ent), -1, dtype=np.int64)
+            entity_rank[lut[named]] = named
+            label_rank = np.full(len(lut), -1, dtype=np.int64)
+            label_rank[named] = named
+            return label_rank, entity_rank
         else:
             if self._entity_ids is None:
                 self._entity_ids = {t: c for c, t in enumerate(ent.texts)}
@@ -514,26 +593,20 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
         first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
         low = qbase + rank(first)
         right = ev.search(qrank, have, qbase + rank(end))
+        groups = [(lay.groups[w.gid], [(i, o) for i, o in enumerate(lay.outputs)
+                                        if o.wid == w.wid]) for w in ws]
+        if all(o.kind == "last" for _, outs in groups for _, o in outs):
+            _put_last(dec, ev, groups, out, rows_by_key,
+                      _last_arrived(key, ar, qtimes, low, right, have, len(sel)))
+            continue
         plan = []
-        for w in ws:
-            g = lay.groups[w.gid]
-            outs = [(i, o) for i, o in enumerate(lay.outputs) if o.wid == w.wid]
+        for g, outs in groups:
             x = ev.values(dec, g.field) if g.field and not g.hll else None
             if g.hll:
                 assert g.field is not None
                 if g.field not in hll_pos:
                     hll_pos[g.field] = _hll_positions(dec, g.field, sel)
             plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
-        if all(o.kind == "last" for outs, _, _ in plan for _, o in outs):
-            # the last event that had arrived, one position per row; a row without one picks
-            # the slot past the end, which holds the output's default
-            at = np.empty(nrows, dtype=np.int64)
-            at[rows_by_key] = _last_arrived(key, ar, qtimes, low, right, have, len(sel))
-            for outs, x, _ in plan:
-                assert x is not None
-                for i, o in outs:
-                    np.take(np.append(x, o.default), at, out=out[:, i], mode="clip")
-            continue
         left = ev.search(qrank, have, low)
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
@@ -543,6 +616,27 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 out[np.ix_(place, cols)] = _aggregate([o for _, o in outs], len(place), seg,
                                                       pos, x, hll)
     return out
+
+
+def _put_last(dec: Decoded, ev: _Keyed, groups: list[tuple[Any, list[tuple[int, Any]]]],
+              out: np.ndarray, rows_by_key: np.ndarray, found: np.ndarray) -> None:
+    """``last`` outputs from the position of each row's last arrived event (``found``, in
+    :meth:`LabelIds.by_id` order; ``len(ev.sel)``: none): one gather per output from the input's
+    own column with the default appended, which a row without an event picks. No mask and no
+    negative index: numpy's selections by an unpredictable mask, and its gathers that wrap
+    negative positions, cost several times a plain gather."""
+    n = dec.rows  # the default's slot: past every input row
+    at = np.full(len(out), n, dtype=np.int64)
+    if len(found):
+        at[rows_by_key] = np.append(ev.files(dec), n).take(found, mode="clip")
+    for g, outs in groups:
+        fld = dec.fields[g.field]
+        src = fld.raw if fld.raw is not None else fld.x
+        ext = np.empty(n + 1)
+        ext[:-1] = src  # doubles: the events' values, cast as the stores cast them
+        for i, o in outs:
+            ext[-1] = o.default
+            np.take(ext, at, out=out[:, i], mode="clip")  # in range: clip is unchecked
 
 
 SMALL_GROUPS = 3  # at most this many events per entity: bisect inside entities (2 steps)
@@ -578,7 +672,7 @@ def _last_arrived(key: np.ndarray, ar: np.ndarray, times: np.ndarray, low: np.nd
             if len(pos):
                 last[part] = pos[np.maximum(ends - 1, 0)]
             valid[part] = n > 0
-    return np.where(valid, last, none)
+    return (last - none) * valid + none  # np.where by arithmetic: no branch per row
 
 
 def _gathered(left: np.ndarray, lengths: np.ndarray, ar: np.ndarray, times: np.ndarray
@@ -637,6 +731,7 @@ class _Keyed:
         self.starts = starts  # where each entity rank's events begin (and the end)
         self.longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
         self._values: dict[str, np.ndarray] = {}
+        self._files: np.ndarray | None = None
 
     def search(self, qrank: np.ndarray, have: np.ndarray, bound: np.ndarray) -> np.ndarray:
         """``np.searchsorted(key, bound)`` for bounds inside their rows' entity ranges. Where
@@ -644,14 +739,14 @@ class _Keyed:
         bisection steps inside each entity's range beat a search of the whole array."""
         if self.longest > SMALL_GROUPS:
             return np.searchsorted(self.key, bound)
-        r = np.where(have, qrank, 0)
+        r = np.maximum(qrank, 0)  # a row without events searches an entity's range, unused
         lo, hi = self.starts[r], self.starts[r + 1]
-        for _ in range(self.longest.bit_length()):
+        top = len(self.key) - 1
+        for _ in range(self.longest.bit_length()):  # selections by arithmetic: no branches
             mid = (lo + hi) >> 1
-            active = lo < hi
-            less = active & (self.key[np.where(active, mid, 0)] < bound)
-            lo = np.where(less, mid + 1, lo)
-            hi = np.where(active & ~less, mid, hi)
+            less = (lo < hi) & (self.key[np.minimum(mid, top)] < bound)
+            lo = lo + less * (mid + 1 - lo)
+            hi = mid + less * (hi - mid)  # an empty range stays empty: mid == lo == hi
         return lo
 
     def rank(self, bound: np.ndarray) -> np.ndarray:
@@ -661,10 +756,16 @@ class _Keyed:
             return np.searchsorted(self.uts, bound)
         return np.clip(bound - self.t_lo, 0, self.span - 1)
 
+    def files(self, dec: Decoded) -> np.ndarray:
+        """These events' positions in the input (kept for the next field and view)."""
+        if self._files is None:
+            self._files = dec.index[self.sel]
+        return self._files
+
     def values(self, dec: Decoded, field: str) -> np.ndarray:
         """A numeric field's values of these events, in their order (kept for the next view)."""
         if field not in self._values:
-            self._values[field] = dec.fields[field].x[dec.index[self.sel]]
+            self._values[field] = dec.fields[field].take(self.files(dec))
         return self._values[field]
 
     def reorder(self, order: np.ndarray) -> _Keyed:
@@ -684,8 +785,10 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
     if "base" not in cache:
         label_rank, entity_rank = dec.ranks(lab)
         sel = np.flatnonzero(fresh)
-        sel = sel[entity_rank[dec.entity[sel]] >= 0]  # entities no row names: no effect
-        ent, ts, ar = entity_rank[dec.entity[sel]], dec.ts[sel], dec.arrival[sel]
+        ent = entity_rank[dec.entity[sel]]
+        named = np.flatnonzero(ent >= 0)  # entities no row names: no effect
+        sel, ent = sel[named], ent[named]
+        ts, ar = dec.ts[sel], dec.arrival[sel]
         # the time itself as the key's low part when the product fits in int64, else its rank
         # among the distinct times
         t_lo = int(ts.min()) if len(ts) else 0

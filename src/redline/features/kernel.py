@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from redline.errors import InvalidInput
-from redline.features.asof import LabelIds, as_int64
+from redline.features.asof import LabelIds, as_int64, factorize_ints
 from redline.features.definitions import FeatureDefinitions, FeatureView
 
 SEQ = "_seq"
@@ -115,7 +115,7 @@ def label_ids(labels: pd.DataFrame, view: FeatureView) -> LabelIds:
     col = labels[key]
     a = col.to_numpy() if isinstance(col.dtype, np.dtype) else None
     if a is not None and a.dtype.kind in "iu" and (ints := as_int64(a)) is not None:
-        codes, uniq = pd.factorize(ints)  # distinct integers have distinct texts
+        codes, uniq = factorize_ints(ints)  # distinct integers have distinct texts
         return LabelIds(codes, None, np.asarray(uniq, dtype=np.int64))
     if a is not None and a.dtype.kind == "f":
         codes, uniq = pd.factorize(a, use_na_sentinel=False)
