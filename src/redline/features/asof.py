@@ -269,23 +269,25 @@ class _DistinctTexts:
 
 class Ids(_DistinctTexts):
     """An id column (entity or event id) as codes into its distinct texts; ``ok``: valid ids.
-    An integer column keeps its distinct numbers (``ints``) and formats them only when asked."""
+    An integer column keeps its numbers (``raw``), numbers its distinct values (``ints``) only
+    when asked (a view looks its label ids up straight from ``raw``), and formats them as texts
+    only when asked."""
 
     def __init__(self, col: Column, fn: Callable[[Any], str | None]) -> None:
         a = col.arr
-        self.ints: np.ndarray | None = None
+        self._ints: np.ndarray | None = None
+        self._codes: np.ndarray | None = None
         self._texts: list[str] | None = None
+        self.raw: np.ndarray | None = None
         if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "fb":
             # a float or a bool is no id
-            self.ok, self.codes, self._texts = (np.zeros(col.n, dtype=bool),
-                                                np.full(col.n, -1, dtype=np.int64), [])
+            self.ok, self._codes, self._texts = (np.zeros(col.n, dtype=bool),
+                                                 np.full(col.n, -1, dtype=np.int64), [])
             return
         if a is not None and isinstance(a, np.ndarray) and a.dtype.kind in "iu":
             # every integer is the id of its decimal text, and distinct integers have distinct
-            # texts: factorise the numbers, format only the distinct ones
-            codes, uniq = factorize_ints(a)
-            self.ints = np.asarray(uniq)
-            self.codes = codes.astype(np.int64, copy=False)
+            # texts: factorise the numbers (when asked), format only the distinct ones
+            self.raw = a
             self.ok = np.ones(col.n, dtype=bool)
             return
         obj = col.obj
@@ -294,8 +296,28 @@ class Ids(_DistinctTexts):
         codes, uniq = pd.factorize(np.array(obj, dtype=object))  # None: -1
         self._texts = [str(u) for u in uniq]
         good = np.array([t != "" for t in self._texts] + [False], dtype=bool)
-        self.codes = codes.astype(np.int64)
-        self.ok = good[self.codes]  # code -1 picks the trailing False
+        self._codes = codes.astype(np.int64)
+        self.ok = good[self._codes]  # code -1 picks the trailing False
+
+    def _factorize(self) -> None:
+        if self._codes is None:
+            assert self.raw is not None
+            codes, uniq = factorize_ints(self.raw)
+            self._codes, self._ints = codes, np.asarray(uniq)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Per row, the index of its id among the distinct ids (-1: none)."""
+        self._factorize()
+        assert self._codes is not None
+        return self._codes
+
+    @property
+    def ints(self) -> np.ndarray | None:  # type: ignore[override]
+        """The distinct ids as integers (``None``: the column is not integers)."""
+        if self.raw is not None:
+            self._factorize()
+        return self._ints
 
     def __len__(self) -> int:
         return len(self.ints) if self.ints is not None else len(self.texts)
@@ -330,16 +352,29 @@ def factorize_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return code_of[off], np.flatnonzero(present) + lo
 
 
-def index_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """Per query, the position of the equal value among the distinct integers ``keys``, -1
-    where none is (``pd.Index(keys).get_indexer(queries)``; a table when keys are dense)."""
-    lo = _dense_range(keys, len(keys) + len(queries))
-    if lo is None or not len(queries) or queries.dtype != np.int64 or keys.dtype != np.int64:
-        return np.asarray(pd.Index(keys).get_indexer(queries), dtype=np.int64)
+def id_table(keys: np.ndarray, count: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A lookup of the distinct integers ``keys``: per query, the position of the equal key,
+    -1 where none is (``pd.Index(keys).get_indexer``). Keys in a dense range take a table
+    indexed by value (``count``: the queries expected, which pay for a wider table)."""
+    lo = _dense_range(keys, len(keys) + count)
+    if lo is None or keys.dtype != np.int64:
+        index = pd.Index(keys)
+        return lambda q: np.asarray(index.get_indexer(q), dtype=np.int64)
     hi = int(keys.max())
     table = np.full(hi - lo + 3, -1, dtype=np.int64)  # a -1 on each side for queries outside
     table[keys - (lo - 1)] = np.arange(len(keys))
-    return table[np.clip(queries, lo - 1, hi + 1) - (lo - 1)]
+
+    def find(q: np.ndarray) -> np.ndarray:
+        if q.dtype != np.int64:
+            return np.asarray(pd.Index(keys).get_indexer(q), dtype=np.int64)
+        return table.take(np.clip(q, lo - 1, hi + 1) - (lo - 1))
+    return find
+
+
+def index_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Per query, the position of the equal value among the distinct integers ``keys``, -1
+    where none is (``pd.Index(keys).get_indexer(queries)``; a table when keys are dense)."""
+    return id_table(keys, len(queries))(queries)
 
 
 def as_int64(a: np.ndarray | None) -> np.ndarray | None:
@@ -360,6 +395,7 @@ class LabelIds(_DistinctTexts, Sequence[str]):
         self._by_id: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._bounds: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()  # the views of several sources may run in threads
+        self._lookup: Callable[[np.ndarray], np.ndarray] | None = None
 
     def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the label rows grouped by id, their id codes, their times), kept for the next view
@@ -387,6 +423,15 @@ class LabelIds(_DistinctTexts, Sequence[str]):
                 self._bounds[k] = (lo * window.tile_ms,
                                    np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
             return self._bounds[k]
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Per integer id (int64), the code of the equal label id, -1 where none is; the table
+        (or hash) of the label ids is made once for every source."""
+        assert self.ints is not None
+        with self._lock:
+            if self._lookup is None:
+                self._lookup = id_table(self.ints, len(self.ints))
+        return self._lookup(ids)
 
     @staticmethod
     def of_texts(ids: Sequence[str]) -> LabelIds:
@@ -434,22 +479,45 @@ class Decoded:
             ev = Ids(cols[plan.event_id], event_id_of)
             ok &= ev.ok
         ok &= admitted_array(ts, arrival, plan.lateness_ms, plan.skew_ms)
-        if ok.all():  # every event admitted (the usual case): no copies
+        self.every = bool(ok.all())  # every event admitted (the usual case): no copies
+        if self.every:
             self.index = np.arange(len(ok))
-            self.ts, self.arrival, self.entity = ts, arrival, ent.codes
+            self.ts, self.arrival = ts, arrival
         else:
             self.index = np.flatnonzero(ok)  # file positions of the admitted events
             self.ts, self.arrival = ts[self.index], arrival[self.index]
-            self.entity = ent.codes[self.index]
         self.entities = ent
+        self._entity: np.ndarray | None = None
         self._entity_ids: dict[str, int] | None = None
         if plan.event_id:
             self.ident_codes = ev.codes[self.index]
             self.ident_texts = ev.texts
 
     @property
+    def entity(self) -> np.ndarray:
+        """Per admitted event, its entity's code (numbered when first asked)."""
+        if self._entity is None:
+            codes = self.entities.codes
+            self._entity = codes if self.every else codes[self.index]
+        return self._entity
+
+    @property
     def entity_texts(self) -> list[str]:
         return self.entities.texts
+
+    def event_ranks(self, lab: LabelIds) -> tuple[np.ndarray, np.ndarray]:
+        """(per distinct label id, per admitted event) the rank of :meth:`ranks`. Integer ids
+        meet integer label ids straight, without numbering the events' entities first:
+        distinct ids name distinct entities, so an entity's rank is the code of its label id."""
+        raw = as_int64(self.entities.raw)
+        if lab.ints is None or raw is None:
+            label_rank, entity_rank = self.ranks(lab)
+            return label_rank, entity_rank[self.entity]
+        rank = lab.lookup(raw if self.every else raw[self.index])
+        seen = np.zeros(len(lab.ints) + 1, dtype=bool)
+        seen[rank + 1] = True  # slot 0: events no label id names
+        label_rank = (np.arange(1, len(seen)) * seen[1:]) - 1  # -1: an id without events
+        return label_rank, rank
 
     def ranks(self, lab: LabelIds) -> tuple[np.ndarray, np.ndarray]:
         """(per distinct label id, per entity code) a rank: the first distinct label id naming
@@ -783,9 +851,9 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
     if last in cache:
         return cache[last]  # type: ignore[no-any-return]
     if "base" not in cache:
-        label_rank, entity_rank = dec.ranks(lab)
+        label_rank, event_rank = dec.event_ranks(lab)
         sel = np.flatnonzero(fresh)
-        ent = entity_rank[dec.entity[sel]]
+        ent = event_rank[sel]
         named = np.flatnonzero(ent >= 0)  # entities no row names: no effect
         sel, ent = sel[named], ent[named]
         ts, ar = dec.ts[sel], dec.arrival[sel]
@@ -793,7 +861,7 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
         # among the distinct times
         t_lo = int(ts.min()) if len(ts) else 0
         t_span = (int(ts.max()) - t_lo + 2) if len(ts) else 2
-        nent = (int(entity_rank.max()) if len(entity_rank) else 0) + 2  # ranks, and -1
+        nent = len(label_rank) + 1  # ranks, and -1
         uts = None
         if nent * t_span < 2**62:
             span = t_span
