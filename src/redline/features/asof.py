@@ -660,12 +660,16 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     for ws in same.values():
         first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
         low = qbase + rank(first)
-        right = ev.search(qrank, have, qbase + rank(end))
         groups = [(lay.groups[w.gid], [(i, o) for i, o in enumerate(lay.outputs)
                                         if o.wid == w.wid]) for w in ws]
         if all(o.kind == "last" for _, outs in groups for _, o in outs):
-            _put_last(dec, ev, groups, out, rows_by_key,
-                      _last_arrived(key, ar, qtimes, low, right, have, len(sel)))
+            high = qbase + rank(end)
+            if ev.longest <= 1:  # a snapshot table: one event per entity at most
+                found = ev.only(qrank, have, qtimes, low, high, len(sel))
+            else:
+                found = _last_arrived(key, ar, qtimes, low, ev.search(qrank, have, high), have,
+                                      len(sel))
+            _put_last(dec, ev, groups, out, rows_by_key, found)
             continue
         plan = []
         for g, outs in groups:
@@ -675,6 +679,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 if g.field not in hll_pos:
                     hll_pos[g.field] = _hll_positions(dec, g.field, sel)
             plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
+        right = ev.search(qrank, have, qbase + rank(end))
         left = ev.search(qrank, have, low)
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
@@ -816,6 +821,21 @@ class _Keyed:
             lo = lo + less * (mid + 1 - lo)
             hi = mid + less * (hi - mid)  # an empty range stays empty: mid == lo == hi
         return lo
+
+    def only(self, qrank: np.ndarray, have: np.ndarray, times: np.ndarray, low: np.ndarray,
+             high: np.ndarray, none: int) -> np.ndarray:
+        """:func:`_last_arrived` where every entity has at most one event (a snapshot table):
+        per row, its entity's event if its key is in ``[low, high)`` and it had arrived by
+        ``times``, else ``none`` — a handful of passes, no search."""
+        if not len(self.key):
+            return np.full(len(qrank), none, dtype=np.int64)
+        r = np.maximum(qrank, 0)
+        at = self.starts[r]
+        valid = have & (self.starts[r + 1] > at)
+        np.minimum(at, len(self.key) - 1, out=at)
+        k = self.key[at]
+        valid &= (k >= low) & (k < high) & (self.ar[at] <= times)
+        return (at - none) * valid + none
 
     def rank(self, bound: np.ndarray) -> np.ndarray:
         """Times as the key's time part: an event's key is below ``base + rank(b)`` exactly
