@@ -20,17 +20,23 @@ registry), not redline's definitions, not writing the result.
 
 Feast runs in its own virtual environment (never a redline dependency), in a child process that
 stays up for the whole run; redline runs in this process. Each side first builds ``--warmup``
-times untimed (the first builds of a process pay for imports' lazy work and for touching new
-memory), then the two sides take turns, one timed build each, ``--repeat`` times, so a busy spell
-on this shared machine falls on both. Each side reports its best and its median wall time and
-the process CPU time (all threads) of its best build; the speed-up is best over best, and
-median over median alongside.
+times untimed (a process's first builds pay for lazy imports and for touching new memory). Then
+come ``--repeat`` rounds; in each, the sides take turns, and each makes ``--settle`` untimed
+builds right before its timed one, so a busy spell on this shared machine falls on both sides and
+each timed build meets memory its own side has touched. That matters on a VM: memory another
+process has just freed costs about a second of system time per build to touch again (measured
+here: redline's 1M-row build right after Feast's, 0.7-1.8 s with 0.7-1.2 s of it in the kernel
+zeroing pages; right after its own, 0.4-0.5 s), and without the settling build every redline
+build would follow a Feast build. Each side reports its best and its median timed build and the
+process CPU time (all threads) of its best; the speed-up is best over best, with median over
+median alongside; the untimed settling builds are listed too.
 
 Setting up the Feast side: the peer kit's ``setup.sh`` (``shared/peers/feast/``) makes a virtual
 environment with Feast; any environment with ``pip install feast pandas pyarrow`` serves too.
 
     python -m benchmarks.features.feast_training_set --feast-python <kit venv>/bin/python \\
-        [--cards 100000] [--labels 100000,1000000] [--warmup 1] [--repeat 3] [--out results.json]
+        [--cards 100000] [--labels 100000,1000000] [--warmup 1] [--settle 1] [--repeat 3] \\
+        [--out results.json]
 """
 
 from __future__ import annotations
@@ -172,18 +178,23 @@ class FeastChild:
         self.err.close()
 
 
-def interleaved(feast: FeastChild, repo: Path, labels_path: Path, warmup: int, repeat: int
-                ) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Warm-up builds on each side, then one timed build per side in turn, ``repeat`` times."""
+def interleaved(feast: FeastChild, repo: Path, labels_path: Path, warmup: int, settle: int,
+                repeat: int) -> tuple[dict[str, Any], pd.DataFrame]:
+    """``warmup`` untimed builds per side, then ``repeat`` rounds; in each, each side in turn
+    makes ``settle`` untimed builds and then its timed one."""
     labels = pd.read_parquet(labels_path)  # the label frame: read once, outside the clock
     for _ in range(warmup):
         feast.build()
         redline_side(repo, labels)
     f_runs: list[dict[str, Any]] = []
     r_runs: list[tuple[float, float]] = []
+    f_settle: list[float] = []
+    r_settle: list[float] = []
     table = pd.DataFrame()
     for i in range(repeat):
+        f_settle += [feast.build()["seconds"] for _ in range(settle)]
         f_runs.append(feast.build(last=i == repeat - 1))
+        r_settle += [redline_side(repo, labels)[0] for _ in range(settle)]
         wall, cpu, table = redline_side(repo, labels)
         r_runs.append((wall, cpu))
     f_wall = [r["seconds"] for r in f_runs]
@@ -196,7 +207,9 @@ def interleaved(feast: FeastChild, repo: Path, labels_path: Path, warmup: int, r
             "speedup_median": round(f_med / r_med, 3),
             "feast_cpu_s": round(f_best["cpu_s"], 3), "redline_cpu_s": round(r_best[1], 3),
             "feast_runs_s": [round(x, 3) for x in f_wall],
-            "redline_runs_s": [round(x, 3) for x in r_wall]}, table
+            "redline_runs_s": [round(x, 3) for x in r_wall],
+            "feast_settle_s": [round(x, 3) for x in f_settle],
+            "redline_settle_s": [round(x, 3) for x in r_settle]}, table
 
 
 def compare(feast: pd.DataFrame, red: pd.DataFrame) -> dict[str, int]:
@@ -222,8 +235,10 @@ def main() -> None:
     ap.add_argument("--cards", type=int, default=100_000)
     ap.add_argument("--labels", default="100000,1000000")
     ap.add_argument("--warmup", type=int, default=1, help="untimed builds per side first")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed builds per side right before each timed one")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="timed builds per side, taking turns; the best counts")
+                    help="rounds: the sides take turns, one timed build each; the best counts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     check = subprocess.run([args.feast_python, "-c", "import feast"], capture_output=True)
@@ -241,7 +256,8 @@ def main() -> None:
             out = Path(tmp) / f"feast_{n}.parquet"
             feast = FeastChild(args.feast_python, repo, labels, out)
             try:
-                timing, table = interleaved(feast, repo, labels, args.warmup, args.repeat)
+                timing, table = interleaved(feast, repo, labels, args.warmup, args.settle,
+                                            args.repeat)
             finally:
                 feast.close()
             row = {"labels": n, "cards": args.cards, **timing,

@@ -173,6 +173,9 @@ def times_ms(col: Column) -> tuple[np.ndarray, np.ndarray]:
     return ok, np.array([v if v is not None else 0 for v in vals], dtype=np.int64)
 
 
+_ALL = np.ones(0, dtype=bool)  # a validity mask meaning "every event": nothing to apply
+
+
 class Field:
     """A schema field coerced like ``events._coerce``: which events have a valid value, the value
     as a double (what numeric aggregates add), and the Python value (what a distinct counts).
@@ -188,16 +191,19 @@ class Field:
         if a is not None and isinstance(a, np.ndarray) and not flat:
             kind = a.dtype.kind
             if typ == "float" and kind in "iuf" and a.dtype.itemsize <= 8:
-                # float16/32/64 and integers: finite exactly when their double is
+                # float16/32/64 and integers: finite exactly when their double is; a finite
+                # sum (no allocation) shows every value finite (a NaN or inf makes it so)
                 self.raw = a
-                self.ok = np.isfinite(a) if kind == "f" else np.ones(len(a), dtype=bool)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    every = kind != "f" or bool(np.isfinite(a.sum()))
+                self.ok = _ALL if every else np.isfinite(a)
                 return
             if typ == "float" and kind in "iuf":
                 x = a.astype(np.float64)
                 self.ok, self._x = np.isfinite(x), x
                 return
             if typ == "int" and kind in "iu":
-                self.ok, self.raw = np.ones(len(a), dtype=bool), a
+                self.ok, self.raw = _ALL, a
                 self.ints = a
                 return
             if typ == "int" and kind == "f":
@@ -206,7 +212,7 @@ class Field:
                 self._x = np.where(self.ok, a, 0.0)
                 return
             if typ == "bool" and kind == "b":
-                self.ok, self.raw = np.ones(len(a), dtype=bool), a
+                self.ok, self.raw = _ALL, a
                 return
             if kind in "iufb":  # a number where a string is due, a bool where a number is...
                 self.ok, self._x = np.zeros(len(a), dtype=bool), np.zeros(len(a))
@@ -288,7 +294,7 @@ class Ids(_DistinctTexts):
             # every integer is the id of its decimal text, and distinct integers have distinct
             # texts: factorise the numbers (when asked), format only the distinct ones
             self.raw = a
-            self.ok = np.ones(col.n, dtype=bool)
+            self.ok = _ALL
             return
         obj = col.obj
         if not col.is_text():
@@ -465,20 +471,24 @@ class Decoded:
         cols, ok, flat = got
         self.rows = len(ok)  # input rows, admitted or not
         ts_ok, ts = times_ms(cols[src.timestamp])
-        arrival = np.where(ts_ok, ts, 0)  # without an arrival time, the event time
+        arrival = ts if ts_ok.all() else np.where(ts_ok, ts, 0)  # else: the event time
         if not cols[ARRIVAL].absent:
             ar_ok, ar = times_ms(cols[ARRIVAL])
             arrival = np.where(ar_ok, ar, arrival)
         ok &= ts_ok
         ent = Ids(cols[plan.join_key], entity_id_of)
-        ok &= ent.ok
+        if ent.ok is not _ALL:
+            ok &= ent.ok
         self.fields = {f: Field(cols[f], t, flat) for f, t in plan.fields}
         for fld in self.fields.values():
-            ok &= fld.ok
+            if fld.ok is not _ALL:
+                ok &= fld.ok
         if plan.event_id:
             ev = Ids(cols[plan.event_id], event_id_of)
-            ok &= ev.ok
-        ok &= admitted_array(ts, arrival, plan.lateness_ms, plan.skew_ms)
+            if ev.ok is not _ALL:
+                ok &= ev.ok
+        if arrival is not ts or plan.lateness_ms < 0 or plan.skew_ms < 0:  # else all on time
+            ok &= admitted_array(ts, arrival, plan.lateness_ms, plan.skew_ms)
         self.every = bool(ok.all())  # every event admitted (the usual case): no copies
         if self.every:
             self.index = np.arange(len(ok))
@@ -659,16 +669,15 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
         same.setdefault((w.window.tile_ms, w.window.tiles), []).append(w)
     for ws in same.values():
         first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
-        low = qbase + rank(first)
         groups = [(lay.groups[w.gid], [(i, o) for i, o in enumerate(lay.outputs)
                                         if o.wid == w.wid]) for w in ws]
         if all(o.kind == "last" for _, outs in groups for _, o in outs):
-            high = qbase + rank(end)
             if ev.longest <= 1:  # a snapshot table: one event per entity at most
-                found = ev.only(qrank, have, qtimes, low, high, len(sel))
+                found = ev.only(qrank, have, qbase, qtimes, first, end, len(sel))
             else:
-                found = _last_arrived(key, ar, qtimes, low, ev.search(qrank, have, high), have,
-                                      len(sel))
+                low = qbase + rank(first)
+                found = _last_arrived(key, ar, qtimes, low,
+                                      ev.search(qrank, have, qbase + rank(end)), have, len(sel))
             _put_last(dec, ev, groups, out, rows_by_key, found)
             continue
         plan = []
@@ -680,7 +689,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                     hll_pos[g.field] = _hll_positions(dec, g.field, sel)
             plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
         right = ev.search(qrank, have, qbase + rank(end))
-        left = ev.search(qrank, have, low)
+        left = ev.search(qrank, have, qbase + rank(first))
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
             place = rows_by_key[rows]
@@ -782,15 +791,16 @@ def stable_argsort(key: np.ndarray) -> np.ndarray:
     return order
 
 
-def _key_order(ent: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` of keys ordered first by entity (``ent``): the events
-    by entity (radix), then by key (a stable sort of runs: a log's events of one entity are
-    nearly in time order already)."""
+def _key_order(ent: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``np.argsort(key, kind="stable")``, the keys in that order) of keys ordered first by
+    entity (``ent``): the events by entity (radix), then by key (a stable sort of runs: a log's
+    events of one entity are nearly in time order already)."""
     order = stable_argsort(ent)
     k = key[order]
     if len(k) > 1 and not (k[1:] >= k[:-1]).all():
-        order = order[np.argsort(k, kind="stable")]
-    return order
+        by_key = np.argsort(k, kind="stable")
+        order, k = order[by_key], k[by_key]
+    return order, k
 
 
 class _Keyed:
@@ -798,11 +808,12 @@ class _Keyed:
     order; and the label ids' entity ranks (-1: no events) that search them."""
 
     def __init__(self, label_rank: np.ndarray, sel: np.ndarray, ar: np.ndarray, key: np.ndarray,
-                 span: int, t_lo: int, uts: np.ndarray | None, starts: np.ndarray) -> None:
+                 span: int, t_lo: int, uts: np.ndarray | None, starts: np.ndarray,
+                 longest: int) -> None:
         self.label_rank, self.sel, self.ar, self.key = label_rank, sel, ar, key
         self.span, self.t_lo, self.uts = span, t_lo, uts
         self.starts = starts  # where each entity rank's events begin (and the end)
-        self.longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
+        self.longest = longest  # the most events of one entity rank
         self._values: dict[str, np.ndarray] = {}
         self._files: np.ndarray | None = None
 
@@ -822,19 +833,24 @@ class _Keyed:
             hi = mid + less * (hi - mid)  # an empty range stays empty: mid == lo == hi
         return lo
 
-    def only(self, qrank: np.ndarray, have: np.ndarray, times: np.ndarray, low: np.ndarray,
-             high: np.ndarray, none: int) -> np.ndarray:
+    def only(self, qrank: np.ndarray, have: np.ndarray, qbase: np.ndarray, times: np.ndarray,
+             first: np.ndarray, end: np.ndarray, none: int) -> np.ndarray:
         """:func:`_last_arrived` where every entity has at most one event (a snapshot table):
-        per row, its entity's event if its key is in ``[low, high)`` and it had arrived by
+        per row, its entity's event if its time is in ``[first, end)`` and it had arrived by
         ``times``, else ``none`` — a handful of passes, no search."""
         if not len(self.key):
             return np.full(len(qrank), none, dtype=np.int64)
         r = np.maximum(qrank, 0)
         at = self.starts[r]
-        valid = have & (self.starts[r + 1] > at)
+        valid = have & (self.starts[1:][r] > at)  # the entity has an event
         np.minimum(at, len(self.key) - 1, out=at)
-        k = self.key[at]
-        valid &= (k >= low) & (k < high) & (self.ar[at] <= times)
+        part = self.key[at] - qbase  # the event's time as the key holds it
+        if self.uts is None:
+            part += self.t_lo  # the time itself
+            valid &= (part >= first) & (part < end)
+        else:
+            valid &= (part >= self.rank(first)) & (part < self.rank(end))
+        valid &= self.ar[at] <= times
         return (at - none) * valid + none
 
     def rank(self, bound: np.ndarray) -> np.ndarray:
@@ -858,7 +874,7 @@ class _Keyed:
 
     def reorder(self, order: np.ndarray) -> _Keyed:
         return _Keyed(self.label_rank, self.sel[order], self.ar[order], self.key[order],
-                      self.span, self.t_lo, self.uts, self.starts)
+                      self.span, self.t_lo, self.uts, self.starts, self.longest)
 
 
 def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed:
@@ -890,10 +906,11 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
             uts = np.unique(ts)
             span = len(uts) + 1
             key = ent * span + np.searchsorted(uts, ts)
-        order = _key_order(ent, key)
-        starts = np.r_[0, np.cumsum(np.bincount(ent, minlength=len(label_rank)))]
-        base = cache["base"] = _Keyed(label_rank, sel, ar, key, span, t_lo, uts,
-                                      starts).reorder(order)
+        order, key = _key_order(ent, key)
+        counts = np.bincount(ent, minlength=len(label_rank))
+        starts = np.r_[0, np.cumsum(counts)]
+        base = cache["base"] = _Keyed(label_rank, sel[order], ar[order], key, span, t_lo, uts,
+                                      starts, int(counts.max()) if len(counts) else 0)
         k = base.key
         cache["ties"] = np.flatnonzero(k[1:] == k[:-1])
     base, same = cache["base"], cache["ties"]
