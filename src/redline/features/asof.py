@@ -714,11 +714,25 @@ def _put_last(dec: Decoded, ev: _Keyed, groups: list[tuple[Any, list[tuple[int, 
     for g, outs in groups:
         fld = dec.fields[g.field]
         src = fld.raw if fld.raw is not None else fld.x
-        ext = np.empty(n + 1)
-        ext[:-1] = src  # doubles: the events' values, cast as the stores cast them
+        # narrower floats (float32, as Parquet gives them) are picked from as they are, then
+        # cast: half the memory to pick from, the same doubles; else doubles, cast as the
+        # stores cast them
+        wide = (src.dtype == np.float64 or src.dtype.kind != "f"
+                or not all(_holds(src.dtype, o.default) for _, o in outs))
+        ext = np.empty(n + 1, dtype=np.float64 if wide else src.dtype)
+        ext[:-1] = src
         for i, o in outs:
             ext[-1] = o.default
-            np.take(ext, at, out=out[:, i], mode="clip")  # in range: clip is unchecked
+            if wide:
+                np.take(ext, at, out=out[:, i], mode="clip")  # in range: clip is unchecked
+            else:
+                out[:, i] = ext.take(at, mode="clip")
+
+
+def _holds(dtype: np.dtype, value: float) -> bool:
+    """Whether the double ``value`` comes back unchanged from ``dtype`` (NaN as NaN)."""
+    back = float(np.asarray(value, dtype=np.float64).astype(dtype))
+    return back == value or (math.isnan(back) and math.isnan(value))
 
 
 SMALL_GROUPS = 3  # at most this many events per entity: bisect inside entities (2 steps)

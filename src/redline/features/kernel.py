@@ -221,7 +221,8 @@ def build_partition(defs: FeatureDefinitions, events: pd.DataFrame | Any, labels
     ``threads``: sources built at once (the same answer with any number)."""
     refs, view_refs, transforms = feature_plan(defs, features)
     times = label_times(labels, time_column)
-    result = labels.reset_index(drop=True).copy()
+    # a new frame: a copy in pandas 2, copied on write in pandas 3 (another copy is waste)
+    result = labels.reset_index(drop=True)
     views = [defs.view(name) for name in view_refs]
     by_key: dict[str, LabelIds] = {}  # views of one entity share its label ids
     ids: dict[str, LabelIds] = {}
