@@ -249,8 +249,8 @@ def test_one_event_per_integer_entity_equals_the_replay(
     if label_dtype == "int32" and spacing > 1:
         pytest.skip("sparse ids do not fit 32 bits")
     calls: list[int] = []
-    real = asof._Keyed.only
-    monkeypatch.setattr(asof._Keyed, "only", lambda *a: calls.append(1) or real(*a))
+    real = asof._SnapshotRows
+    monkeypatch.setattr(asof, "_SnapshotRows", lambda *a: calls.append(1) or real(*a))
     rng = random.Random(5)
     rows = []
     for k in range(500):
@@ -260,12 +260,23 @@ def test_one_event_per_integer_entity_equals_the_replay(
         rows.append({"card_id": k * spacing, "amount": rng.uniform(-5, 50), "n": rng.randrange(9),
                      "merchant": f"m{k % 7}", "flag": k % 2 == 0, "ts": t,
                      "_arrival_ms": t + rng.choice([0, 0, 30, 150_000, -900, -5000])})
+    # entities whose one event came early (its time ahead of its arrival, within the skew), just
+    # past a tile's start: read after its arrival but before that tile, it does not count yet
+    early = []
+    for k in range(500, 520):
+        t = T0 + (k - 490) * 60_000 + 200  # every tile size here divides a minute
+        rows.append({"card_id": k * spacing, "amount": float(k), "n": k, "merchant": "m0",
+                     "flag": True, "ts": t, "_arrival_ms": t - 900})
+        early += [(k * spacing, t - 900), (k * spacing, t - 201), (k * spacing, t - 200),
+                  (k * spacing, t), (k * spacing, t + 1)]
     frame = pd.DataFrame(rows)
     assert frame["card_id"].dtype == np.int64
     if spacing == 1:  # float32 values (as Parquet holds them) picked as they are
         frame["amount"] = frame["amount"].astype(np.float32)
     ids = [rng.randrange(560) * spacing for _ in range(3000)]  # some name no entity
     times = [T0 + rng.randrange(-1000, 900_000) for _ in range(3000)]
+    ids += [k for k, _ in early]
+    times += [t for _, t in early]
     label_ids: Any = {"int64": np.array(ids, dtype=np.int64), "float64": np.array(ids, float),
                       "text": [str(i) for i in ids],
                       "int32": np.array(ids, dtype=np.int64).astype(np.int32)}[label_dtype]
@@ -278,4 +289,4 @@ def test_one_event_per_integer_entity_equals_the_replay(
         exact = defs is not DEFS  # sums and means may differ in the last bits
         pd.testing.assert_frame_equal(cols, ref, check_exact=exact, rtol=1e-9)
         assert cols[refs[0]].notna().sum() > 300
-    assert calls, "the one-event path was not taken"
+    assert calls, "the snapshot path was not taken"

@@ -402,6 +402,8 @@ class LabelIds(_DistinctTexts, Sequence[str]):
         self._bounds: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()  # the views of several sources may run in threads
         self._lookup: Callable[[np.ndarray], np.ndarray] | None = None
+        self._row_times: np.ndarray | None = None
+        self._row_bounds: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
 
     def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the label rows grouped by id, their id codes, their times), kept for the next view
@@ -429,6 +431,20 @@ class LabelIds(_DistinctTexts, Sequence[str]):
                 self._bounds[k] = (lo * window.tile_ms,
                                    np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
             return self._bounds[k]
+
+    def row_bounds(self, times: np.ndarray, window: TileWindow, skew_ms: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`bounds` in row order. Kept for the next view of the same rows."""
+        k = ("rows", window.tile_ms, window.tiles, skew_ms)
+        with self._lock:
+            if self._row_times is not times:
+                self._row_times, self._row_bounds = times, {}
+            if k not in self._row_bounds:
+                lo, hi = window.covering_array(times)
+                self._row_bounds[k] = (lo * window.tile_ms,
+                                       np.minimum((hi + 1) * window.tile_ms,
+                                                  times + (skew_ms + 1)))
+            return self._row_bounds[k]
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Per integer id (int64), the code of the equal label id, -1 where none is; the table
@@ -654,7 +670,26 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     out = np.empty((nrows, len(lay.outputs)), order="F")  # a feature's column is contiguous
     lab = ids if isinstance(ids, LabelIds) else LabelIds.of_texts(ids)
     kinds = {o.kind for o in lay.outputs}
-    ev = _keyed(dec, lab, _fresh(dec, view), "last" in kinds)
+    fresh = _fresh(dec, view)
+    # windows of one tile size and length read the same events: find them once
+    same: dict[tuple[int, int], list[Any]] = {}
+    for w in lay.windows:
+        same.setdefault((w.window.tile_ms, w.window.tiles), []).append(w)
+    plans = []
+    for ws in same.values():
+        groups = [(lay.groups[w.gid], [(i, o) for i, o in enumerate(lay.outputs)
+                                        if o.wid == w.wid]) for w in ws]
+        plans.append((ws[0].window, groups,
+                      all(o.kind == "last" for _, outs in groups for _, o in outs)))
+    snap = _snapshot(dec, lab, fresh) if any(p[2] for p in plans) else None
+    if snap is not None:
+        snap_rows = _SnapshotRows(dec, snap, lab, times)
+        for window, groups, _ in (p for p in plans if p[2]):
+            _pick_last(dec, groups, out, snap_rows.at(window))
+        plans = [p for p in plans if not p[2]]
+    if not plans:
+        return out
+    ev = _keyed(dec, lab, fresh, "last" in kinds)
     sel, ar, key, span, rank = ev.sel, ev.ar, ev.key, ev.span, ev.rank
     # label rows grouped by id: the binary searches then walk the keys in order; every array
     # below is in that order until the values are put back in place
@@ -663,21 +698,11 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     qbase = qrank * span
     have = qrank >= 0
     hll_pos: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    # windows of one tile size and length read the same events: find them once
-    same: dict[tuple[int, int], list[Any]] = {}
-    for w in lay.windows:
-        same.setdefault((w.window.tile_ms, w.window.tiles), []).append(w)
-    for ws in same.values():
-        first, end = lab.bounds(times, ws[0].window, dec.plan.skew_ms)
-        groups = [(lay.groups[w.gid], [(i, o) for i, o in enumerate(lay.outputs)
-                                        if o.wid == w.wid]) for w in ws]
-        if all(o.kind == "last" for _, outs in groups for _, o in outs):
-            if ev.longest <= 1:  # a snapshot table: one event per entity at most
-                found = ev.only(qrank, have, qbase, qtimes, first, end, len(sel))
-            else:
-                low = qbase + rank(first)
-                found = _last_arrived(key, ar, qtimes, low,
-                                      ev.search(qrank, have, qbase + rank(end)), have, len(sel))
+    for window, groups, all_last in plans:
+        first, end = lab.bounds(times, window, dec.plan.skew_ms)
+        right = ev.search(qrank, have, qbase + rank(end))
+        if all_last:
+            found = _last_arrived(key, ar, qtimes, qbase + rank(first), right, have, len(sel))
             _put_last(dec, ev, groups, out, rows_by_key, found)
             continue
         plan = []
@@ -688,7 +713,6 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 if g.field not in hll_pos:
                     hll_pos[g.field] = _hll_positions(dec, g.field, sel)
             plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
-        right = ev.search(qrank, have, qbase + rank(end))
         left = ev.search(qrank, have, qbase + rank(first))
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
@@ -711,6 +735,39 @@ def _put_last(dec: Decoded, ev: _Keyed, groups: list[tuple[Any, list[tuple[int, 
     at = np.full(len(out), n, dtype=np.int64)
     if len(found):
         at[rows_by_key] = np.append(ev.files(dec), n).take(found, mode="clip")
+    _pick_last(dec, groups, out, at)
+
+
+class _SnapshotRows:
+    """Per label row (in row order) of a snapshot table (see :func:`_snapshot`), its entity's
+    event: which input row holds it, its time, and whether it had arrived by the row's time."""
+
+    def __init__(self, dec: Decoded, snap: np.ndarray, lab: LabelIds, times: np.ndarray) -> None:
+        self.dec, self.lab, self.times = dec, lab, times
+        self.none = np.full(len(times), dec.rows, dtype=np.int64)  # the defaults' slot
+        self.any = bool(len(dec.index))
+        if self.any:
+            event = snap.take(lab.codes)  # -1: none
+            pick = np.maximum(event, 0)
+            self.ts, self.files = dec.ts.take(pick), dec.index.take(pick)
+            self.has = (event >= 0) & (dec.arrival.take(pick) <= times)
+
+    def at(self, window: TileWindow) -> np.ndarray:
+        """Per row, the input row of its ``last`` in ``window`` (``dec.rows``: none): the event
+        if its time is in the range a read merges (:meth:`LabelIds.bounds`)."""
+        if not self.any:
+            return self.none
+        first, end = self.lab.row_bounds(self.times, window, self.dec.plan.skew_ms)
+        valid = self.has & (self.ts >= first) & (self.ts < end)
+        n = self.dec.rows
+        return (self.files - n) * valid + n  # np.where by arithmetic: no branch per row
+
+
+def _pick_last(dec: Decoded, groups: list[tuple[Any, list[tuple[int, Any]]]], out: np.ndarray,
+               at: np.ndarray) -> None:
+    """Each ``last`` output's column: the value of the input row ``at`` each row names, or the
+    output's default where it names ``dec.rows`` (one past the end)."""
+    n = dec.rows
     for g, outs in groups:
         fld = dec.fields[g.field]
         src = fld.raw if fld.raw is not None else fld.x
@@ -847,26 +904,6 @@ class _Keyed:
             hi = mid + less * (hi - mid)  # an empty range stays empty: mid == lo == hi
         return lo
 
-    def only(self, qrank: np.ndarray, have: np.ndarray, qbase: np.ndarray, times: np.ndarray,
-             first: np.ndarray, end: np.ndarray, none: int) -> np.ndarray:
-        """:func:`_last_arrived` where every entity has at most one event (a snapshot table):
-        per row, its entity's event if its time is in ``[first, end)`` and it had arrived by
-        ``times``, else ``none`` — a handful of passes, no search."""
-        if not len(self.key):
-            return np.full(len(qrank), none, dtype=np.int64)
-        r = np.maximum(qrank, 0)
-        at = self.starts[r]
-        valid = have & (self.starts[1:][r] > at)  # the entity has an event
-        np.minimum(at, len(self.key) - 1, out=at)
-        part = self.key[at] - qbase  # the event's time as the key holds it
-        if self.uts is None:
-            part += self.t_lo  # the time itself
-            valid &= (part >= first) & (part < end)
-        else:
-            valid &= (part >= self.rank(first)) & (part < self.rank(end))
-        valid &= self.ar[at] <= times
-        return (at - none) * valid + none
-
     def rank(self, bound: np.ndarray) -> np.ndarray:
         """Times as the key's time part: an event's key is below ``base + rank(b)`` exactly
         when its time is below ``b``."""
@@ -891,13 +928,38 @@ class _Keyed:
                       self.span, self.t_lo, self.uts, self.starts, self.longest)
 
 
-def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed:
-    """The sorted events of a view whose key applies ``fresh``; views of the same events and
-    label rows share them (kept on ``dec``)."""
+def _orders(dec: Decoded, lab: LabelIds, fresh: np.ndarray) -> dict[Any, Any]:
+    """What views of the same events, label rows and ``fresh`` share (kept on ``dec``)."""
     cache = dec.orders
     fresh_bytes = fresh.tobytes()
     if cache.get("labels") is not lab or cache.get("fresh") != fresh_bytes:
         cache = dec.orders = {"labels": lab, "fresh": fresh_bytes}
+    return cache
+
+
+def _snapshot(dec: Decoded, lab: LabelIds, fresh: np.ndarray) -> np.ndarray | None:
+    """Per distinct label id, its entity's one event that ``fresh`` keeps (an admitted
+    position; -1: none) when no entity has two (a snapshot table: a row per entity, as Feast's
+    sources are); else ``None``. Such a table needs no sort: a row's event is found by its id."""
+    cache = _orders(dec, lab, fresh)
+    if "snapshot" not in cache:
+        label_rank, event_rank = dec.event_ranks(lab)
+        sel = np.flatnonzero(fresh)
+        slots = event_rank[sel] + 1  # slot 0: events no label id names
+        counts = np.bincount(slots, minlength=len(label_rank) + 1)
+        if len(counts) > 1 and int(counts[1:].max()) > 1:
+            cache["snapshot"] = None
+        else:
+            at = np.full(len(label_rank) + 1, -1, dtype=np.int64)
+            at[slots] = sel
+            cache["snapshot"] = at[1:]
+    return cache["snapshot"]  # type: ignore[no-any-return]
+
+
+def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed:
+    """The sorted events of a view whose key applies ``fresh``; views of the same events and
+    label rows share them (kept on ``dec``)."""
+    cache = _orders(dec, lab, fresh)
     if last in cache:
         return cache[last]  # type: ignore[no-any-return]
     if "base" not in cache:
