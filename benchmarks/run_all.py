@@ -320,8 +320,9 @@ def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict
     rows, targets = [], []
     for r in runs[0]:
         n = f"{r['labels']:,}"
-        rows.append([n, f"{number(r['feast_s'])} s", f"{number(r['redline_s'])} s",
-                     f"{number(r['speedup'])}x",
+        rows.append([n, f"{number(r['feast_s'])} ({number(r['feast_median_s'])}) s",
+                     f"{number(r['redline_s'])} ({number(r['redline_median_s'])}) s",
+                     f"{number(r['speedup'])}x ({number(r['speedup_median'])}x)",
                      f"{r['feast_rows']:,} / {r['redline_rows']:,} "
                      f"({r['redline_rows_with_every_value']:,})",
                      f"{r['compared_values']:,}", f"{r['differences']:,}"])
@@ -329,7 +330,8 @@ def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict
                     Target(f"values that differ, {n} label rows", "<=", 0.0,
                            float(r["differences"]), unit="")]
     lines = [_stamp(args, command), "",
-             *table(["label rows", "Feast", "redline", "redline vs Feast",
+             *table(["label rows", "Feast, best (median)", "redline, best (median)",
+                     "redline vs Feast, best (median)",
                      "rows returned: Feast / redline (every value set)", "values compared",
                      "differences"], rows), "", *targets_table(targets)]
     return Outcome("feast-offline", "\n".join(lines), targets)
