@@ -24,12 +24,13 @@ times untimed (a process's first builds pay for lazy imports and for touching ne
 come ``--repeat`` rounds; in each, the sides take turns, and each makes ``--settle`` untimed
 builds right before its timed one, so a busy spell on this shared machine falls on both sides and
 each timed build meets memory its own side has touched. That matters on a VM: memory another
-process has just freed costs about a second of system time per build to touch again (measured
-here: redline's 1M-row build right after Feast's, 0.7-1.8 s with 0.7-1.2 s of it in the kernel
-zeroing pages; right after its own, 0.4-0.5 s), and without the settling build every redline
-build would follow a Feast build. Each side reports its best and its median timed build and the
-process CPU time (all threads) of its best; the speed-up is best over best, with median over
-median alongside; the untimed settling builds are listed too.
+process has just freed costs close to a second of system time per build to touch again (measured
+here: redline's 1M-row build right after Feast's, 0.7 s wall with 0.9 s of system time over its
+threads, the kernel zeroing pages; right after its own, 0.2 s), and without the settling build
+every redline build would follow a Feast build. Each side reports its best and its median timed
+build and the process CPU time (all threads) of its best; the speed-up is best over best, with
+median over median alongside (``make bench`` judges the target on the medians); the untimed
+settling builds are listed too.
 
 Setting up the Feast side: the peer kit's ``setup.sh`` (``shared/peers/feast/``) makes a virtual
 environment with Feast; any environment with ``pip install feast pandas pyarrow`` serves too.
