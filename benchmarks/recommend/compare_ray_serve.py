@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -122,18 +123,25 @@ def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tupl
                              "--replicas", replicas, "--max-ongoing", ongoing],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/recommend"
-    deadline = time.time() + 180
+    wait_until(proc, "Ray Serve", log.name, 180, lambda: httpx.post(
+        url, json={"session_id": "none", "entities": {"user_id": "none"}}, timeout=5))
+    return proc, url
+
+
+def wait_until(proc: subprocess.Popen, name: str, log: str, seconds: float,
+               probe: Callable[[], httpx.Response]) -> None:
+    """Until ``probe`` answers 200; a process that exits or stays silent names its log."""
+    deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"Ray Serve exited; see {log.name}")
+            raise RuntimeError(f"{name} exited; see {log}")
         try:
-            if httpx.post(url, json={"session_id": "none", "entities": {"user_id": "none"}},
-                          timeout=5).status_code == 200:
-                return proc, url
+            if probe().status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
-    raise RuntimeError(f"Ray Serve did not answer in 180 s; see {log.name}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{name} did not answer in {seconds:.0f} s; see {log}")
 
 
 def start_redline(artifacts: str, redis_url: str, model: str) -> tuple[
@@ -153,17 +161,9 @@ def start_redline(artifacts: str, redis_url: str, model: str) -> tuple[
                              "warning"], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"redline serve exited; see {log.name}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return proc, url, folder
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"redline did not become ready in 120 s; see {log.name}")
+    wait_until(proc, "redline serve", log.name, 120,
+               lambda: httpx.get(f"{url}/v2/health/ready", timeout=5))
+    return proc, url, folder
 
 
 def summarize(peers: dict[str, dict[str, dict]]) -> dict:
