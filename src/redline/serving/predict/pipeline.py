@@ -275,17 +275,14 @@ class PredictPipeline:
         """
         shared = self.sessions_shared
         if shared and not self.breaker.allow():
-            if reasons is not None:
-                reasons.append("session store circuit open: session items not read")
+            _session_reason(reasons, "session store circuit open")
             return []
         try:
             items = self.sessions.items(session_id, limit)
         except Exception as exc:  # noqa: BLE001 - degrade: answer without session items
             if shared:
                 self.breaker.failure()
-            if reasons is not None:
-                reasons.append(f"session store unavailable ({type(exc).__name__}): session "
-                               "items not read")
+            _session_reason(reasons, f"session store unavailable ({type(exc).__name__})")
             return []
         if shared:
             self.breaker.success()
@@ -302,36 +299,32 @@ class PredictPipeline:
         store's costs microseconds, Redis Cluster's is bound by ``features.redis_timeout_ms``.
         """
         client = self.features.loop_redis
-        if client is None or not self.sessions_shared or (limit is not None and limit <= 0):
+        sessions = self.sessions
+        if client is None or not isinstance(sessions, RedisSessionStore) or (
+                limit is not None and limit <= 0):
             return self.session_items(session_id, limit, reasons)
         if not self.breaker.allow():
-            reasons.append("session store circuit open: session items not read")
+            _session_reason(reasons, "session store circuit open")
             return []
         answer: asyncio.Future[tuple[Any, BaseException | None]] = (
             asyncio.get_running_loop().create_future())
 
         def done(reply: Any, exc: BaseException | None) -> None:
-            if exc is None:
-                self.breaker.success()
-            else:
-                self.breaker.failure()
+            self.features.store_call_ended(exc)  # a late reply still tells the breaker
             if not answer.done():
                 answer.set_result((reply, exc))
 
-        key = RedisSessionStore.keys(session_id)[2]
-        client.call(["LRANGE", key, 0, -1 if limit is None else limit - 1], done)
+        client.call(sessions.items_command(session_id, limit), done)
         wait = budget.wait_for(reserve_s)
         try:
             reply, exc = await asyncio.wait_for(answer, wait)
         except TimeoutError:
-            reasons.append(f"session store slow (no answer within {wait * 1e3:.1f} ms): "
-                           "session items not read")
+            _session_reason(reasons, f"session store slow (no answer within {wait * 1e3:.1f} ms)")
             return []
         if exc is not None:
-            reasons.append(f"session store unavailable ({type(exc).__name__}): session items "
-                           "not read")
+            _session_reason(reasons, f"session store unavailable ({type(exc).__name__})")
             return []
-        return [SessionItem.decode(r) for r in reply]
+        return sessions.decode_items(reply)
 
     def add_session_events(self, session_id: str, items: list[SessionItem]) -> SessionState:
         """Store a session's new item events (oldest first) atomically and return its state:
@@ -481,6 +474,12 @@ class PredictPipeline:
         patient = getattr(self.sessions, "patient_client", None)
         if patient is not None and patient is not getattr(self.sessions, "client", None):
             patient.close()
+
+
+def _session_reason(reasons: list[str] | None, why: str) -> None:
+    """A request answered without its session's items says why (``degraded_reasons``)."""
+    if reasons is not None:
+        reasons.append(f"{why}: session items not read")
 
 
 def _loop_redis(store: OnlineStore | None, settings: Settings) -> LoopRedis | None:

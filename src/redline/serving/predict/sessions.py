@@ -245,12 +245,20 @@ class RedisSessionStore:
               patient: bool = False) -> list[SessionItem]:
         if limit is not None and limit <= 0:
             return []
-        stop = -1 if limit is None else limit - 1
         client = self.patient_client if patient else self.client
         try:
-            raw = client.lrange(self.keys(session_id)[2], 0, stop)
+            raw = client.execute_command(*self.items_command(session_id, limit))
         except Exception as exc:  # noqa: BLE001 - any client failure means "unavailable"
             raise self._unavailable(exc) from exc
+        return self.decode_items(raw)
+
+    def items_command(self, session_id: str, limit: int | None) -> list[Any]:
+        """The read :meth:`items` sends (``limit`` > 0 or None), for a caller with its own
+        connection (a request's budget-bound read on the event loop)."""
+        return ["LRANGE", self.keys(session_id)[2], 0, -1 if limit is None else limit - 1]
+
+    @staticmethod
+    def decode_items(raw: list[bytes]) -> list[SessionItem]:
         return [SessionItem.decode(r) for r in raw]
 
 
