@@ -71,9 +71,9 @@ def bench(port: int, api: str, seconds: float) -> int:
     return answered(bench_proc(port, api, seconds))
 
 
-def together(servers: dict[str, tuple[subprocess.Popen[bytes], int]], api: str,
-             seconds: float) -> dict[str, tuple[float, float]]:
-    """Both servers driven at the same time: (req/s, server CPU µs a request) each."""
+def drive(servers: dict[str, tuple[subprocess.Popen[bytes], int]], api: str,
+          seconds: float) -> dict[str, tuple[float, float]]:
+    """The given servers driven at the same time: (req/s, server CPU µs a request) each."""
     cpu0 = {name: cpu_seconds(proc.pid) for name, (proc, _) in servers.items()}
     began = time.monotonic()
     clients = {name: bench_proc(port, api, seconds) for name, (_, port) in servers.items()}
@@ -106,16 +106,12 @@ def main() -> None:
         for r in range(args.rounds):
             order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
             for api in args.apis.split(","):
-                got: dict[str, tuple[float, float]] = {}
                 if args.together:
-                    got = together(servers, api, args.seconds)
-                for name in ([] if args.together else order):
-                    proc, port = servers[name]
-                    cpu0 = cpu_seconds(proc.pid)
-                    began = time.monotonic()
-                    ok = bench(port, api, args.seconds)
-                    wall = time.monotonic() - began
-                    got[name] = (ok / wall, (cpu_seconds(proc.pid) - cpu0) / max(ok, 1) * 1e6)
+                    got = drive(servers, api, args.seconds)
+                else:
+                    got = {}
+                    for name in order:
+                        got.update(drive({name: servers[name]}, api, args.seconds))
                 rate = got["on"][0] / got["off"][0]
                 cpu = got["on"][1] / got["off"][1]
                 ratios.setdefault(api, {"rate": [], "cpu": []})
