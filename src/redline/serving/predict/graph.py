@@ -229,14 +229,15 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
         entity = got[0][0]
         t = _mark(record, FEATURES, t)
     items: list[SessionItem] = []
+    retrieval_p99 = runner.retrieval.estimate()
     if req.session_id is not None:
-        reserve = runner.retrieval.estimate() + window.estimate()  # what follows the read
+        reserve = retrieval_p99 + window.estimate()  # what follows the read
         items = await pipeline.read_session_items(req.session_id, runner.spec.session_items,
                                                   budget, reserve, reasons)
         t = _mark(record, SESSIONS, t)
     path = "primary"
     searched = runner.encoder is not None or bool(items)  # else the popularity order, free
-    p99 = runner.retrieval.estimate() if searched else 0.0
+    p99 = retrieval_p99 if searched else 0.0
     if p99 and not budget.fits(p99, 0.0) and not runner.retrieval.probe():
         reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < retrieval p99 "
                        f"{p99 * 1e3:.2f} ms: candidates in popularity order")
