@@ -72,7 +72,7 @@ def start_redis() -> tuple[subprocess.Popen, str, Path]:
     raise RuntimeError("redis-server did not start")
 
 
-def load_sessions(redis_url: str, redline_url: str | None, data: object,
+def load_sessions(redis_url: str, redline_url: str, data: object,
                   sessions: int) -> list[dict]:
     """The last ``sessions`` sessions of the data into both servers' state (the peer: a Redis
     list per session and a hash of windows per user; redline: ``POST /v1/sessions/{id}/events``
@@ -98,16 +98,15 @@ def load_sessions(redis_url: str, redline_url: str | None, data: object,
         pipe.hset(f"peer:user:{user}", mapping=dict(zip(
             ("count_1d", "count_7d", "cart_sum_7d"), windows, strict=True)))
     bodies = []
-    with httpx.Client(base_url=redline_url or "http://unused", timeout=10) as client:
+    with httpx.Client(base_url=redline_url, timeout=10) as client:
         for sid, evs in chosen:
             pipe.lpush(f"peer:session:{sid}", *(items[e["item_id"]] for e in evs))
-            if redline_url:
-                r = client.post(f"/v1/sessions/{sid}/events", json=[
-                    {"item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]} for e in evs])
-                r.raise_for_status()
-                r = client.post("/v1/events", content=b"\n".join(
-                    orjson.dumps(f) for e in evs for f in events_of(e)))
-                r.raise_for_status()
+            r = client.post(f"/v1/sessions/{sid}/events", json=[
+                {"item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]} for e in evs])
+            r.raise_for_status()
+            r = client.post("/v1/events", content=b"\n".join(
+                orjson.dumps(f) for e in evs for f in events_of(e)))
+            r.raise_for_status()
             bodies.append({"session_id": sid, "entities": {"user_id": evs[0]["user_id"]}})
     pipe.execute()
     return bodies
