@@ -16,16 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from redline.features.aggregates import EMPTY_RECORD, LT, N, NumericTile, hll_estimate
+from redline.features.aggregates import (
+    EMPTY_RECORD,
+    LT,
+    N,
+    NumericTile,
+    hll_estimate,
+    record_update,
+)
 from redline.features.definitions import FeatureView, ViewLayout
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.bulk import BulkLoader
-
-# A ring holds each tile's record as a plain list, updated by ``NumericTile.update`` itself (the
-# same operations): on an exact list the interpreter unpacks and assigns in its fast path, which
-# makes each update twice as fast as on the subclass, and a start-up replay is mostly updates.
-_update_record = NumericTile.update
 
 
 class _KeyState:
@@ -225,7 +227,7 @@ class MemoryStore:
                     if rank > regs[reg]:
                         regs[reg] = rank
                 else:
-                    _update_record(entry[1], x, ts, arrival, sid)
+                    record_update(entry[1], x, ts, arrival, sid)
                 if st.cache_at is not None:
                     self._fold(st, gid, idx, ts, arrival, sid, x, reg, rank)
             for k, top in newest.items():  # forget ids older than the window (as the Lua does)
