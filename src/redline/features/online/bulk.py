@@ -125,19 +125,14 @@ class BulkLoader:
         batch)."""
         fresh = np.zeros(len(keys), dtype=bool)
         newest: dict[int, int] = {}
+        states = self.states
         for i, (k, arrival, sid) in enumerate(zip(keys.tolist(), arrivals.tolist(),
                                                   sids.tolist(), strict=True)):
-            ids = self.states[k].ids
-            seen = ids.get(sid)
-            if seen is None or arrival - seen > window:
+            if states[k].admit_id(sid, arrival, window):
                 fresh[i] = True
-                ids[sid] = arrival
                 newest[k] = max(newest.get(k, arrival), arrival)
         for k, top in newest.items():
-            ids = self.states[k].ids
-            cutoff = top - window
-            for old in [i for i, a in ids.items() if a < cutoff]:
-                del ids[old]
+            states[k].forget_ids(top - window)
         return fresh
 
     def flush(self) -> None:

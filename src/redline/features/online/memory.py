@@ -43,6 +43,21 @@ class _KeyState:
         self.expires = 0
         self.ids: dict[int, int] = {}  # event id -> arrival, when its source deduplicates
 
+    def admit_id(self, sid: int, arrival: int, window: int) -> bool:
+        """Whether event ``sid`` arriving at ``arrival`` is new to this key (a redelivery is the
+        same id arrived at most ``window`` earlier); a new one is remembered."""
+        seen = self.ids.get(sid)
+        if seen is not None and arrival - seen <= window:
+            return False
+        self.ids[sid] = arrival
+        return True
+
+    def forget_ids(self, cutoff: int) -> None:
+        """Forget the ids that arrived before ``cutoff`` (after each batch, as the Lua does)."""
+        ids = self.ids
+        for old in [i for i, a in ids.items() if a < cutoff]:
+            del ids[old]
+
 
 def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
     """Merge the tiles covering ``now`` for each window into ``state.merged`` with the partial
@@ -202,12 +217,8 @@ class MemoryStore:
                 if dedup_any and dedup[k]:  # the first op of an event at a key decides for all
                     fresh = decided.get((k, tag))
                     if fresh is None:
-                        seen = st.ids.get(sid)
-                        # a duplicate: the same id arrived at most the window earlier
-                        fresh = seen is None or arrival - seen > dedup[k]
-                        decided[(k, tag)] = fresh
+                        fresh = decided[(k, tag)] = st.admit_id(sid, arrival, dedup[k])
                         if fresh:
-                            st.ids[sid] = arrival
                             newest[k] = max(newest.get(k, arrival), arrival)
                     if not fresh:
                         continue  # a redelivery of an event this key already counted
@@ -230,11 +241,8 @@ class MemoryStore:
                     record_update(entry[1], x, ts, arrival, sid)
                 if st.cache_at is not None:
                     self._fold(st, gid, idx, ts, arrival, sid, x, reg, rank)
-            for k, top in newest.items():  # forget ids older than the window (as the Lua does)
-                ids = states[k].ids
-                cutoff = top - dedup[k]
-                for old in [i for i, a in ids.items() if a < cutoff]:
-                    del ids[old]
+            for k, top in newest.items():  # forget ids older than the window
+                states[k].forget_ids(top - dedup[k])
 
     def sweep(self, wall_ms: int) -> None:
         """Expire entities once a minute of the write clock."""
