@@ -379,8 +379,7 @@ class EventDecoder:
             if isinstance(src_name, str) and src_name in self.defs.sources:
                 return ""  # a source the chosen views do not read: not an error, nothing to do
             if src_name == SESSION_SOURCE:  # a session item event: for the session store
-                fields = {k: v for k, v in ev.items() if k != "source"}
-                batch.sessions.append(SessionEvent(fields, flat, arrival, tag, ev))
+                batch.sessions.append(SessionEvent(ev, flat, arrival, tag))
                 return ""
             known = ", ".join(sorted(self.plans)) or "none: no feature definitions"
             return f"unknown source {src_name!r} (known: {known}); set 'source' in the event"

@@ -48,15 +48,14 @@ class SessionItem:
 
 @dataclass
 class SessionEvent:
-    """A session item event as an event stream delivered it, not checked yet: its fields (without
-    ``source``), whether they arrived as strings (a Redis Stream entry's), when it arrived, and
-    its place in the batch (``tag``) and raw form, for a dead letter."""
+    """A session item event as an event stream delivered it, not checked yet: the event (its
+    ``source`` field included, and what a dead letter keeps), whether its values arrived as
+    strings (a Redis Stream entry's), when it arrived, and its place in the batch (``tag``)."""
 
-    fields: Mapping[str, Any]
+    event: Mapping[str, Any]
     flat: bool
     arrival_ms: int
     tag: int
-    raw: Any
 
 
 class SessionSink(Protocol):

@@ -84,7 +84,7 @@ def hand_off_sessions(batch: UpdateBatch, sessions: SessionSink | None) -> None:
         if reason is None:
             batch.accepted.append(e.tag)
         else:
-            batch.rejected.append(Rejected(reason, raw_bytes(e.raw), e.tag))
+            batch.rejected.append(Rejected(reason, raw_bytes(e.event), e.tag))
     batch.sessions = []
 
 

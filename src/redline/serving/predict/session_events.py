@@ -136,7 +136,8 @@ class SessionEventWriter:
         refused: list[tuple[int, str]] = []
         by_session: dict[str, list[SessionItem]] = {}
         for ev in events:
-            fields = _as_sent(ev.fields) if ev.flat else dict(ev.fields)
+            fields = _as_sent(ev.event) if ev.flat else dict(ev.event)
+            fields.pop("source", None)
             try:
                 session_id = check_session_id(fields.pop("session_id", None))
                 item = _event(fields, ev.tag, ev.arrival_ms)
