@@ -313,7 +313,7 @@ class EventDecoder:
         bytes keys (a Redis Stream entry) is flat and anything else is JSON-typed.
         ``str_keys=True`` says every map has text keys (events read from a file), so none needs
         its keys checked for a Redis Stream entry's. With a ``sink`` an accepted event makes no
-        ops: its (time, arrival, stable id, entity id, values, tag) go to ``sink[plan]``, for a
+        ops: its (time, arrival, stable id, entity id, values) go to ``sink[plan]``, for a
         columnar writer (``online.bulk``) to place on the tiles as the ops would be."""
         batch = UpdateBatch()
         n = len(raws)
@@ -439,7 +439,7 @@ class EventDecoder:
         else:
             sid = stable_id(parts)
         if sink is not None:
-            sink[plan].append((ts, arrival, sid, eid, values, tag))
+            sink[plan].append((ts, arrival, sid, eid, values))
             batch.accepted.append(tag)
             batch.event_ts.append(ts)
             return ""

@@ -64,7 +64,7 @@ class BulkLoader:
         return number
 
     def _add_plan(self, plan: Any, events: list[Any], wall: int) -> None:
-        ts_l, ar_l, sid_l, eids, values, _ = zip(*events, strict=True)
+        ts_l, ar_l, sid_l, eids, values = zip(*events, strict=True)
         ts = np.array(ts_l, dtype=np.int64)
         ar = np.array(ar_l, dtype=np.int64)
         sid = np.array(sid_l, dtype=np.int64)
