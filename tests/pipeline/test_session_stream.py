@@ -163,3 +163,33 @@ def test_a_recommender_without_feature_views_ingests_session_events(
 
     store = RedisSessionStore(client, redis_server.url)
     assert [i.item_id for i in store.items(sid)] == ["i7"]
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_session_events_in_a_replayed_file_reach_the_session_store(
+        tmp_path: Path, defs_path: Path, bulk: bool) -> None:
+    """A replayed file's session events go to the writer, next to its feature events, on the
+    memory store's bulk path and on the event-by-event one; a bad one is the file's dead letter."""
+    from redline.features.ingest import replay_file
+
+    bad = orjson.dumps({"source": "session", "session_id": "s1", "type": "click"})
+    lines = [
+        orjson.dumps({"source": "session", "session_id": "s1", "item_id": "i1", "type": "click",
+                      "ts_ms": 5}),
+        orjson.dumps({"card_id": "c1", "amount": 3.0, "ts": 1_767_225_600_000}),
+        bad,
+        orjson.dumps({"source": "session", "session_id": "s1", "item_id": "i2",
+                      "type": "add_to_cart", "ts_ms": 6}),
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    sessions = MemorySessionStore(60.0, 20, 10)
+    store = MemoryStore()
+    ing = Ingestor(load_definitions(str(defs_path)), store, sessions=SessionEventWriter(sessions))
+    res = replay_file(ing, path, bulk=bulk)
+    assert res.accepted == 3
+    assert [(r.tag, r.raw) for r in res.rejected] == [(2, bad)]
+    assert res.rejected[0].reason.startswith("session: event 2: item_id must be")
+    assert sessions.items("s1") == [SessionItem("i2", "add_to_cart", 6),
+                                    SessionItem("i1", "click", 5)]
+    assert any("c1" in key for key in store.data)  # the feature event's tiles
