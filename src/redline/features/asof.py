@@ -377,12 +377,6 @@ def id_table(keys: np.ndarray, count: int) -> Callable[[np.ndarray], np.ndarray]
     return find
 
 
-def index_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """Per query, the position of the equal value among the distinct integers ``keys``, -1
-    where none is (``pd.Index(keys).get_indexer(queries)``; a table when keys are dense)."""
-    return id_table(keys, len(queries))(queries)
-
-
 def as_int64(a: np.ndarray | None) -> np.ndarray | None:
     """Integers as int64, or ``None`` where some do not fit."""
     if a is None or (a.dtype.kind == "u" and len(a) and int(a.max()) >= 2**63):
@@ -549,24 +543,11 @@ class Decoded:
         """(per distinct label id, per entity code) a rank: the first distinct label id naming
         the entity, so that label rows in the order of their ids' codes meet the entities in
         rank order. -1: an id whose entity has no events, an entity no label id names."""
-        ent = self.entities
-        ints = as_int64(ent.ints)
-        if lab.ints is not None and ints is not None:
-            # integers meet integers: distinct ids name distinct entities, so each named
-            # entity's rank is the one id naming it
-            lut = index_of(ints, lab.ints)
-            named = np.flatnonzero(lut >= 0)
-            entity_rank = np.full(len(ent), -1, dtype=np.int64)
-            entity_rank[lut[named]] = named
-            label_rank = np.full(len(lut), -1, dtype=np.int64)
-            label_rank[named] = named
-            return label_rank, entity_rank
-        else:
-            if self._entity_ids is None:
-                self._entity_ids = {t: c for c, t in enumerate(ent.texts)}
-            get = self._entity_ids.get
-            lut = np.array([get(t, -1) for t in lab.texts], dtype=np.int64)
-        lut = np.asarray(lut, dtype=np.int64)
+        ent = self.entities  # integer pairs never come here: event_ranks meets them itself
+        if self._entity_ids is None:
+            self._entity_ids = {t: c for c, t in enumerate(ent.texts)}
+        get = self._entity_ids.get
+        lut = np.array([get(t, -1) for t in lab.texts], dtype=np.int64)
         named = np.flatnonzero(lut >= 0)
         entity_rank = np.full(len(ent), len(lut), dtype=np.int64)
         np.minimum.at(entity_rank, lut[named], named)
