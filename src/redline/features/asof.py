@@ -681,7 +681,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
     hll_pos: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for window, groups, all_last in plans:
         first, end = lab.bounds(times, window, dec.plan.skew_ms)
-        right = ev.search(qrank, have, qbase + rank(end))
+        right = ev.search(qrank, qbase + rank(end))
         if all_last:
             found = _last_arrived(key, ar, qtimes, qbase + rank(first), right, have, len(sel))
             _put_last(dec, ev, groups, out, rows_by_key, found)
@@ -694,7 +694,7 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 if g.field not in hll_pos:
                     hll_pos[g.field] = _hll_positions(dec, g.field, sel)
             plan.append((outs, x, hll_pos.get(g.field or "") if g.hll else None))
-        left = ev.search(qrank, have, qbase + rank(first))
+        left = ev.search(qrank, qbase + rank(first))
         lengths = np.where(have, np.maximum(right - left, 0), 0)
         for rows, seg, pos in _gathered(left, lengths, ar, qtimes):
             place = rows_by_key[rows]
@@ -869,7 +869,7 @@ class _Keyed:
         self._values: dict[str, np.ndarray] = {}
         self._files: np.ndarray | None = None
 
-    def search(self, qrank: np.ndarray, have: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    def search(self, qrank: np.ndarray, bound: np.ndarray) -> np.ndarray:
         """``np.searchsorted(key, bound)`` for bounds inside their rows' entity ranges. Where
         every entity has only a few events (a snapshot table: one row per entity), a few
         bisection steps inside each entity's range beat a search of the whole array."""
