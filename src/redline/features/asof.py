@@ -918,14 +918,26 @@ def _orders(dec: Decoded, lab: LabelIds, fresh: np.ndarray) -> dict[Any, Any]:
     return cache
 
 
+def _ranked(dec: Decoded, lab: LabelIds, fresh: np.ndarray, cache: dict[Any, Any], keep: bool
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(:meth:`Decoded.event_ranks`, the admitted events ``fresh`` keeps): where both
+    :func:`_snapshot` and :func:`_keyed` start, made once. ``keep``: left in ``cache``
+    (:func:`_orders`) for the next; :func:`_keyed` takes it, its sorted events hold the rest."""
+    got = cache.pop("ranked", None)
+    if got is None:
+        got = (*dec.event_ranks(lab), np.flatnonzero(fresh))
+    if keep:
+        cache["ranked"] = got
+    return got  # type: ignore[no-any-return]
+
+
 def _snapshot(dec: Decoded, lab: LabelIds, fresh: np.ndarray) -> np.ndarray | None:
     """Per distinct label id, its entity's one event that ``fresh`` keeps (an admitted
     position; -1: none) when no entity has two (a snapshot table: a row per entity, as Feast's
     sources are); else ``None``. Such a table needs no sort: a row's event is found by its id."""
     cache = _orders(dec, lab, fresh)
     if "snapshot" not in cache:
-        label_rank, event_rank = dec.event_ranks(lab)
-        sel = np.flatnonzero(fresh)
+        label_rank, event_rank, sel = _ranked(dec, lab, fresh, cache, keep=True)
         slots = event_rank[sel] + 1  # slot 0: events no label id names
         counts = np.bincount(slots, minlength=len(label_rank) + 1)
         if len(counts) > 1 and int(counts[1:].max()) > 1:
@@ -944,8 +956,7 @@ def _keyed(dec: Decoded, lab: LabelIds, fresh: np.ndarray, last: bool) -> _Keyed
     if last in cache:
         return cache[last]  # type: ignore[no-any-return]
     if "base" not in cache:
-        label_rank, event_rank = dec.event_ranks(lab)
-        sel = np.flatnonzero(fresh)
+        label_rank, event_rank, sel = _ranked(dec, lab, fresh, cache, keep=False)
         ent = event_rank[sel]
         named = np.flatnonzero(ent >= 0)  # entities no row names: no effect
         sel, ent = sel[named], ent[named]
