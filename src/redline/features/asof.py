@@ -384,6 +384,16 @@ def as_int64(a: np.ndarray | None) -> np.ndarray | None:
     return a.astype(np.int64, copy=False)
 
 
+def _read_bounds(times: np.ndarray, window: TileWindow, skew_ms: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per read time, the event times it merges, ``[first, end)``: from the window's first tile
+    on, and below both the end of its last tile and the latest event time that can have arrived
+    by then (the decoder admits no event whose time is ahead of its arrival by more than the
+    skew)."""
+    lo, hi = window.covering_array(times)
+    return lo * window.tile_ms, np.minimum((hi + 1) * window.tile_ms, times + (skew_ms + 1))
+
+
 class LabelIds(_DistinctTexts, Sequence[str]):
     """The label rows' entity ids as a sequence of texts, held as codes into the distinct ids
     (``ints``: the distinct ids as integers, when the column holds integers)."""
@@ -397,7 +407,7 @@ class LabelIds(_DistinctTexts, Sequence[str]):
         self._lock = threading.Lock()  # the views of several sources may run in threads
         self._lookup: Callable[[np.ndarray], np.ndarray] | None = None
         self._row_times: np.ndarray | None = None
-        self._row_bounds: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+        self._row_bounds: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def by_id(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the label rows grouped by id, their id codes, their times), kept for the next view
@@ -413,31 +423,24 @@ class LabelIds(_DistinctTexts, Sequence[str]):
 
     def bounds(self, times: np.ndarray, window: TileWindow, skew_ms: int
                ) -> tuple[np.ndarray, np.ndarray]:
-        """Per label row in :meth:`by_id` order, the times a read at its time merges: from the
-        window's first tile on, and below both the end of its last tile and the latest event
-        time that can have arrived by then (the decoder admits no event whose time is ahead
-        of its arrival by more than the skew). Kept for the next view of the same rows."""
+        """Per label row in :meth:`by_id` order, the event times a read at its time merges
+        (:func:`_read_bounds`). Kept for the next view of the same rows."""
         qtimes = self.by_id(times)[2]
         k = (window.tile_ms, window.tiles, skew_ms)
         with self._lock:
             if k not in self._bounds:
-                lo, hi = window.covering_array(qtimes)
-                self._bounds[k] = (lo * window.tile_ms,
-                                   np.minimum((hi + 1) * window.tile_ms, qtimes + (skew_ms + 1)))
+                self._bounds[k] = _read_bounds(qtimes, window, skew_ms)
             return self._bounds[k]
 
     def row_bounds(self, times: np.ndarray, window: TileWindow, skew_ms: int
                    ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`bounds` in row order. Kept for the next view of the same rows."""
-        k = ("rows", window.tile_ms, window.tiles, skew_ms)
+        k = (window.tile_ms, window.tiles, skew_ms)
         with self._lock:
             if self._row_times is not times:
                 self._row_times, self._row_bounds = times, {}
             if k not in self._row_bounds:
-                lo, hi = window.covering_array(times)
-                self._row_bounds[k] = (lo * window.tile_ms,
-                                       np.minimum((hi + 1) * window.tile_ms,
-                                                  times + (skew_ms + 1)))
+                self._row_bounds[k] = _read_bounds(times, window, skew_ms)
             return self._row_bounds[k]
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -735,7 +738,7 @@ class _SnapshotRows:
 
     def at(self, window: TileWindow) -> np.ndarray:
         """Per row, the input row of its ``last`` in ``window`` (``dec.rows``: none): the event
-        if its time is in the range a read merges (:meth:`LabelIds.bounds`)."""
+        if its time is in the range a read merges (:func:`_read_bounds`)."""
         if not self.any:
             return self.none
         first, end = self.lab.row_bounds(self.times, window, self.dec.plan.skew_ms)
