@@ -203,8 +203,7 @@ class Field:
                 self.ok, self._x = np.isfinite(x), x
                 return
             if typ == "int" and kind in "iu":
-                self.ok, self.raw = _ALL, a
-                self.ints = a
+                self.ok, self.raw = _ALL, a  # the ints a distinct counts and a tie hashes
                 return
             if typ == "int" and kind == "f":
                 with np.errstate(invalid="ignore"):
@@ -242,10 +241,14 @@ class Field:
             self._x = self.raw.astype(np.float64)
         return self._x
 
+    @property
+    def held(self) -> np.ndarray:
+        """The values as held: the typed column (``raw``) where there is one, else doubles."""
+        return self.raw if self.raw is not None else self.x
+
     def take(self, pos: np.ndarray) -> np.ndarray:
         """The doubles of the events at ``pos`` (file positions), cast after the gather."""
-        src = self.raw if self.raw is not None else self.x
-        return src.take(pos).astype(np.float64, copy=False)
+        return self.held.take(pos).astype(np.float64, copy=False)
 
     def value(self, i: int) -> Any:
         """The Python value of event ``i`` (valid events only), of the field's type."""
@@ -253,7 +256,7 @@ class Field:
             return self.py[i]
         v = float(self.x[i])
         if self.typ == "int":
-            return int(self.ints[i]) if hasattr(self, "ints") else int(v)
+            return int(self.raw[i]) if self.raw is not None else int(v)
         if self.typ == "bool":
             return bool(v)
         return v
@@ -753,8 +756,7 @@ def _pick_last(dec: Decoded, groups: list[tuple[Any, list[tuple[int, Any]]]], ou
     output's default where it names ``dec.rows`` (one past the end)."""
     n = dec.rows
     for g, outs in groups:
-        fld = dec.fields[g.field]
-        src = fld.raw if fld.raw is not None else fld.x
+        src = dec.fields[g.field].held
         # narrower floats (float32, as Parquet gives them) are picked from as they are, then
         # cast: half the memory to pick from, the same doubles; else doubles, cast as the
         # stores cast them
@@ -1017,7 +1019,7 @@ def _hll_positions(dec: Decoded, field: str, sel: np.ndarray) -> tuple[np.ndarra
         codes, uniq = pd.factorize(np.array([fld.py[i] for i in idx.tolist()], dtype=object))
         values = list(uniq)
     else:
-        ints = getattr(fld, "ints", None)
+        ints = fld.raw if fld.typ == "int" else None
         codes, uniq = pd.factorize(ints[idx] if ints is not None else fld.x[idx])
         conv = {"int": int, "bool": bool}.get(fld.typ, float)
         values = [conv(u) for u in uniq.tolist()]
