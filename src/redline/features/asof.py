@@ -361,11 +361,11 @@ def factorize_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return code_of[off], np.flatnonzero(present) + lo
 
 
-def id_table(keys: np.ndarray, count: int) -> Callable[[np.ndarray], np.ndarray]:
+def id_table(keys: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """A lookup of the distinct integers ``keys``: per query, the position of the equal key,
     -1 where none is (``pd.Index(keys).get_indexer``). Keys in a dense range take a table
-    indexed by value (``count``: the queries expected, which pay for a wider table)."""
-    lo = _dense_range(keys, len(keys) + count)
+    indexed by value (up to about twice as wide as there are keys)."""
+    lo = _dense_range(keys, 2 * len(keys))
     if lo is None or keys.dtype != np.int64:
         index = pd.Index(keys)
         return lambda q: np.asarray(index.get_indexer(q), dtype=np.int64)
@@ -452,7 +452,7 @@ class LabelIds(_DistinctTexts, Sequence[str]):
         assert self.ints is not None
         with self._lock:
             if self._lookup is None:
-                self._lookup = id_table(self.ints, len(self.ints))
+                self._lookup = id_table(self.ints)
         return self._lookup(ids)
 
     @staticmethod
