@@ -5,8 +5,9 @@ Public face: what serving, optimize and the CLI may import. ``convert`` is impor
 """
 
 from redline.models.metadata import ModelMetadata, TensorSpec, profile_inputs
+from redline.models.onnxfile import inspect_onnx
 from redline.models.policy import VersionPolicy
-from redline.models.repository import ModelRepository, inspect_onnx, sha256_file
+from redline.models.repository import ModelRepository, sha256_file
 from redline.models.runtime import InferenceSession, choose_providers, session_options
 
 __all__ = [

@@ -221,7 +221,7 @@ def check_graph(spec: GraphSpec, cat: Catalogue, folder: Path, origin: str) -> i
         raise InvalidInput(f"{origin}: rules.in_stock names no column of {ITEMS_TABLE} "
                            f"(columns: {sorted(cat.columns)})")
     if spec.encoder is not None:
-        from redline.models.repository import inspect_onnx
+        from redline.models.onnxfile import inspect_onnx
 
         path = folder / spec.encoder
         if not path.is_file():

@@ -29,7 +29,8 @@ from redline.errors import (
     RepositoryError,
     VersionNotFound,
 )
-from redline.models.metadata import ModelMetadata, TensorSpec, profile_inputs
+from redline.models.metadata import ModelMetadata, profile_inputs
+from redline.models.onnxfile import inspect_onnx
 from redline.models.policy import VersionPolicy
 
 MODEL_FILE = "model.onnx"
@@ -470,37 +471,6 @@ class ModelRepository:
         aliases = self._read_aliases(name)
         yield aliases
         _write_durably(self.root / name / ALIASES_FILE, _dumps(aliases), atomic=True)
-
-
-def inspect_onnx(data: bytes, origin: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Parse and check an ONNX model; return its input and output signature."""
-    import onnx
-
-    from redline.models.datatypes import ONNX_TO_V2
-
-    try:
-        model = onnx.load_from_string(data)
-        onnx.checker.check_model(model)
-    except Exception as exc:  # onnx raises several unrelated types for bad bytes
-        raise CorruptModel(
-            f"{origin} is not a valid ONNX model ({type(exc).__name__}: {str(exc)[:200]}); "
-            "export it to ONNX first, or use `redline models add --from-pickle` to convert"
-        ) from exc
-    initializers = {i.name for i in model.graph.initializer}
-
-    def spec(value: Any) -> TensorSpec:
-        tensor = value.type.tensor_type
-        if not value.type.HasField("tensor_type"):
-            raise InvalidInput(
-                f"{origin}: '{value.name}' is not a tensor (a ZipMap or sequence output?); "
-                "convert classifiers with zipmap disabled"
-            )
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-        return TensorSpec(value.name, ONNX_TO_V2.get(tensor.elem_type, "BYTES"), dims)
-
-    inputs = [spec(v) for v in model.graph.input if v.name not in initializers]
-    outputs = [spec(v) for v in model.graph.output]
-    return inputs, outputs
 
 
 def _read_source(source: bytes | str | os.PathLike[str]) -> tuple[bytes, str]:

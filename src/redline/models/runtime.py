@@ -165,7 +165,7 @@ class InferenceSession:
         cls, path: str | os.PathLike[str], settings: RuntimeSettings | None = None
     ) -> InferenceSession:
         """Load a bare ONNX file outside any repository (tools, benchmarks)."""
-        from redline.models.repository import inspect_onnx
+        from redline.models.onnxfile import inspect_onnx
 
         data = Path(path).read_bytes()
         inputs, outputs = inspect_onnx(data, str(path))

@@ -14,15 +14,24 @@ reference's to the last bit. ``tests/features/test_bulk_preload.py`` holds it to
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any, Protocol
 
 import numpy as np
 
 from redline.features.aggregates import EMPTY_RECORD
 from redline.features.online.base import now_ms
+from redline.features.online.keystate import KeyState
 
-if TYPE_CHECKING:
-    from redline.features.online.memory import MemoryStore, _KeyState
+
+class KeyedTiles(Protocol):
+    """What the bulk loader needs of the memory store: its lock, its sweep and a key's state."""
+
+    lock: threading.Lock
+
+    def sweep(self, wall_ms: int) -> None: ...
+
+    def state(self, key: str) -> KeyState: ...
 
 FLUSH_OPS = 500_000  # ops held before they are folded (~50 MB of columns)
 _COLUMNS = ("key", "gid", "tile", "slot", "ts", "arrival", "sid", "x", "reg", "rank")
@@ -31,9 +40,9 @@ _COLUMNS = ("key", "gid", "tile", "slot", "ts", "arrival", "sid", "x", "reg", "r
 class BulkLoader:
     """Takes decoded batches (``add``) in order, writes their tiles at ``flush``."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: KeyedTiles) -> None:
         self.store = store
-        self.states: list[_KeyState] = []  # the keys the held ops name, by number
+        self.states: list[KeyState] = []  # the keys the held ops name, by number
         self.numbers: dict[str, int] = {}
         self.held: dict[str, list[np.ndarray]] = {c: [] for c in _COLUMNS}
         self.count = 0
@@ -148,7 +157,7 @@ class BulkLoader:
         self.states, self.numbers, self.count = [], {}, 0
 
 
-def fold(states: list[_KeyState], c: dict[str, np.ndarray]) -> None:
+def fold(states: list[KeyState], c: dict[str, np.ndarray]) -> None:
     """Apply ops (columns ``_COLUMNS``, ``key`` numbering ``states``) to the rings."""
     # each slot's ops together, in event order: they are held in it (a slot's ops are one
     # view's and one tile group's, added batch after batch in event order), and sorts are stable

@@ -28,38 +28,10 @@ from redline.features.definitions import FeatureView, ViewLayout
 from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.bulk import BulkLoader
+from redline.features.online.keystate import KeyState
 
 
-class _KeyState:
-    __slots__ = ("rings", "layout", "cache_at", "ranges", "merged", "out", "expires", "ids")
-
-    def __init__(self, layout: ViewLayout | None) -> None:
-        self.rings: dict[int, list[Any]] = {}  # gid -> ring of [tile idx, record] or None
-        self.layout = layout
-        self.cache_at: tuple[int, ...] | None = None  # current tile per window, when cached
-        self.ranges: list[tuple[int, int]] = []  # per window: covered tiles (lo, hi)
-        self.merged: list[Any] = []  # per window: merged record / registers
-        self.out: np.ndarray | None = None  # outputs of ``merged`` (None: derive again)
-        self.expires = 0
-        self.ids: dict[int, int] = {}  # event id -> arrival, when its source deduplicates
-
-    def admit_id(self, sid: int, arrival: int, window: int) -> bool:
-        """Whether event ``sid`` arriving at ``arrival`` is new to this key (a redelivery is the
-        same id arrived at most ``window`` earlier); a new one is remembered."""
-        seen = self.ids.get(sid)
-        if seen is not None and arrival - seen <= window:
-            return False
-        self.ids[sid] = arrival
-        return True
-
-    def forget_ids(self, cutoff: int) -> None:
-        """Forget the ids that arrived before ``cutoff`` (after each batch, as the Lua does)."""
-        ids = self.ids
-        for old in [i for i, a in ids.items() if a < cutoff]:
-            del ids[old]
-
-
-def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
+def merge_windows(state: KeyState, layout: ViewLayout, now: int) -> None:
     """Merge the tiles covering ``now`` for each window into ``state.merged`` with the partial
     aggregates' own ``merge`` (``aggregates.NumericTile``: the one definition of a merge)."""
     merged: list[Any] = []
@@ -85,7 +57,7 @@ def merge_windows(state: _KeyState, layout: ViewLayout, now: int) -> None:
     state.merged, state.ranges, state.out = merged, ranges, None
 
 
-def outputs(state: _KeyState, layout: ViewLayout) -> np.ndarray:
+def outputs(state: KeyState, layout: ViewLayout) -> np.ndarray:
     out = state.out
     if out is None:
         out = np.empty(len(layout.outputs), dtype=np.float64)
@@ -99,7 +71,7 @@ def outputs(state: _KeyState, layout: ViewLayout) -> np.ndarray:
     return out
 
 
-def newest_event(state: _KeyState) -> float:
+def newest_event(state: KeyState) -> float:
     """The greatest event time (``last``'s) of the numeric windows merged for the last read."""
     best = -math.inf
     for m in state.merged:
@@ -172,7 +144,7 @@ class MemoryStore:
     kind = "memory"
 
     def __init__(self) -> None:
-        self.data: dict[str, _KeyState] = {}
+        self.data: dict[str, KeyState] = {}
         self.lock = threading.Lock()
         self._layouts: dict[str, ViewLayout] = {}
         self._next_sweep = 0
@@ -188,13 +160,13 @@ class MemoryStore:
         for v in views:
             self._layouts[f"{v.name}:{v.version}"] = v.layout()
 
-    def state(self, key: str) -> _KeyState:
+    def state(self, key: str) -> KeyState:
         """The state of ``key``, made (empty) when new."""
         st = self.data.get(key)
         if st is None:
             view_version = key.rsplit(":", 2)
             layout = self._layouts.get(f"{view_version[-2]}:{view_version[-1]}")
-            st = self.data[key] = _KeyState(layout)
+            st = self.data[key] = KeyState(layout)
         return st
 
     def write(self, batch: UpdateBatch, wall_ms: int | None = None) -> None:
@@ -256,7 +228,7 @@ class MemoryStore:
         return BulkLoader(self)
 
     @staticmethod
-    def _fold(st: _KeyState, gid: int, idx: int, ts: int, arrival: int, sid: int, x: float,
+    def _fold(st: KeyState, gid: int, idx: int, ts: int, arrival: int, sid: int, x: float,
               reg: int, rank: int) -> None:
         """Add one update to the cached merged windows that cover its tile."""
         assert st.layout is not None
