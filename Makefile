@@ -55,6 +55,7 @@ TYPED_TESTS := tests/conftest.py tests/logwatch.py tests/serving/helpers.py \
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports  # the layering of DESIGN.md's table (.importlinter)
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/mypy --follow-imports=silent $(TYPED_TESTS)
 
