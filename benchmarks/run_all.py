@@ -7,15 +7,19 @@ Each area runs its benchmark (the benchmarks interleave redline with its floor o
 themselves), renders one table with the command, date, commit and machine, and the spread over
 rounds, and replaces the text between ``<!-- bench:AREA:start -->`` and ``<!-- bench:AREA:end
 -->`` in the page. The summary printed at the end is the same tables, then one line per target:
-met or not, and by how much. An area whose peer is missing (MLServer and Feast come from the
-peer kit, ``shared/peers/``) says how to set it up and leaves its table as it was.
+met or not, and by how much. The peers (MLServer, Feast, Ray Serve) run from environments of
+their own (``benchmarks/peers/``): an area whose peer is not made yet says how to make it and
+leaves its table as it was, unless ``--install-peers`` makes it first. Each run keeps its results
+in a work folder of its own, removed at exit, so two runs at once never mix them.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,11 +39,16 @@ from benchmarks.bench_page import (  # noqa: E402
     table,
     targets_table,
 )
+from benchmarks.peers import envs  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
 PY = sys.executable
 DEFAULT_AREAS = ("serving", "feature-reads", "ingest", "offline", "monitoring")
 PEER_AREAS = ("mlserver", "v1", "feast-offline")
+# The peer environments (benchmarks/peers/envs.py) an area runs.
+AREA_PEERS = {"mlserver": "mlserver", "v1": "feast", "feast-offline": "feast",
+              "recommend-ray": "ray-serve"}
+RAY_PEERS = ("one:proxy", "one:haproxy", "three:haproxy:8")  # the Ray Serve configurations
 
 
 @dataclass
@@ -56,22 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--areas", default=",".join((*DEFAULT_AREAS, *PEER_AREAS)),
                     help="comma-separated areas (default: " + ", ".join(
-                        (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last two need the peer kit and "
-                    "say how to set it up when it is missing); also: hedging (three minutes), "
-                    "graph (the inference-graph steps, two minutes), recommend-ray (the "
-                    "recommender against Ray Serve, ten minutes)")
-    ap.add_argument("--peers", type=Path, default=_env_path("REDLINE_PEER_KIT"),
-                    help="a scratch copy of the peer kit (shared/peers/) where its setup.sh and "
-                    "train.py ran (env REDLINE_PEER_KIT)")
-    ap.add_argument("--peers-venv", type=Path, default=_env_path("REDLINE_PEER_VENV"),
-                    help="the virtual environment the kit's setup.sh made (env REDLINE_PEER_VENV)")
+                        (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last three run peers from their "
+                    "own environments, benchmarks/peers/setup.sh makes them); also: hedging "
+                    "(three minutes), graph (the inference-graph steps, two minutes), "
+                    "recommend-ray (the recommender against Ray Serve, fifteen minutes)")
+    ap.add_argument("--install-peers", action="store_true",
+                    help="make the peer environments the areas need when they are missing "
+                    "(what `bash benchmarks/peers/setup.sh` does; minutes each)")
     ap.add_argument("--feast-python", type=Path, default=None,
-                    help="the Feast peer's interpreter (the kit's feast/README.md)")
-    ap.add_argument("--feast-repo", type=Path, default=None, help="the Feast peer's repository")
-    ap.add_argument("--feast-model", type=Path, default=None, help="the Feast peer's model.onnx")
-    ap.add_argument("--ray-python", type=Path, default=_ray_python(),
-                    help="the Ray Serve peer's interpreter (benchmarks/recommend/"
-                    "setup_ray_serve.sh makes it and prints it)")
+                    help="the Feast peer's interpreter (default: benchmarks/peers' feast)")
+    ap.add_argument("--ray-python", type=Path, default=_env_path("RAY_SERVE_PYTHON"),
+                    help="the Ray Serve peer's interpreter (default: benchmarks/peers' "
+                    "ray-serve; env RAY_SERVE_PYTHON)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per area (default 3)")
     ap.add_argument("--page", type=Path, default=PAGE)
     ap.add_argument("--machine", default="shared 2-core VM, noisy: read the ratios",
@@ -89,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
             why = _missing(area, args)
             print(f"{area}: {'skipped. ' + why if why else _shown(AREAS[area][0](args), args)}")
         return 0
-    for stale in set(_RESULT_FILES.values()):
-        _scratch(stale).unlink(missing_ok=True)
     outcomes: list[Outcome] = []
     for area in wanted:
         plan, render = AREAS[area]
         command = plan(args)
         why = _missing(area, args)
+        if not why and args.install_peers and area in AREA_PEERS:
+            envs.ensure(AREA_PEERS[area])
         if why:
             outcomes.append(Outcome(area, skipped=why))
             print(f"== {area}: skipped. {why}", flush=True)
@@ -123,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 def _serving_plan(args: argparse.Namespace) -> list[str]:
     cmd = [PY, "benchmarks/serving/compare.py", "--rounds", str(args.rounds), "--duration",
            "1.5", "--warmup", "0.5", "--out", str(_scratch("serving.json"))]
-    if args.peers and args.peers_venv and "mlserver" in args.wanted:
-        cmd += ["--kit", str(args.peers), "--kit-venv", str(args.peers_venv), "--mlserver"]
+    if "mlserver" in args.wanted and not _missing("mlserver", args):
+        cmd.append("--mlserver")
     return cmd
 
 
@@ -276,12 +281,9 @@ def _monitoring(args: argparse.Namespace, command: list[str], runs: list[dict]) 
 
 
 def _v1_plan(args: argparse.Namespace) -> list[str]:
-    kit = args.peers or Path("KIT")
-    return [PY, "benchmarks/pipeline/feast_compare.py", "--feast-python",
-            str(args.feast_python or "FEAST_PYTHON"), "--feast-app-dir", str(kit / "feast"),
-            "--feast-repo", str(args.feast_repo or "FEAST_REPO"), "--model",
-            str(args.feast_model or "MODEL"), "--cases", "open_500,ladder", "--rounds", "10",
-            "--duration", "30"]
+    return [PY, "benchmarks/pipeline/feast_compare.py", *_given("--feast-python",
+                                                               args.feast_python),
+            "--cases", "open_500,ladder", "--rounds", "10", "--duration", "30"]
 
 
 def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
@@ -311,8 +313,8 @@ def _v1(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outco
 
 
 def _feast_offline_plan(args: argparse.Namespace) -> list[str]:
-    return [PY, "-m", "benchmarks.features.feast_training_set", "--feast-python",
-            str(args.feast_python or "FEAST_PYTHON"), "--labels", "100000,1000000",
+    return [PY, "-m", "benchmarks.features.feast_training_set",
+            *_given("--feast-python", args.feast_python), "--labels", "100000,1000000",
             "--repeat", "3", "--out", str(_scratch("feast_offline.json"))]
 
 
@@ -344,41 +346,69 @@ def _feast_offline(args: argparse.Namespace, command: list[str], runs: list[dict
 
 
 def _ray_plan(args: argparse.Namespace) -> list[str]:
+    """Every Ray Serve configuration, with as many replicas as redline has workers (one per
+    core, redline's default)."""
+    peers = [part for config in RAY_PEERS for part in ("--peer", config)]
     return [PY, "benchmarks/recommend/compare_ray_serve.py", "--artifacts",
-            "examples/recommend/artifacts", "--data", "examples/recommend/data", "--peer-python",
-            str(args.ray_python or "RAY_PYTHON"), "--peer", "one:1:8", "--peer", "three:1:8",
-            "--rounds", "2", "--duration", "4", "--json-out", str(_scratch("ray.json"))]
+            "examples/recommend/artifacts", "--data", "examples/recommend/data",
+            *_given("--peer-python", args.ray_python), *peers, "--workers",
+            str(os.cpu_count() or 1), "--rounds", "2", "--duration", "4", "--json-out",
+            str(_scratch("ray.json"))]
 
 
 def _ray(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outcome:
     report = runs[0]
     bound = report["p99_bound_ms"]
-    rows = []
-    for config, targets in report["peers"].items():
-        for name, r in targets.items():
-            top = r.get("max_rate_p99_ok")
-            if top is None:
-                first = r["ladder"][0]
-                top = f"none ({number(first['p99_ms'])} ms at {first['rate']})"
-            rows.append([name if name != "redline" else f"redline (beside {config})",
-                         f"{r['c1']['rps']:.0f}", f"{r['c1']['p50_ms']:.1f} / "
-                         f"{r['c1']['p99_ms']:.1f}", f"{r['c8']['rps']:.0f}",
-                         f"{r['c8']['p50_ms']:.1f} / {r['c8']['p99_ms']:.1f}", str(top)])
+    peers = report["peers"]
+    rows = [_ray_row(name if name != "redline" else f"redline (beside {config})", r)
+            for config, targets in peers.items() for name, r in targets.items()]
     s = report["summary"]
+    best = s["best_peer"]
     ratio = s["rate_ratio"] if s["rate_ratio"] is not None else float(s["redline_max_rate"])
     targets = [Target(f"highest rate with p99 ≤ {bound:.0f} ms, redline over Ray Serve "
-                      f"{s['best_peer']}" + ("" if s["peer_max_rate"] else
-                                             " (the peer sustained none: redline's rate)"),
+                      f"{best}" + ("" if s["peer_max_rate"] else
+                                   " (the peer sustained none: redline's rate)"),
                       ">=", 5.0, ratio),
                Target("rates the peer sustained where redline's p99 was not lower", "<=", 0.0,
                       0.0 if s["p99_lower_at_every_sustained_rate"] else 1.0, unit="")]
-    lines = [_stamp(args, command), "",
-             *table(["target", "c=1 req/s", "c=1 p50 / p99 ms", "c=8 req/s",
-                     "c=8 p50 / p99 ms", f"highest rate with p99 ≤ {bound:.0f} ms"], rows), "",
-             f"Against the best peer configuration ({s['best_peer']}): "
-             f"{s['c1_rps_ratio']:.1f}x its throughput at c=1, {s['c8_rps_ratio']:.1f}x at c=8.",
-             "", *targets_table(targets)]
+    lead = ray_lead(best, _ray_row(f"ray-serve {best}", peers[best][f"ray-serve {best}"]),
+                    _ray_row("redline", peers[best]["redline"]), bound)
+    lines = [_stamp(args, command), "", lead, "",
+             *table(RAY_HEADER[:-1] + [RAY_HEADER[-1].format(bound=bound)], rows), "",
+             *targets_table(targets)]
     return Outcome("recommend-ray", "\n".join(lines), targets)
+
+
+RAY_HEADER = ["target", "c=1 req/s", "c=1 p50 / p99 ms", "c=8 req/s", "c=8 p50 / p99 ms",
+              "highest rate with p99 ≤ {bound:.0f} ms"]
+
+
+def _ray_row(name: str, r: dict) -> list[str]:  # type: ignore[type-arg]
+    """One target's row of the Ray Serve table, as the page prints it."""
+    top = r.get("max_rate_p99_ok")
+    if top is None:
+        first = r["ladder"][0]
+        shown = f"none ({number(first['p99_ms'])} ms at {first['rate']})"
+    else:
+        shown = str(top)
+    return [name, f"{r['c1']['rps']:.0f}", f"{r['c1']['p50_ms']:.1f} / {r['c1']['p99_ms']:.1f}",
+            f"{r['c8']['rps']:.0f}", f"{r['c8']['p50_ms']:.1f} / {r['c8']['p99_ms']:.1f}", shown]
+
+
+def ray_lead(config: str, peer_row: list[str], our_row: list[str], bound: float) -> str:
+    """The sentence above the Ray Serve table, made from two of its rows (the best peer
+    configuration's and redline's beside it): every ratio is of two figures the table prints,
+    so prose and table cannot disagree."""
+    def rate(cell: str) -> int:
+        return int(cell) if cell.isdigit() else 0
+
+    ours, theirs = rate(our_row[5]), rate(peer_row[5])
+    c1, c8 = (float(our_row[i]) / float(peer_row[i]) for i in (1, 3))
+    top = (f"{ours / theirs:.1f}x its highest rate with p99 ≤ {bound:.0f} ms ({ours} against "
+           f"{theirs} req/s)" if theirs else
+           f"{ours} req/s with p99 ≤ {bound:.0f} ms, where the peer sustained no rate")
+    return (f"Against Ray Serve's best configuration in this run ({config}), redline reached "
+            f"{top}, {c1:.1f}x its throughput at c=1 and {c8:.1f}x at c=8.")
 
 
 Render = Callable[[argparse.Namespace, list[str], list[dict]], Outcome]  # type: ignore[type-arg]
@@ -495,27 +525,20 @@ def _collect(area: str, args: argparse.Namespace, command: list[str]) -> list[di
 
 def _missing(area: str, args: argparse.Namespace) -> str:
     """Why an area cannot run here, with what to do; empty when it can."""
-    if area == "mlserver" and not (args.peers and args.peers_venv):
-        return ("MLServer comes from the peer kit (shared/peers/): copy it to a scratch folder, "
-                "run its setup.sh and train.py there, then pass --peers KIT --peers-venv VENV")
-    if area == "feast-offline" and not args.feast_python:
-        return ("Feast comes from the peer kit (shared/peers/feast/README.md: setup.sh makes its "
-                "virtual environment), then pass --feast-python PY")
     if area == "recommend-ray":
         example = ROOT / "examples" / "recommend"
         if not (example / "artifacts" / "graph.yaml").is_file():
             return ("the recommender example's data and artifacts are missing: in "
                     "examples/recommend run `python generate.py --out data` and `python train.py "
                     "--data data --out artifacts` (about ten minutes)")
-        if not args.ray_python:
-            return ("Ray Serve runs from its own environment: `bash benchmarks/recommend/"
-                    "setup_ray_serve.sh` makes it, then pass --ray-python PY")
-    if area == "v1" and not (args.peers and args.feast_python and args.feast_repo
-                             and args.feast_model):
-        return ("the Feast peer comes from the peer kit (shared/peers/feast/README.md: setup.sh, "
-                "make_repo.py, train_model.py in a scratch copy), then pass --peers KIT "
-                "--feast-python PY --feast-repo REPO --feast-model MODEL")
-    return ""
+    peer = AREA_PEERS.get(area)
+    given = (area == "feast-offline" and args.feast_python) or (
+        area == "recommend-ray" and args.ray_python)
+    if peer is None or given or args.install_peers or envs.find(peer) is not None:
+        return ""
+    return (f"{envs.PEERS[peer].title} runs from its own environment, not made yet: `bash "
+            f"benchmarks/peers/setup.sh {peer}` makes it (about {envs.PEERS[peer].minutes} min), "
+            "or pass --install-peers")
 
 
 def _run(command: list[str], show: bool = False) -> str:
@@ -550,9 +573,8 @@ def _stamp(args: argparse.Namespace, command: list[str], rounds: int | None = No
 
 def _shown(command: list[str], args: argparse.Namespace) -> str:
     """The command as the page prints it: no machine paths."""
-    names = {PY: "python", str(args.peers): "$KIT", str(args.peers_venv): "$KIT_VENV",
-             str(args.feast_python): "$FEAST_PYTHON", str(args.feast_repo): "$FEAST_REPO",
-             str(args.feast_model): "$FEAST_MODEL", str(args.ray_python): "$RAY_PYTHON"}
+    names = {PY: "python", str(args.feast_python): "$FEAST_PYTHON",
+             str(args.ray_python): "$RAY_PYTHON"}
     parts = []
     skip = False
     for part in command:
@@ -569,20 +591,25 @@ def _shown(command: list[str], args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+_WORK: list[Path] = []  # this run's work folder, made on first use
+
+
 def _scratch(name: str) -> Path:
-    folder = Path(tempfile.gettempdir()) / f"redline-bench-{os.getuid()}"
-    folder.mkdir(exist_ok=True)
-    return folder / name
+    """A file in this run's own work folder (made on first use, removed when the run exits),
+    so two runs at once never read or delete each other's results."""
+    if not _WORK:
+        _WORK.append(Path(tempfile.mkdtemp(prefix=f"redline-bench-{os.getuid()}-")))
+        atexit.register(shutil.rmtree, _WORK[0], ignore_errors=True)
+    return _WORK[0] / name
+
+
+def _given(flag: str, value: Path | None) -> list[str]:
+    """``[flag, value]`` when the value was given, else nothing (the script's default)."""
+    return [flag, str(value)] if value else []
 
 
 def _range(values: list[float]) -> str:
     return f"{number(min(values))}–{number(max(values))}"
-
-
-def _ray_python() -> Path | None:
-    """Where setup_ray_serve.sh puts the peer's environment, when it has run."""
-    made = Path(tempfile.gettempdir()) / "redline-ray-serve" / "venv" / "bin" / "python"
-    return _env_path("RAY_SERVE_PYTHON") or (made if made.exists() else None)
 
 
 def _env_path(name: str) -> Path | None:

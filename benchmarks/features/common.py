@@ -48,7 +48,7 @@ def start_redis(cpu: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
 
 def forty_features() -> FeatureDefinitions:
     """5 views x 8 features, each computed from tiles: two windows (1 h on 5-min tiles, 5 min on
-    10-s tiles) of one numeric field — the shape of Feast kit's 5 views x 8 fields."""
+    10-s tiles) of one numeric field — the shape of the Feast peer's 5 views x 8 fields."""
     card = Entity("card", "card_id")
     src = EventSource("tx", card, {"card_id": str, **{f"x{v}": float for v in range(5)}},
                       allowed_lateness="1h")

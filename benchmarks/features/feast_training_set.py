@@ -1,13 +1,13 @@
 """Point-in-time training sets: Feast's ``get_historical_features`` (file offline store) against
 redline's builder, from the same Parquet files, in the same run.
 
-The data is the Feast peer kit's: N cards, 5 feature views of 8 float32 features, one row per card
-per view with an event time in the last 2 hours, TTL 1 day. redline defines the same thing as
-``last(field, "1d")`` per feature (every event lies well inside one day of every label time, so
-the tiles' edges never matter). Label rows are random cards at random times over the same 2
-hours, so many rows come before a card's value exists: Feast drops such rows, redline returns them
-with missing values. Values are compared on the rows both return (float32 equality, NaN = NaN),
-and each side's returned row count is reported.
+The data is the Feast peer's (``benchmarks/peers/feast/``): N cards, 5 feature views of 8 float32
+features, one row per card per view with an event time in the last 2 hours, TTL 1 day. redline
+defines the same thing as ``last(field, "1d")`` per feature (every event lies well inside one day
+of every label time, so the tiles' edges never matter). Label rows are random cards at random times
+over the same 2 hours, so many rows come before a card's value exists: Feast drops such rows,
+redline returns them with missing values. Values are compared on the rows both return (float32
+equality, NaN = NaN), and each side's returned row count is reported.
 
 What each clock covers — the same work on both sides. Each side reads the label rows (the entity
 frame) from their Parquet file once, outside its clock: both APIs take them as a pandas frame.
@@ -32,12 +32,12 @@ build and the process CPU time (all threads) of its best; the speed-up is best o
 median over median alongside (``make bench`` judges the target on the medians); the untimed
 settling builds are listed too.
 
-Setting up the Feast side: the peer kit's ``setup.sh`` (``shared/peers/feast/``) makes a virtual
-environment with Feast; any environment with ``pip install feast pandas pyarrow`` serves too.
+The Feast side runs in the ``feast`` peer's environment (``benchmarks/peers/``: made on first use,
+or ahead with ``bash benchmarks/peers/setup.sh feast``); ``--feast-python`` names another one
+(any with ``pip install feast pandas pyarrow`` serves).
 
-    python -m benchmarks.features.feast_training_set --feast-python <kit venv>/bin/python \\
-        [--cards 100000] [--labels 100000,1000000] [--warmup 1] [--settle 1] [--repeat 3] \\
-        [--out results.json]
+    python -m benchmarks.features.feast_training_set [--feast-python PY] [--cards 100000] \\
+        [--labels 100000,1000000] [--warmup 1] [--settle 1] [--repeat 3] [--out results.json]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ FEAST_SIDE = textwrap.dedent('''
 
 
 def write_data(repo: Path, cards: int, seed: int = 0) -> pd.Timestamp:
-    """The kit's feature tables (``make_repo.py``'s generator) and a Feast repo using them."""
+    """The Feast peer's feature tables (the generator of its ``prepare.py``) and a Feast repo."""
     (repo / "data").mkdir(parents=True)
     rng = np.random.default_rng(seed)
     now = pd.Timestamp.now(tz="UTC").floor("s")
@@ -232,7 +232,9 @@ def compare(feast: pd.DataFrame, red: pd.DataFrame) -> dict[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--feast-python", required=True, help="python of the Feast kit's venv")
+    ap.add_argument("--feast-python", default=None,
+                    help="the Feast peer's interpreter (default: the feast peer of "
+                    "benchmarks/peers/, made when missing)")
     ap.add_argument("--cards", type=int, default=100_000)
     ap.add_argument("--labels", default="100000,1000000")
     ap.add_argument("--warmup", type=int, default=1, help="untimed builds per side first")
@@ -242,11 +244,15 @@ def main() -> None:
                     help="rounds: the sides take turns, one timed build each; the best counts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.feast_python is None:
+        from benchmarks.peers import envs
+
+        args.feast_python = str(envs.ensure("feast"))
     check = subprocess.run([args.feast_python, "-c", "import feast"], capture_output=True)
     if check.returncode:
-        sys.exit(f"{args.feast_python} cannot import feast: set up the peer kit's environment "
-                 "(shared/peers/feast/setup.sh), or make one with `python3 -m venv DIR && "
-                 "DIR/bin/pip install feast pandas pyarrow`, and pass DIR/bin/python")
+        sys.exit(f"{args.feast_python} cannot import feast: leave --feast-python out (the feast "
+                 "peer of benchmarks/peers/ is made for you), or make one with `python3 -m venv "
+                 "DIR && DIR/bin/pip install feast pandas pyarrow` and pass DIR/bin/python")
     results = []
     with tempfile.TemporaryDirectory(prefix="feast-ts-") as tmp:
         repo = Path(tmp) / "repo"

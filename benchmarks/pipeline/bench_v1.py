@@ -10,8 +10,8 @@ and redline's open-loop load generator (``redline.bench``, in this process) meas
 
     .venv/bin/python benchmarks/pipeline/bench_v1.py [--cards 2000] [--duration 5]
 
-Prints one JSON document. The FastAPI + Feast + ONNX Runtime peer (the peer kit's ``feast/``) is
-not started by this script; ``feast_compare.py`` runs that comparison.
+Prints one JSON document. The FastAPI + Feast + ONNX Runtime peer (``benchmarks/peers/feast/``)
+is not started by this script; ``feast_compare.py`` runs that comparison.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """redline vs FastAPI + Feast + ONNX Runtime on the same features, store and model, in one run.
 
-The workload is the Feast peer's (the peer kit's ``feast/``, ``shared/peers/``): 100,000 cards,
-5 feature views of 8 float features each in Redis, one request = read the 40 features of one
+The workload is the Feast peer's (``benchmarks/peers/feast/``): 100,000 cards, 5 feature views
+of 8 float features each in Redis, one request = read the 40 features of one
 card + run the same 100-tree gradient-boosting ONNX model. redline serves it as feature views of
 ``last`` values (one event per card carries the 40 values), read by its pipeline in one Lua
 call; Feast reads its own materialized hashes (a pipeline of 5 HMGETs) inside the peer's FastAPI
@@ -34,12 +34,12 @@ The same conditions for every target, in every slice:
   needs. The usual low-latency setting (tuned's ``latency-performance``); it applies to the
   whole machine, so to every target alike.
 
-Setup of the peer (its own venv, never a redline dependency): follow the peer kit's
-``feast/README.md`` (``setup.sh``, ``make_repo.py``, ``train_model.py``), then
+The peer runs from its own environment (never a redline dependency), the ``feast`` peer of
+``benchmarks/peers/``: made on first use (about four minutes) or ahead with ``bash
+benchmarks/peers/setup.sh feast``, which also materializes its repository into Redis once and
+keeps the snapshot. Each run serves a copy of that snapshot from a redis-server of its own.
 
-    .venv/bin/python benchmarks/pipeline/feast_compare.py \\
-        --feast-python <peer venv>/bin/python --feast-app-dir <copy of the peer kit> \\
-        --feast-repo <peer feast repo> --model <peer model.onnx> [--duration 10]
+    .venv/bin/python benchmarks/pipeline/feast_compare.py [--duration 10]
 
 Prints one JSON document (every run) and a summary table.
 """
@@ -62,7 +62,9 @@ import numpy as np
 import orjson
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for benchmarks
 N_VIEWS, N_FEATS = 5, 8
+FEAST_APP = Path(__file__).resolve().parents[1] / "peers" / "feast"  # the peer's app.py
 LADDER = [125.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0, 5000.0,
           6000.0, 8000.0]
 DEFS = '''"""The Feast peer's 5 views x 8 features, as redline feature views of last values."""
@@ -398,29 +400,38 @@ def start_floor(work: Path, procs: list) -> Target:
     return Target("floor", http, "-", b"{}", "/", [procs[-1].pid])
 
 
-def start_feast(args: argparse.Namespace, procs: list) -> Target:
-    hport = free_port()
-    env = {**os.environ, "FEAST_REPO": args.feast_repo, "MODEL_PATH": args.model,
+def start_feast(args: argparse.Namespace, work: Path, procs: list) -> Target:
+    """The Feast peer's app on a copy of its prepared store, served by a redis-server of its
+    own (loaded from the snapshot, pinned and scheduled like every target's)."""
+    from benchmarks.peers.feast.store import runtime_copy
+
+    rport, hport = free_port(), free_port()
+    repo = runtime_copy(args.feast_data, work / "feast", rport)
+    procs.append(start_redis(rport, work / "feast"))
+    import redis
+
+    deadline = time.monotonic() + 120
+    while True:  # the snapshot loads before the first answer
+        try:
+            redis.Redis(port=rport).ping()
+            break
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    env = {**os.environ, "FEAST_REPO": str(repo), "MODEL_PATH": str(args.feast_data /
+                                                                    "model.onnx"),
            "FEAST_MODE": "async"}
     procs.append(subprocess.Popen(
-        [*sched_prefix("server"), "taskset", "-c", "0", args.feast_python, "-m", "uvicorn",
+        [*sched_prefix("server"), "taskset", "-c", "0", str(args.feast_python), "-m", "uvicorn",
          "app:app", "--host",
          "127.0.0.1", "--port", str(hport), "--loop", "uvloop", "--http", "httptools",
          "--workers", "1", "--no-access-log", "--log-level", "warning"],
-        cwd=args.feast_app_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cwd=FEAST_APP, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     http = f"http://127.0.0.1:{hport}"
     wait_http(http, "/health")
-    pids = [procs[-1].pid]
-    if args.feast_redis_pid:  # the peer kit's redis-server (its setup.sh starts it on CPU 1)
-        pids.append(args.feast_redis_pid)
-        subprocess.run(["taskset", "-pc", "1", str(args.feast_redis_pid)], check=True,
-                       capture_output=True)
-        if RT:
-            subprocess.run(["chrt", "-f", "-p", str(RT["redis"]), str(args.feast_redis_pid)],
-                           check=True, capture_output=True)
-        elif SCHED == "nice":
-            os.setpriority(os.PRIO_PROCESS, args.feast_redis_pid, NICE)
-    return Target("feast", http, "-", orjson.dumps({"card": 7}), "/predict", pids)
+    return Target("feast", http, "-", orjson.dumps({"card": 7}), "/predict",
+                  [procs[-1].pid, procs[-2].pid])
 
 
 def stop_all(procs: list, work: Path) -> None:
@@ -441,11 +452,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--feast-python", required=True)
-    parser.add_argument("--feast-app-dir", required=True)
-    parser.add_argument("--feast-repo", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--cards", type=int, default=100_000)
+    parser.add_argument("--feast-python", type=Path, default=None,
+                        help="the Feast peer's interpreter (default: the feast peer of "
+                        "benchmarks/peers/, made when missing)")
+    parser.add_argument("--feast-data", type=Path, default=None,
+                        help="what the Feast peer's prepare step wrote: repo/, model.onnx, "
+                        "dump.rdb (default: the feast peer's)")
     parser.add_argument("--duration", type=float, default=12.0,
                         help="seconds measured per side and case (in 4 interleaved slices)")
     parser.add_argument("--skip-feast", action="store_true")
@@ -465,9 +477,6 @@ def main() -> None:
     parser.add_argument("--idle-poll", action=argparse.BooleanOptionalAction, default=True,
                         help="hold /dev/cpu_dma_latency at 0 (idle CPUs poll, no halt) for "
                         "the run (default on)")
-    parser.add_argument("--feast-redis-pid", type=int,
-                        help="pid of the peer's redis-server (default: <feast repo>/../redis.pid "
-                        "if it exists): stopped with the peer and scheduled like the others")
     parser.add_argument("--ladder-rounds", type=int, default=2,
                         help="interleaved slices per side and step of the rate ladder")
     parser.add_argument("--before", help="src/ of another redline tree, served as a third "
@@ -482,11 +491,16 @@ def main() -> None:
     global RT, SCHED
     SCHED = args.sched
     RT = dict(RT_PRIORITIES) if args.sched == "fifo" else None
-    if args.feast_redis_pid is None and not args.skip_feast:
-        pidfile = Path(args.feast_repo).parent / "redis.pid"
-        if pidfile.exists():
-            args.feast_redis_pid = int(pidfile.read_text().split()[0])
-    os.sched_setaffinity(0, {1})  # the load generator shares CPU 1 with redis, as in the peer kit
+    from benchmarks.peers import envs
+    from benchmarks.peers.feast.store import prepared
+
+    if args.feast_python is None:
+        args.feast_python = envs.ensure("feast")
+    args.feast_data = args.feast_data or envs.data_dir("feast")
+    # redline serves as many cards as the peer was prepared with, from the same model
+    args.cards = int(prepared(args.feast_data)["cards"])
+    args.model = str(args.feast_data / "model.onnx")
+    os.sched_setaffinity(0, {1})  # the load generator shares CPU 1 with the redis-servers
     qos = None
     if args.idle_poll:  # released when the file closes (at exit)
         import struct
@@ -510,7 +524,7 @@ def main() -> None:
             targets.append(start_redline(args, work, procs, "redline_off",
                                          env={"REDLINE_MONITORING__ENABLED": "false"})[0])
         if not args.skip_feast:
-            targets.append(start_feast(args, procs))
+            targets.append(start_feast(args, work, procs))
         targets.append(start_floor(work, procs))
         cases = set(args.cases.split(",")) if args.cases else None
         out = {"conditions": {"sched": args.sched, "wait": args.wait,
@@ -522,13 +536,6 @@ def main() -> None:
         # Were any answers degraded (Redis timeouts on the shared CPU)? Say so with the numbers.
         out["redline_pipeline_stats"] = httpx.get(target.url + "/v1/pipeline/stats").json()
     finally:
-        if args.feast_redis_pid:  # the peer kit's Redis outlives the run: leave it as found
-            try:
-                os.kill(args.feast_redis_pid, signal.SIGCONT)
-                os.sched_setscheduler(args.feast_redis_pid, os.SCHED_OTHER, os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, args.feast_redis_pid, 0)
-            except (ProcessLookupError, PermissionError):
-                pass
         stop_all(procs, work)
         if qos is not None:
             qos.close()

@@ -1,19 +1,31 @@
 """redline's recommender graph against the same graph in Ray Serve, in one interleaved run.
 
 Starts a Redis on a free port (both servers keep session state there), loads the sessions, user
-and item windows the peer reads, starts the Ray Serve peer from its own environment (made by
-``setup_ray_serve.sh`` under the system temporary folder) in each configuration asked for, and
-measures every target in alternation: c=1 and c=8 closed loop (throughput, p50, p99), then an
-open-loop ladder of rates, keeping the highest rate whose p99 stays at or below ``--p99-ms``.
+and item windows the peer reads, starts the Ray Serve peer from its own environment
+(``benchmarks/peers/setup.sh ray-serve`` makes it; this script makes it when it is missing) in
+each configuration asked for, and measures every target in alternation: c=1 and c=8 closed loop
+(throughput, p50, p99), then an open-loop ladder of rates, keeping the highest rate whose p99
+stays at or below ``--p99-ms``.
 
     python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
-        --data examples/recommend/data --peer one:1:8 --peer three:1:8 \
-        [--redline-url http://127.0.0.1:8000 --redline-model recommend]
+        --data examples/recommend/data --peer one:proxy --peer one:haproxy \
+        --peer three:haproxy:8 [--workers 2] [--redline-url http://127.0.0.1:8000]
+
+A peer configuration is ``LAYOUT:INGRESS[:BATCH]``: ``one`` deployment or ``three`` composed
+ones; Ray Serve's default Python ``proxy`` or its throughput-optimized mode behind ``haproxy``;
+``@serve.batch`` on retrieval and ranking up to BATCH requests (``ray_serve_app.py`` says what
+each does). Every configuration runs ``--workers`` replicas per deployment, as many as redline
+has worker processes, with ``--max-ongoing`` requests each and its access log off.
 
 redline is started as a user would start it: ``redline models add`` of the artifacts into a
 scratch repository, then ``redline serve`` of the example's ``redline.yaml`` on the same Redis
-(``--redis-url``: its default worker count, one process per core). With ``--redline-url`` the
-server there is measured instead; it must serve the example's graph on that Redis.
+with ``--workers`` worker processes (default: one per core, redline's own default). With
+``--redline-url`` the server there is measured instead; it must serve the example's graph on
+that Redis.
+
+Every process a server started is stopped when it is done with, found by a tag in its
+environment (``benchmarks/peers/procs.py``): Ray's workers and its HAProxy too, which would
+otherwise keep their ports.
 
 Prints one JSON document (also to ``--json-out``): per target the best of its rounds, and
 ``summary``: redline's highest rate over the best peer configuration's, and whether its p99 was
@@ -42,6 +54,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "recommend"))
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers import envs, procs  # noqa: E402
 from benchmarks.recommend.load import closed_loop, open_loop  # noqa: E402
 
 RATES = [5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 250, 300, 400, 600, 900, 1300,
@@ -112,57 +125,102 @@ def load_sessions(redis_url: str, redline_url: str, data: object,
     return bodies
 
 
-def start_peer(python: str, artifacts: str, redis_url: str, config: str) -> tuple[
-        subprocess.Popen, str]:
-    layout, replicas, ongoing = config.split(":")
-    port = free_port()
-    log = open(Path(tempfile.gettempdir()) / f"redline-ray-serve-{port}.log", "wb")  # noqa: SIM115
+class Server:
+    """A server this run started: its first process, its tag, its scratch folder."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, tag: str, folder: Path) -> None:
+        self.proc, self.url, self.tag, self.folder = proc, url, tag, folder
+
+    def stop(self, show_log: bool = False) -> None:
+        """SIGTERM the server and wait for it to shut down what it started; then end whatever
+        still carries its tag (Ray's workers, HAProxy) and remove its folder (``show_log``:
+        print the end of its log first, for a server that did not come up)."""
+        for log in self.folder.glob("*.log") if show_log else ():
+            sys.stderr.write(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}\n")
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
+        procs.stop_tagged(self.tag)
+        self.proc.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def parse_peer(config: str) -> tuple[str, str, int]:
+    """``LAYOUT:INGRESS[:BATCH]`` as (layout, ingress, batch)."""
+    parts = config.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in ("one", "three") or parts[1] not in (
+            "proxy", "haproxy") or (len(parts) == 3 and not parts[2].isdigit()):
+        raise ValueError(f"peer configuration {config!r}: write LAYOUT:INGRESS[:BATCH], LAYOUT "
+                         "one or three, INGRESS proxy or haproxy, e.g. three:haproxy:8")
+    return parts[0], parts[1], int(parts[2]) if len(parts) == 3 else 0
+
+
+def start_peer(python: str, artifacts: str, redis_url: str, config: str, replicas: int,
+               max_ongoing: int) -> Server:
+    layout, ingress, batch = parse_peer(config)
+    port, tag = free_port(), procs.new_tag()
+    folder = Path(tempfile.mkdtemp(prefix="rl-ray-"))  # short: Ray's socket paths live here
+    log = open(folder / "peer.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([python, str(HERE / "ray_serve_app.py"), "--artifacts", artifacts,
                              "--redis-url", redis_url, "--port", str(port), "--layout", layout,
-                             "--replicas", replicas, "--max-ongoing", ongoing],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/recommend"
-    wait_until(proc, "Ray Serve", log.name, 180, lambda: httpx.post(
-        url, json={"session_id": "none", "entities": {"user_id": "none"}}, timeout=5))
-    return proc, url
+                             "--replicas", str(replicas), "--max-ongoing", str(max_ongoing),
+                             "--ingress", ingress, "--batch", str(batch), "--run-dir",
+                             str(folder / "run")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=procs.tagged_env(tag))
+    server = Server(proc, f"http://127.0.0.1:{port}/recommend", tag, folder)
+    try:
+        wait_until(proc, "Ray Serve", 240, lambda: httpx.post(
+            server.url, json={"session_id": "none", "entities": {"user_id": "none"}},
+            timeout=5))
+    except BaseException:
+        server.stop(show_log=True)
+        raise
+    return server
 
 
-def wait_until(proc: subprocess.Popen, name: str, log: str, seconds: float,
+def wait_until(proc: subprocess.Popen, name: str, seconds: float,
                probe: Callable[[], httpx.Response]) -> None:
-    """Until ``probe`` answers 200; a process that exits or stays silent names its log."""
+    """Until ``probe`` answers 200, or the process exits, or ``seconds`` pass."""
     deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited; see {log}")
+            raise RuntimeError(f"{name} exited before it answered (its log is above)")
         try:
             if probe().status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"{name} did not answer in {seconds:.0f} s; see {log}")
+    raise RuntimeError(f"{name} did not answer in {seconds:.0f} s (its log is above)")
 
 
-def start_redline(artifacts: str, redis_url: str, model: str) -> tuple[
-        subprocess.Popen, str, Path]:
+def start_redline(artifacts: str, redis_url: str, model: str, workers: int) -> Server:
     """``redline models add`` into a scratch repository, then ``redline serve`` of the
-    example's settings on ``redis_url``; returns the process, its base URL and the folder."""
+    example's settings on ``redis_url`` with ``workers`` worker processes."""
     folder = Path(tempfile.mkdtemp(prefix="redline-rec-repo-"))
     redline = [sys.executable, "-c", "from redline.cli import main; main()"]
     config = str(ROOT / "examples" / "recommend" / "redline.yaml")
     subprocess.run([*redline, "models", "add", "-m", model, artifacts, "--config", config,
                     "--repository", str(folder / "models")], check=True, capture_output=True)
-    port = free_port()
-    log = open(folder / "serve.log", "wb")  # noqa: SIM115
+    port, tag = free_port(), procs.new_tag()
+    log = open(folder / "serve.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([*redline, "serve", "--config", config, "--repository",
                              str(folder / "models"), "--redis-url", redis_url, "--http-port",
                              str(port), "--grpc-port", "0", "--no-watch", "--log-level",
                              "warning"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(proc, "redline serve", log.name, 120,
-               lambda: httpx.get(f"{url}/v2/health/ready", timeout=5))
-    return proc, url, folder
+                            start_new_session=True, env=procs.tagged_env(
+                                tag, {**os.environ, "REDLINE_SCALING__WORKERS": str(workers)}))
+    server = Server(proc, f"http://127.0.0.1:{port}", tag, folder)
+    try:
+        wait_until(proc, "redline serve", 120,
+                   lambda: httpx.get(f"{server.url}/v2/health/ready", timeout=5))
+    except BaseException:
+        server.stop(show_log=True)
+        raise
+    return server
 
 
 def summarize(peers: dict[str, dict[str, dict]]) -> dict:
@@ -183,14 +241,6 @@ def summarize(peers: dict[str, dict[str, dict]]) -> dict:
             "c8_rps_ratio": ours["c8"]["rps"] / peer["c8"]["rps"],
             "p99_lower_at_every_sustained_rate": all(
                 ours_at.get(r["rate"], float("inf")) < r["p99_ms"] for r in sustained)}
-
-
-def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, 9)
 
 
 def measure(targets: dict[str, tuple[str, object]], rounds: int, duration: float,
@@ -228,9 +278,16 @@ def main() -> None:
     parser.add_argument("--artifacts", required=True, help="what train.py wrote")
     parser.add_argument("--data", required=True, help="what generate.py wrote")
     parser.add_argument("--peer", action="append", default=None,
-                        help="layout:replicas:max_ongoing_requests (repeatable)")
+                        help="LAYOUT:INGRESS[:BATCH] (repeatable; default: one:proxy, "
+                        "one:haproxy, three:haproxy:8)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="redline's worker processes and the peer's replicas per deployment "
+                        "(default: one per core)")
+    parser.add_argument("--max-ongoing", type=int, default=8,
+                        help="the peer's max_ongoing_requests per replica")
     parser.add_argument("--peer-python", default=None,
-                        help="the peer venv's python (default: run setup_ray_serve.sh)")
+                        help="the peer's interpreter (default: benchmarks/peers' ray-serve "
+                        "environment, made when missing)")
     parser.add_argument("--redis-url", default=None,
                         help="use this Redis (the one redline serves from) instead of a new one")
     parser.add_argument("--redline-url", default=None)
@@ -241,17 +298,23 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=500)
     parser.add_argument("--json-out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
-    python = args.peer_python or subprocess.run(
-        ["bash", str(HERE / "setup_ray_serve.sh")], check=True, capture_output=True,
-        text=True).stdout.strip().splitlines()[-1]
+    configs = args.peer or ["one:proxy", "one:haproxy", "three:haproxy:8"]
+    for config in configs:
+        try:
+            parse_peer(config)
+        except ValueError as exc:
+            parser.error(str(exc))
+    python = args.peer_python or str(envs.ensure("ray-serve"))
     redis_proc, redis_url, redis_dir = (None, args.redis_url, None) if args.redis_url \
         else start_redis()
-    report: dict = {"p99_bound_ms": args.p99_ms, "peers": {}}
-    redline_proc, redline_dir = None, None
+    report: dict = {"p99_bound_ms": args.p99_ms, "workers": args.workers,
+                    "max_ongoing": args.max_ongoing, "peers": {}}
+    redline: Server | None = None
     try:
         if args.redline_url is None:
-            redline_proc, args.redline_url, redline_dir = start_redline(
-                str(Path(args.artifacts).resolve()), redis_url, args.redline_model)
+            redline = start_redline(str(Path(args.artifacts).resolve()), redis_url,
+                                    args.redline_model, args.workers)
+            args.redline_url = redline.url
         bodies = load_sessions(redis_url, args.redline_url, read(Path(args.data)),
                                args.sessions)
         encoded = [orjson.dumps(b) for b in bodies]
@@ -259,23 +322,22 @@ def main() -> None:
         def body_of(n: int) -> bytes:
             return encoded[n % len(encoded)]
 
-        for config in args.peer or ["three:1:8"]:
-            proc, url = start_peer(python, str(Path(args.artifacts).resolve()), redis_url,
-                                   config)
+        for config in configs:
+            peer = start_peer(python, str(Path(args.artifacts).resolve()), redis_url, config,
+                              args.workers, args.max_ongoing)
             try:
                 targets: dict[str, tuple[str, object]] = {
-                    f"ray-serve {config}": (url, body_of),
+                    f"ray-serve {config}": (peer.url, body_of),
                     "redline": (f"{args.redline_url}/v1/models/{args.redline_model}/predict",
                                 body_of)}
                 report["peers"][config] = measure(targets, args.rounds, args.duration,
                                                   args.p99_ms)
             finally:
-                stop(proc)
+                peer.stop()
         report["summary"] = summarize(report["peers"])
     finally:
-        if redline_proc is not None:
-            stop(redline_proc)
-            shutil.rmtree(redline_dir, ignore_errors=True)
+        if redline is not None:
+            redline.stop()
         if redis_proc is not None:
             redis_proc.terminate()
             redis_proc.wait(10)
@@ -284,7 +346,6 @@ def main() -> None:
     if args.json_out:
         args.json_out.write_text(text)
     print(text)
-
 
 if __name__ == "__main__":
     main()

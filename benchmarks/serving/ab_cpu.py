@@ -7,12 +7,13 @@ people's work, while the server process's CPU time per request barely moves. All
 at once (pinned to CPU 0, the load tool to CPU 1) and are measured in short alternating runs,
 so noise hits each alike; the median over rounds is reported.
 
-Usage (from the repository root; ``$KIT`` is a scratch copy of the peer kit (``shared/peers/``)
-where its setup.sh and train.py ran, ``$KIT_VENV`` the venv setup.sh made)::
+The floors are ``floors/bare_asgi.py`` and ``floors/bare_grpc.py`` in their own environment
+(the ``floors`` peer of ``benchmarks/peers/``, made on first use). Usage (from the repository
+root)::
 
     git archive <rev> src | tar -x -C "$BEFORE"      # optional: an older redline to compare
-    .venv/bin/python benchmarks/serving/ab_cpu.py --kit "$KIT" --kit-venv "$KIT_VENV" \
-        --before "$BEFORE/src" -c 8 --rounds 9 --duration 2 [--protocol grpc]
+    .venv/bin/python benchmarks/serving/ab_cpu.py --before "$BEFORE/src" -c 8 --rounds 9 \
+        --duration 2 [--protocol grpc]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,13 +30,29 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import PY, ROOT, cpu_seconds, wait_http  # noqa: E402
+from compare import FLOORS, PY, ROOT, cpu_seconds, envs, wait_http  # noqa: E402
+
+# The demo forest of compare.py (100 trees, depth 8, breast cancer), as ONNX and in a repository.
+_FOREST = r"""
+import sys
+from pathlib import Path
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+from sklearn.ensemble import RandomForestClassifier
+from skl2onnx import to_onnx
+from redline.models import ModelRepository
+scratch = Path(sys.argv[1])
+X, y = load_breast_cancer(return_X_y=True)
+X = X.astype(np.float32)
+rf = RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(X, y)
+onx = to_onnx(rf, X[:1], options={id(rf): {"zipmap": False}}, target_opset=17)
+(scratch / "rf.onnx").write_bytes(onx.SerializeToString())
+ModelRepository(scratch / "repo").add_onnx("rf", scratch / "rf.onnx")
+"""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kit", required=True, type=Path)
-    ap.add_argument("--kit-venv", required=True, type=Path)
     ap.add_argument("--before", type=Path, help="src/ of another redline tree (PYTHONPATH)")
     ap.add_argument("--before-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment of redline_before (this tree unless --before), e.g. "
@@ -48,20 +66,18 @@ def main() -> None:
                     help="serve this tree with monitoring.enabled false (no request observers), "
                          "to compare the request path alone with an older tree")
     args = ap.parse_args()
-    kit = args.kit.resolve()
+    floor_py = str(envs.ensure("floors"))
     scratch = Path(tempfile.mkdtemp(prefix="redline-ab-"))
-    subprocess.run([PY, "-c", "import sys; from redline.models import ModelRepository; "
-                    "ModelRepository(sys.argv[2]).add_onnx('rf', sys.argv[1])",
-                    str(kit / "models/rf.onnx"), str(scratch / "repo")], check=True)
+    subprocess.run([PY, "-W", "ignore", "-c", _FOREST, str(scratch)], check=True)
     uv = ["-m", "uvicorn", "--http", "httptools", "--loop", "uvloop", "--no-access-log"]
     serve = [PY, "-m", "redline.cli", "serve", "--no-watch", "--repository", str(scratch / "repo")]
     grpc = args.protocol == "grpc"
-    floor = (("raw_grpc", [str(args.kit_venv / "bin/python"), "raw_grpc.py"], 0) if grpc else
-             ("raw_asgi", [str(args.kit_venv / "bin/python"), *uv, "raw_asgi:app", "--port",
-                           "8097"], 8097))
+    floor = (("raw_grpc", [floor_py, "bare_grpc.py"], 0) if grpc else
+             ("raw_asgi", [floor_py, *uv, "bare_asgi:app", "--port", "8097"], 8097))
     # name -> (command, cwd, HTTP port to wait for (0: none), environment)
     servers: dict[str, tuple[list[str], Path, int, dict[str, str]]] = {
-        floor[0]: (floor[1], kit, floor[2], {"MODEL": str(kit / "models/rf.onnx")}),
+        floor[0]: (floor[1], FLOORS, floor[2], {"MODEL": str(scratch / "rf.onnx"),
+                                                "PORT": "8098"}),
         # One process: `redline serve` defaults to a worker per core (scaling.workers: 0), and
         # this measures one server process's CPU per request.
         "redline": ([*serve, "--http-port", "8300", "--grpc-port", "8301"], ROOT, 8300,
@@ -105,6 +121,9 @@ def main() -> None:
     finally:
         for p in procs.values():
             p.terminate()
+        for p in procs.values():
+            p.wait(15)
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"medians of {args.rounds} rounds of {args.duration} s\n"
           f"({args.protocol})\n"
           "| server | c | req/s | p50 ms | p99 ms | server CPU µs/req |\n"

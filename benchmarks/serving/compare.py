@@ -8,18 +8,20 @@ each cell with its lowest and highest round, and each ratio per round, so a slow
 shared machine hits every server alike.
 
 The floors (``floors/``: a bare ASGI callable, FastAPI, a bare grpc.aio servicer, each with ONNX
-Runtime) run in their own virtual environment under the system's temporary folder, built from
-PyPI on first use (``floors/floor_env.py``); nginx's canned answer joins when ``nginx`` is on
-the PATH. Batching is measured on an MLP of three 1024-wide layers on scikit-learn's digits,
-redline against the FastAPI service serving the same ONNX file, at concurrency 32.
+Runtime) run in their own virtual environment, the ``floors`` peer of ``benchmarks/peers/``
+(made on first use); nginx's canned answer joins when ``nginx`` is on the PATH
+(``benchmarks/peers/setup.sh`` installs it). Batching is measured on an MLP of three 1024-wide
+layers on scikit-learn's digits, redline against the FastAPI service serving the same ONNX file,
+at concurrency 32.
 
 Usage (from the repository root):
 
     python benchmarks/serving/compare.py --rounds 3 --duration 3 --out results.json
 
-``--kit KIT --kit-venv VENV --mlserver`` adds MLServer from the peer kit (``shared/peers/``,
-after its ``setup.sh`` and ``train.py`` in a scratch copy); ``--perf-analyzer PATH`` adds
-Triton's perf_analyzer cross-check (REST JSON, c=1 and 8) against redline and FastAPI.
+``--mlserver`` adds MLServer (the ``mlserver`` peer of ``benchmarks/peers/``, made on first
+use) on the same forest, trained in its own environment; ``--perf-analyzer`` adds Triton's
+perf_analyzer cross-check (REST JSON, c=1 and 8) against redline and FastAPI (the
+``perf-analyzer`` peer).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = Path(__file__).resolve().parent / "floors"
+PEERS = ROOT / "benchmarks" / "peers"
+sys.path.insert(0, str(ROOT))  # run as a script, the repository root may not be on the path
+from benchmarks.peers import envs  # noqa: E402
+
 PY = sys.executable
 TARGETS = {  # redline's serving targets, as ratios measured in the same run
     "rest_json_c1_p50_vs_nginx": ("<=", 2.3),
@@ -76,20 +82,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/serving/results.json")
     ap.add_argument("--floor-python", type=Path, default=None,
-                    help="the floors' interpreter (default: floors/floor_env.py builds one)")
-    ap.add_argument("--kit", type=Path, default=None,
-                    help="a scratch copy of the peer kit (shared/peers/), for --mlserver")
-    ap.add_argument("--kit-venv", type=Path, default=None, help="the venv the kit's setup made")
+                    help="the floors' interpreter (default: the floors peer's, made when missing)")
     ap.add_argument("--mlserver", action="store_true", help="also measure MLServer (slow)")
-    ap.add_argument("--perf-analyzer", type=Path, default=None)
+    ap.add_argument("--mlserver-python", type=Path, default=None,
+                    help="MLServer's interpreter (default: the mlserver peer's, made when "
+                    "missing)")
+    ap.add_argument("--perf-analyzer", action="store_true",
+                    help="also cross-check with Triton's perf_analyzer (the perf-analyzer peer)")
     args = ap.parse_args()
-    if (args.mlserver or args.perf_analyzer) and not (args.kit and args.kit_venv):
-        ap.error("--mlserver and --perf-analyzer need --kit and --kit-venv: copy the peer kit "
-                 "(shared/peers/) to a scratch folder and run its setup.sh and train.py there")
-    sys.path.insert(0, str(FLOORS))
-    from floor_env import floor_python
-
-    floor_py = args.floor_python or floor_python()
+    floor_py = args.floor_python or envs.ensure("floors")
+    mlserver_py = (args.mlserver_python or envs.ensure("mlserver")) if args.mlserver else None
     nginx = shutil.which("nginx")
     if not nginx:
         print("nginx is not installed: the protocol floor is left out "
@@ -130,9 +132,12 @@ def main() -> None:
         start("fastapi_mlp", [str(floor_py), *uv, "fastapi_onnx:app", "--port", "8096"], FLOORS,
               8096, mlp)
         start("raw_grpc", [str(floor_py), "bare_grpc.py"], FLOORS, 0, {**rf, "PORT": "8098"})
-        if args.mlserver:
-            start("mlserver", [str(args.kit_venv / "bin" / "mlserver"), "start", "."],
-                  args.kit / "models" / "mlserver", 8080)
+        if mlserver_py:
+            (scratch / "mlserver").mkdir()
+            subprocess.run([str(mlserver_py), str(PEERS / "mlserver" / "model.py"),
+                            str(scratch / "mlserver"), "8080", "8081", "8082"], check=True)
+            start("mlserver", [str(mlserver_py.parent / "mlserver"), "start", "."],
+                  scratch / "mlserver", 8080)
         time.sleep(3)
 
         rf_in, mlp_in = "X:FP32:1x30", "X:FP32:1x64"
@@ -172,11 +177,11 @@ def main() -> None:
                 print(f"round {r + 1} {server:12s} {proto:6s} c={c:<3d} "
                       f"{report['throughput_rps']:>9.0f} req/s  p50 {lat['p50']:.3f}  "
                       f"p99 {lat['p99']:.3f} ms", flush=True)
-        pa = _perf_analyzer(args.perf_analyzer, args.kit_venv) if args.perf_analyzer else {}
+        pa = _perf_analyzer(envs.ensure("perf-analyzer")) if args.perf_analyzer else {}
         summary = _summarize(runs)
         command = " ".join(sys.argv)  # machine paths replaced by the names the docs use
-        for path, name in ((args.perf_analyzer, "$PERF_ANALYZER"), (args.kit_venv, "$KIT_VENV"),
-                           (args.kit, "$KIT"), (args.floor_python, "$FLOOR_PYTHON")):
+        for path, name in ((args.mlserver_python, "$MLSERVER_PYTHON"),
+                           (args.floor_python, "$FLOOR_PYTHON")):
             if path is not None:
                 command = command.replace(str(path), name)
         result = {"command": command, "rounds": args.rounds, "duration_s": args.duration,
@@ -194,9 +199,12 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _perf_analyzer(binary: Path, venv: Path) -> dict[str, str]:
-    env = {**os.environ, "LD_LIBRARY_PATH": str(
-        venv / "lib/python3.11/site-packages/nvidia/cuda_runtime/lib")}
+def _perf_analyzer(python: Path) -> dict[str, str]:
+    """perf_analyzer (it lies beside its environment's python) against redline and FastAPI; it
+    loads libcudart from the CUDA runtime wheel of the same environment."""
+    binary = python.parent / "perf_analyzer"
+    runtime = next(python.parent.parent.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(runtime)}
     found: dict[str, str] = {}
     for name, port in (("redline", 8300), ("fastapi", 8095)):
         for c in (1, 8):

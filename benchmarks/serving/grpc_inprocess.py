@@ -56,7 +56,7 @@ def _request(raw: bool, features: int) -> bytes:
 
 
 def _floor(model: Path) -> Any:
-    """The bare grpc.aio peer's handler, as written in the peers kit."""
+    """The bare grpc.aio peer's handler, as written in ``floors/bare_grpc.py``."""
     import onnxruntime as ort
 
     from redline.proto import grpc_service_pb2 as pb

@@ -4,6 +4,7 @@ give the same page."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -51,9 +52,8 @@ READ_RUNS = [
 
 
 def _args() -> argparse.Namespace:
-    return argparse.Namespace(machine="test machine", peers=None, peers_venv=None,
-                              feast_python=None, feast_repo=None, feast_model=None, rounds=3,
-                              ray_python=None)
+    return argparse.Namespace(machine="test machine", feast_python=None, rounds=3,
+                              ray_python=None, install_peers=False, wanted=[])
 
 
 def _refresh(page: str) -> tuple[str, run_all.Outcome]:
@@ -122,10 +122,15 @@ def test_a_target_bound_from_above_and_from_below() -> None:
     assert Target("c=8 p99 vs FastAPI", "<=", 0.7, 0.738).verdict() == "not met by 0.038x"
 
 
-def test_an_area_without_its_peer_says_how_to_set_it_up() -> None:
+def test_an_area_without_its_peer_says_how_to_set_it_up(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("REDLINE_PEERS_HOME", str(tmp_path))  # no peer made there
     why = run_all._missing("v1", _args())
-    assert "shared/peers/feast/README.md" in why and "--feast-python" in why
+    assert "`bash benchmarks/peers/setup.sh feast`" in why and "--install-peers" in why
     assert run_all._missing("offline", _args()) == ""
+    args = _args()
+    args.install_peers = True  # the run makes the peer first
+    assert run_all._missing("v1", args) == ""
 
 
 def test_the_feast_comparison_reads_its_targets_from_one_result_document() -> None:
@@ -160,13 +165,14 @@ def _ray_side(c1: float, ladder: list[tuple[int, float]], bound: float = 20.0) -
 def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration() -> None:
     from benchmarks.recommend.compare_ray_serve import summarize
 
-    peers = {"one:1:8": {"ray-serve one:1:8": _ray_side(90, [(5, 15.0), (10, 19.0), (20, 40.0)]),
-                         "redline": _ray_side(500, [(5, 6.0), (10, 7.0), (20, 8.0), (40, 9.0),
-                                                    (80, 12.0), (150, 30.0)])},
-             "three:1:8": {"ray-serve three:1:8": _ray_side(60, [(5, 25.0)]),
-                           "redline": _ray_side(520, [(5, 6.0), (10, 30.0)])}}
+    peers = {"one:haproxy": {"ray-serve one:haproxy": _ray_side(90, [(5, 15.0), (10, 19.0),
+                                                                    (20, 40.0)]),
+                             "redline": _ray_side(500, [(5, 6.0), (10, 7.0), (20, 8.0), (40, 9.0),
+                                                        (80, 12.0), (150, 30.0)])},
+             "three:haproxy:8": {"ray-serve three:haproxy:8": _ray_side(60, [(5, 25.0)]),
+                                 "redline": _ray_side(520, [(5, 6.0), (10, 30.0)])}}
     summary = summarize(peers)
-    assert summary["best_peer"] == "one:1:8" and summary["peer_max_rate"] == 10
+    assert summary["best_peer"] == "one:haproxy" and summary["peer_max_rate"] == 10
     assert summary["rate_ratio"] == 8.0 and summary["p99_lower_at_every_sustained_rate"]
     args = _args()
     args.ray_python = "/scratch/redline-ray-serve/venv/bin/python"
@@ -174,10 +180,10 @@ def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration()
                            [{"p99_bound_ms": 20.0, "peers": peers, "summary": summary}])
     rate, slower = outcome.targets
     assert rate.met and rate.value == 8.0 and slower.met
-    assert "| ray-serve three:1:8 | 60 | 2.0 / 5.0 | 120 | 8.0 / 30.0 | none (25.0 ms at 5) |" in (
-        outcome.body)
+    assert ("| ray-serve three:haproxy:8 | 60 | 2.0 / 5.0 | 120 | 8.0 / 30.0 | "
+            "none (25.0 ms at 5) |") in outcome.body
     stamp = outcome.body.splitlines()[0]
     assert "--peer-python $RAY_PYTHON" in stamp and "/scratch" not in stamp
 
-    peers["one:1:8"]["redline"]["ladder"][1]["p99_ms"] = 19.5  # slower than the peer at 10/s
+    peers["one:haproxy"]["redline"]["ladder"][1]["p99_ms"] = 19.5  # slower than the peer at 10/s
     assert not summarize(peers)["p99_lower_at_every_sustained_rate"]

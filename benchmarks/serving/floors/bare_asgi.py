@@ -1,6 +1,6 @@
 """The Python floor: one bare ASGI callable, orjson and ONNX Runtime, nothing else.
 
-Run by ``compare.py`` in the floors' own virtual environment (``floor_env.py``):
+Run by ``compare.py`` in the floors' own virtual environment (``benchmarks/peers/``):
 ``MODEL=model.onnx python -m uvicorn bare_asgi:app --http httptools --loop uvloop``.
 It answers ``POST /v2/models/<any>/infer`` with a V2 JSON body (one FP32 input, flat ``data``)
 and ``GET /v2/health/ready``; it validates nothing, which is what makes it a floor.

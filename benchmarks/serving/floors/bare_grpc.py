@@ -1,6 +1,6 @@
 """The gRPC floor: a bare grpc.aio server of the KServe V2 ``ModelInfer`` call and ONNX Runtime.
 
-Run by ``compare.py`` in the floors' own virtual environment (``floor_env.py``):
+Run by ``compare.py`` in the floors' own virtual environment (``benchmarks/peers/``):
 ``MODEL=model.onnx PORT=8098 python bare_grpc.py``. Messages are tritonclient's generated
 classes for the standard ``inference.GRPCInferenceService``; tensors travel as raw contents.
 """

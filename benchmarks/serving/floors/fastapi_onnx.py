@@ -1,6 +1,6 @@
 """How teams build a model service today: FastAPI on uvicorn with ONNX Runtime.
 
-Run by ``compare.py`` in the floors' own virtual environment (``floor_env.py``):
+Run by ``compare.py`` in the floors' own virtual environment (``benchmarks/peers/``):
 ``MODEL=model.onnx python -m uvicorn fastapi_onnx:app --http httptools --loop uvloop``.
 The request and answer are pydantic models of the V2 JSON body, as a FastAPI service writes them.
 """

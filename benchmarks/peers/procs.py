@@ -1,0 +1,75 @@
+"""Every process a peer started, found by a tag in its environment, and stopped.
+
+A peer server may start processes that leave its process group and outlive it: Ray's raylet and
+workers, and the HAProxy that Ray Serve's throughput-optimized ingress runs, which keeps its
+ports (8404, 9101 by default) after Ray is gone, so the next peer cannot bind them. Each peer is
+started with ``REDLINE_PEER_RUN=<tag>`` in its environment; every process it starts inherits the
+variable, however it detaches, so ``stop_tagged`` finds them all in ``/proc`` and ends them: a
+SIGTERM first, a SIGKILL for whatever is left after ``grace_s``. Only this user's processes
+carrying this run's tag are touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+TAG_VARIABLE = "REDLINE_PEER_RUN"
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def tagged_env(tag: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the tag added."""
+    return {**(os.environ if env is None else env), TAG_VARIABLE: tag}
+
+
+def tagged(tag: str) -> list[int]:
+    """The pids of this user's live processes whose environment carries ``tag``."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    me, uid, found = os.getpid(), os.getuid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0") and not _zombie(entry):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def stop_tagged(tag: str, grace_s: float = 15.0) -> list[int]:
+    """SIGTERM every process carrying ``tag``, SIGKILL those left after ``grace_s``; returns the
+    pids that needed the SIGKILL."""
+    for pid in tagged(tag):
+        _send(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and tagged(tag):
+        time.sleep(0.2)
+    killed = tagged(tag)
+    for pid in killed:
+        _send(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and tagged(tag):
+        time.sleep(0.1)
+    return killed
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _zombie(entry: Path) -> bool:
+    """A zombie has exited (only its parent's wait is missing): nothing left to stop."""
+    return entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
