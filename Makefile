@@ -59,8 +59,19 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/mypy --follow-imports=silent $(TYPED_TESTS)
 
-proto: $(VENV)/.dev-installed
-	$(PY) -m grpc_tools.protoc -I src/redline/proto --python_out=src/redline/proto \
+# The generated modules must load on every protobuf and grpcio that pyproject.toml allows
+# (protobuf 4.25 to 7.x): grpcio-tools 1.62 writes code without the runtime version checks that
+# later releases add (code from protoc N refuses any protobuf older than N). It runs in its own
+# venv, so its protobuf<5 never meets the dev extra's.
+PROTO_TOOLS := build/proto-tools
+PROTOC      := $(PROTO_TOOLS)/bin/python -m grpc_tools.protoc
+
+$(PROTO_TOOLS)/bin/python:
+	$(PYTHON) -m venv $(PROTO_TOOLS)
+	$(PROTO_TOOLS)/bin/python -m pip --disable-pip-version-check -q install 'grpcio-tools==1.62.3'
+
+proto: $(PROTO_TOOLS)/bin/python
+	$(PROTOC) -I src/redline/proto --python_out=src/redline/proto \
 	  --pyi_out=src/redline/proto \
 	  --grpc_python_out=src/redline/proto src/redline/proto/grpc_service.proto
 	sed -i 's/^import grpc_service_pb2 as/from . import grpc_service_pb2 as/' \
@@ -69,7 +80,7 @@ proto: $(VENV)/.dev-installed
 	sed -i 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/_POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = _POOL.AddSerializedFile(/' \
 	  src/redline/proto/grpc_service_pb2.py
 	# redline's own API (entity predictions), a separate service so the KServe proto stays standard.
-	$(PY) -m grpc_tools.protoc -I src/redline/proto --python_out=src/redline/proto \
+	$(PROTOC) -I src/redline/proto --python_out=src/redline/proto \
 	  --grpc_python_out=src/redline/proto src/redline/proto/redline_v1.proto
 	sed -i 's/^import redline_v1_pb2 as/from . import redline_v1_pb2 as/' \
 	  src/redline/proto/redline_v1_pb2_grpc.py
