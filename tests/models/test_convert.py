@@ -29,8 +29,9 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from redline.errors import ConversionError
-from redline.models import convert as convert_mod
-from redline.models.convert import ConvertedModel, convert, detect_framework
+from redline.models.convert import ConvertedModel, convert, detect_framework, from_sklearn, parity
+from redline.models.convert.frameworks import import_framework
+from redline.models.convert.patches import floor32_thresholds
 
 
 def _split(x: np.ndarray, y: np.ndarray, n_test: int = 60) -> tuple[np.ndarray, ...]:
@@ -245,7 +246,7 @@ def test_lightgbm_thresholds_round_down_to_float32() -> None:
         "threshold": t,
         "left_child": {"leaf_value": 1.0},
     }
-    convert_mod._floor32_thresholds(tree)
+    floor32_thresholds(tree)
     floor = np.float32(tree["threshold"])
     assert float(floor) <= t < float(np.nextafter(floor, np.float32(np.inf)))
     x = np.float32(t)  # the float32 nearest 0.1 is above 0.1: LightGBM sends it right
@@ -377,7 +378,7 @@ def test_pytorch_missing_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(importlib, "import_module", no_torch)
     with pytest.raises(ConversionError, match=r"pip install 'redline\[torch\]'"):
-        convert_mod._import("torch", "torch")
+        import_framework("torch", "torch")
     assert builtins  # the real import machinery is untouched outside this helper
 
 
@@ -406,7 +407,7 @@ def test_corrupted_graph_is_refused(
     """A converter bug that changes the numbers is caught by the parity check."""
     x, y, *_ = cancer
     model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(x, y)
-    real_rename = convert_mod._rename_outputs
+    real_rename = from_sklearn.rename_outputs
 
     corrupted = []
 
@@ -418,7 +419,7 @@ def test_corrupted_graph_is_refused(
                     attr.floats[:] = [v + 1.0 for v in attr.floats]
                     corrupted.append(node.name)
 
-    monkeypatch.setattr(convert_mod, "_rename_outputs", corrupt)
+    monkeypatch.setattr(from_sklearn, "rename_outputs", corrupt)
     with pytest.raises(ConversionError, match=r"conversion refused.*'probabilities' differs"):
         convert(model, x[:100])
     assert corrupted
@@ -429,14 +430,14 @@ def test_label_mismatch_is_refused(
 ) -> None:
     x, y, *_ = cancer
     model = LogisticRegression(max_iter=2000).fit(x, y)
-    real = convert_mod._reference_outputs
+    real = parity.reference_outputs
 
     def swapped(*args: Any) -> dict[str, Any]:
         out = real(*args)
         out["label"] = 1 - out["label"]  # the original "predicts" the other class
         return out
 
-    monkeypatch.setattr(convert_mod, "_reference_outputs", swapped)
+    monkeypatch.setattr(parity, "reference_outputs", swapped)
     with pytest.raises(ConversionError, match=r"predicts label .* at sample row 0"):
         convert(model, x[:20])
 
