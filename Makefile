@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+comma  := ,
 
 .PHONY: demo test test-fast lint bench proto clean services
 
@@ -11,15 +12,24 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
+# Install into the venv only when it is this checkout's. A .venv that links to another
+# checkout's environment (or whose editable redline lives in another tree) is used as it is:
+# `pip install -e` here would point that checkout's venv at this tree.
+define venv_install
+	@where=$$($(PY) -I -c 'import importlib.util as u; s = u.find_spec("redline"); print(s.origin if s else "")' 2>/dev/null); \
+	case "$$([ -L $(VENV) ] && echo link)$$where" in \
+	  "" | $(CURDIR)/src/* | $(abspath $(VENV))/*) $(PIP) install -e '$(1)' && touch $@ $(2) ;; \
+	  *) echo "$(VENV) is another checkout's environment ($${where:-a link}): not installing into it" ;; \
+	esac
+endef
+
 # Runtime + converters + offline builder + an HTTP client: what the demo needs.
 $(VENV)/.demo-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[demo]'
-	@touch $@
+	$(call venv_install,.[demo])
 
 # Everything the test suite needs, torch included (CPU build, pinned).
 $(VENV)/.dev-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[dev,torch]'
-	@touch $@ $(VENV)/.demo-installed
+	$(call venv_install,.[dev$(comma)torch],$(VENV)/.demo-installed)
 
 # What the tests need outside Python: one small script per service in tools/services.d/ (each
 # checks before it installs, so a warm machine pays nothing).
@@ -40,8 +50,9 @@ test-fast: $(VENV)/.dev-installed services
 	$(PY) -m pytest -q -m "not slow"
 
 # The comparisons of docs/performance.md, run and written into its tables (about ten minutes on
-# 2 cores). BENCH_ARGS="--peers KIT --peers-venv VENV" adds the peer kit's MLServer; see
-# `$(PY) benchmarks/run_all.py --help` for the Feast comparison and the rest.
+# 2 cores). The peers run from environments of their own: `bash benchmarks/peers/setup.sh`
+# makes MLServer's, Feast's and Ray Serve's (or BENCH_ARGS=--install-peers, during the run); see
+# `$(PY) benchmarks/run_all.py --help` for the areas.
 bench: $(VENV)/.dev-installed services
 	PYTHONPATH=src:. $(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
