@@ -19,18 +19,79 @@ folder, ``.redline`` next to the file (or in the current folder without one).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from redline.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "redline.yaml"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts: finite, from ``low`` to ``high`` (both included;
+    ``None``: no end), and above ``low`` rather than equal to it when ``above`` (a duration or
+    an amount that must be positive)."""
+
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+
+    def refusal(self, value: Any) -> str | None:
+        """What the setting must be, when ``value`` is outside the range; ``None`` inside."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None  # the type check has spoken
+        inside = math.isfinite(value)
+        if inside and self.low is not None:
+            inside = value > self.low if self.above else value >= self.low
+        if inside and self.high is not None:
+            inside = value <= self.high
+        return None if inside else str(self)
+
+    def __str__(self) -> str:
+        if self.low is None:
+            return "a finite number" if self.high is None else f"at most {_number(self.high)}"
+        low = f"more than {_number(self.low)}" if self.above else f"at least {_number(self.low)}"
+        if self.high is None:
+            return low
+        if not self.above:
+            return f"between {_number(self.low)} and {_number(self.high)}"
+        return f"{low} and at most {_number(self.high)}"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The names a setting accepts (a typo in a store's name must not start a server)."""
+
+    names: tuple[str, ...]
+
+    def refusal(self, value: Any) -> str | None:
+        if not isinstance(value, str) or value in self.names:
+            return None
+        return str(self)
+
+    def __str__(self) -> str:
+        return " or ".join(", ".join(self.names).rsplit(", ", 1))
+
+
+# The ranges most settings use. Each settings class names its own in RULES, next to its fields.
+AT_LEAST_0 = Range(0)  # a count or a duration where 0 means none (or off)
+AT_LEAST_1 = Range(1)  # a count that must hold something
+POSITIVE = Range(0, above=True)  # a duration, an interval or a budget
+SHARE = Range(0, 1)  # a fraction
+PORT = Range(0, 65535)  # 0 = any free port
+Rules = dict[str, Range | OneOf]
 
 
 @dataclass
@@ -46,6 +107,13 @@ class RuntimeSettings:
     optimized_model_dir: str | None = field(default=None, metadata={"path": True})
     warmup_batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     warmup_runs: int = 3
+
+    RULES: ClassVar[Rules] = {
+        "intra_op_threads": AT_LEAST_0, "inter_op_threads": AT_LEAST_0,  # 0 = every core
+        "graph_optimization": OneOf(("disable", "basic", "extended", "all")),
+        "execution_mode": OneOf(("sequential", "parallel")),
+        "warmup_batch_sizes": AT_LEAST_1, "warmup_runs": AT_LEAST_0,
+    }
 
 
 @dataclass
@@ -65,6 +133,12 @@ class BatchingSettings:
     # gains from batching (docs/architecture.md, "Findings that shape the hot path").
     inline_max_us: int = 120
 
+    RULES: ClassVar[Rules] = {
+        "max_batch_size": AT_LEAST_1, "max_queue_delay_us": AT_LEAST_0,
+        "max_queue_size": AT_LEAST_1, "adaptive_target": Range(0, 1, above=True),
+        "inline_max_us": AT_LEAST_0,
+    }
+
 
 @dataclass
 class ModelSettings:
@@ -75,6 +149,8 @@ class ModelSettings:
     fallback: str | None = None  # name of a cheaper model to serve when the budget is short
     default_answer: list[float] | None = None
     version_policy: str | None = None  # "latest:N" | "all" | "specific:1,3"
+
+    RULES: ClassVar[Rules] = {"slo_ms": POSITIVE}
 
 
 @dataclass
@@ -87,6 +163,12 @@ class OptimizeSettings:
     passes: int = 5  # interleaved latency passes, one session alive at a time
     rounds: int = 300  # timed calls per candidate and batch size
     bootstrap: int = 500  # bootstrap resamples behind every interval
+
+    RULES: ClassVar[Rules] = {
+        "tolerance": AT_LEAST_0, "guard_tolerance": AT_LEAST_0,
+        "calibration_rows": AT_LEAST_1, "passes": AT_LEAST_1, "rounds": AT_LEAST_1,
+        "bootstrap": AT_LEAST_1,
+    }
 
 
 @dataclass
@@ -108,6 +190,12 @@ class ServerSettings:
     # false: ready once every model that could load did (the others answer 503, with why)
     strict_readiness: bool = True
 
+    RULES: ClassVar[Rules] = {
+        "http_port": PORT, "grpc_port": PORT, "max_body_bytes": AT_LEAST_1,
+        "default_slo_ms": POSITIVE, "watch_interval_s": POSITIVE,
+        "drain_timeout_s": AT_LEAST_0, "drain_grace_s": AT_LEAST_0,
+    }
+
 
 @dataclass
 class CacheSettings:
@@ -117,6 +205,12 @@ class CacheSettings:
     feature_cache_max_staleness_ms: float = 1000.0
     # When the online store is down, a cached feature row up to this old still beats defaults.
     feature_cache_fallback_staleness_ms: float = 30000.0
+
+    RULES: ClassVar[Rules] = {
+        "prediction_cache_entries": AT_LEAST_0, "prediction_cache_ttl_s": POSITIVE,
+        "feature_cache_entries": AT_LEAST_0, "feature_cache_max_staleness_ms": AT_LEAST_0,
+        "feature_cache_fallback_staleness_ms": AT_LEAST_0,
+    }
 
 
 @dataclass
@@ -151,6 +245,19 @@ class ScalingSettings:
     rollout_min_labels: int = 100
     rollout_max_loss_increase: float = 0.1  # mean squared error above the baseline's, relative
 
+    RULES: ClassVar[Rules] = {
+        "workers": AT_LEAST_0, "min_workers": AT_LEAST_0, "max_workers": AT_LEAST_0,
+        "restart_backoff_s": AT_LEAST_0, "max_restart_backoff_s": AT_LEAST_0,
+        "crash_window_s": POSITIVE, "autoscale_interval_s": POSITIVE,
+        "queue_high": POSITIVE, "queue_low": AT_LEAST_0,
+        "scale_up_cooldown_s": AT_LEAST_0, "scale_down_cooldown_s": AT_LEAST_0,
+        "rollout_min_requests": AT_LEAST_1, "rollout_max_error_rate_delta": SHARE,
+        "rollout_max_p99_ratio": POSITIVE, "rollout_min_answers": AT_LEAST_1,
+        "rollout_max_prediction_psi": AT_LEAST_0, "rollout_max_mismatch_rate": SHARE,
+        "rollout_answer_rtol": AT_LEAST_0, "rollout_answer_atol": AT_LEAST_0,
+        "rollout_min_labels": AT_LEAST_1, "rollout_max_loss_increase": AT_LEAST_0,
+    }
+
 
 @dataclass
 class PipelineSettings:
@@ -170,6 +277,14 @@ class PipelineSettings:
     latency_window_s: float = 10.0  # ...and how long a run counts in it (estimates age)
     probe_interval_ms: float = 100.0  # while the p99 says "won't fit", one request per interval
                                       # runs the primary anyway, so a recovered model is seen
+
+    RULES: ClassVar[Rules] = {
+        "breaker_failures": AT_LEAST_1, "breaker_reset_ms": POSITIVE,
+        "session_ttl_s": POSITIVE, "session_max_events": AT_LEAST_1,
+        "session_max_items": AT_LEAST_1, "session_events_timeout_ms": POSITIVE,
+        "max_instances": AT_LEAST_1, "latency_window": AT_LEAST_1,
+        "latency_window_s": POSITIVE, "probe_interval_ms": POSITIVE,
+    }
 
 
 @dataclass
@@ -215,6 +330,14 @@ class FeatureSettings:
     # any librdkafka setting, e.g. security.protocol, sasl.mechanism, sasl.username, ssl.ca.location
     kafka_config: dict[str, str] = field(default_factory=dict)
 
+    RULES: ClassVar[Rules] = {
+        "store": OneOf(("memory", "redis")), "redis_timeout_ms": POSITIVE,
+        "entity_loss_window_s": POSITIVE, "entity_loss_jump": Range(0, 1, above=True),
+        "entity_loss_min_rows": AT_LEAST_1, "entity_loss_baseline_half_life_s": POSITIVE,
+        "redis_spin_us": AT_LEAST_0, "ingest_batch": AT_LEAST_1, "claim_idle_ms": AT_LEAST_1,
+        "http_port": PORT,
+    }
+
 
 @dataclass
 class MonitoringSettings:
@@ -252,6 +375,20 @@ class MonitoringSettings:
     alert_webhook_url: str | None = None
     alert_min_interval_s: float = 60.0  # repeats of a firing alert back off from here...
     alert_max_interval_s: float = 3600.0  # ...doubling up to here
+
+    RULES: ClassVar[Rules] = {
+        "tick_s": POSITIVE, "trace_sample_ratio": SHARE, "trace_slow_ms": POSITIVE,
+        "trace_queue_size": AT_LEAST_1, "slow_log_size": AT_LEAST_1,
+        "drift_window_rows": AT_LEAST_1, "drift_min_rows": AT_LEAST_1,
+        "window_rows_per_s": AT_LEAST_0,  # 0 = every row
+        "quality_join_capacity": AT_LEAST_1, "quality_join_ttl_s": POSITIVE,
+        "quality_window": AT_LEAST_1, "quality_tolerance": AT_LEAST_0,
+        "quality_store": OneOf(("auto", "memory", "sqlite", "redis")),
+        "quality_store_timeout_ms": POSITIVE,
+        "review_per_minute": AT_LEAST_0, "review_capacity": AT_LEAST_1,
+        "review_margin": Range(0, 0.5), "alert_min_interval_s": POSITIVE,
+        "alert_max_interval_s": POSITIVE,
+    }
 
 
 @dataclass
@@ -309,7 +446,11 @@ def _load_file(file: Path) -> Settings:
     try:
         node = yaml.compose(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
+        raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(exc)}; fix the file "
+                          "there (indent with spaces, quote a value holding ': ' or '#')"
+                          ) from None
     if node is None:
         settings = Settings()
     else:
@@ -319,6 +460,15 @@ def _load_file(file: Path) -> Settings:
     # Every path the file names (and the default project folder) is relative to the file.
     _resolve_paths(settings, file.parent)
     return settings
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's complaint without its own multi-line quote of the source."""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if problem is None:
+        return str(exc).splitlines()[0]
+    return f"{context}, {problem}" if context else str(problem)
 
 
 def _mapping_keys(node: yaml.Node, prefix: str) -> set[str]:
@@ -406,11 +556,19 @@ def _set_from_env(settings: Settings, parts: list[str], raw: str, var: str) -> N
             raise ConfigError(f"{where}: unknown key '{path}' (known: {known})")
         hint = typing.get_type_hints(type(obj))[part]
         if last:
-            node = yaml.compose(raw) if raw.strip() else yaml.compose("''")
             try:
-                setattr(obj, part, _convert(hint, node, var, path))
+                node = yaml.compose(raw) if raw.strip() else yaml.compose("''")
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{where}: {raw!r} is not valid YAML ({_yaml_problem(exc)}); "
+                                  "quote a string value, close a [list]") from None
+            try:
+                value = _convert(hint, node, var, path)
             except ConfigError as exc:
                 raise ConfigError(exc.message.replace(f"{var}:1:", f"{where}:")) from None
+            refused = _refusal(type(obj), part, value, path)
+            if refused is not None:
+                raise ConfigError(f"{where}: {refused[1]}")
+            setattr(obj, part, value)
             return
         child = getattr(obj, part)
         if child is None:  # an optional section (models.x.batching): start from its defaults
@@ -436,8 +594,27 @@ def _build(cls: type, node: yaml.Node, file: str, prefix: str) -> Any:
         if key not in names:
             known = ", ".join(sorted(names))
             raise ConfigError(f"{_where(file, key_node)}: unknown key '{path}' (known: {known})")
-        values[key] = _convert(hints[key], value_node, file, path)
+        values[key] = value = _convert(hints[key], value_node, file, path)
+        refused = _refusal(cls, key, value, path)
+        if refused is not None:
+            index, message = refused
+            at = value_node.value[index] if index is not None else value_node
+            raise ConfigError(f"{_where(file, at)}: {message}")
     return cls(**values)
+
+
+def _refusal(cls: type, key: str, value: Any, path: str) -> tuple[int | None, str] | None:
+    """Where (a list's item, or None) and why ``value`` is outside the rule ``cls`` gives
+    ``key`` (its RULES), with what to write instead; None when it is inside."""
+    rule = getattr(cls, "RULES", {}).get(key)
+    if rule is None or value is None:
+        return None
+    for index, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+        need = rule.refusal(item)
+        if need is not None:
+            name = path if index is None else f"{path}[{index}]"
+            return index, f"'{name}' must be {need}, got {item!r}"
+    return None
 
 
 def _convert(hint: Any, node: yaml.Node, file: str, path: str) -> Any:

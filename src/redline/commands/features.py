@@ -519,9 +519,10 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
 @definitions_option
 @store_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--http-port", "port", type=int, default=None,
+@click.option("--http-port", "port", type=click.IntRange(0, 65535), default=None,
               help="Port (default: features.http_port, 8010).")
-@click.option("--port", "legacy_port", type=int, default=None, hidden=True)  # the old name
+@click.option("--port", "legacy_port", type=click.IntRange(0, 65535), default=None,
+              hidden=True)  # the old name
 def ingest_http(config_path: str | None, definitions: str | None, store: str | None,
                 redis_url: str | None, host: str, port: int | None,
                 legacy_port: int | None) -> None:

@@ -76,6 +76,8 @@ def init(folder: str, model: str, users: int, seed: int, force: bool) -> None:
         text = (package / template).read_text()
         (root / target).write_text(text.replace("__MODEL__", model).replace("__NAME__", name))
     events, labels = purchases(users, seed)
+    # the (empty) model repository `redline serve` watches until train.py adds the model
+    (root / PROJECT_FOLDER / "models").mkdir(parents=True, exist_ok=True)
     data = root / "data"
     data.mkdir(exist_ok=True)
     (data / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))

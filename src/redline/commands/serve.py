@@ -12,7 +12,10 @@ import click
 
 from redline.commands._common import config_option, repository_option, store_options
 from redline.config import Settings, load_settings
-from redline.errors import InvalidInput
+from redline.errors import ConfigError, InvalidInput
+
+PORT_RANGE = click.IntRange(0, 65535)  # a port out of range is a usage error, not a traceback
+log = logging.getLogger("redline.serving")
 
 
 @click.command("serve")
@@ -20,8 +23,10 @@ from redline.errors import InvalidInput
 @repository_option
 @click.option("--host", default=None,
               help="Address to bind (default: server.host, 127.0.0.1; 0.0.0.0 = every address).")
-@click.option("--http-port", type=int, default=None, help="REST port (default 8000; 0 = any).")
-@click.option("--grpc-port", type=int, default=None, help="gRPC port (default 8001; 0 = any).")
+@click.option("--http-port", type=PORT_RANGE, default=None,
+              help="REST port (default 8000; 0 = any).")
+@click.option("--grpc-port", type=PORT_RANGE, default=None,
+              help="gRPC port (default 8001; 0 = any).")
 @click.option("--no-grpc", is_flag=True, help="Serve REST only.")
 @click.option("--no-watch", is_flag=True, help="Do not poll the repository for new versions.")
 @store_options
@@ -69,14 +74,20 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
     from redline.scaling.workers import resolve_workers, run_supervised
 
     count = resolve_workers(settings, workers)
+    check_repository(settings.repository)
+
+    def warn_when_empty() -> None:
+        warn_if_empty(settings.repository, watched=settings.server.watch_repository)
+
     if count > 1 or settings.scaling.max_workers > 1:
         run_supervised(settings, {"config": config_path, "options": options,
-                                  "log_level": log_level}, count)
+                                  "log_level": log_level}, count, ports_claimed=warn_when_empty)
         return
     from redline.assembly import build_server
 
     server = build_server(settings)
     server.claim_ports()  # a port in use is one line now, not after the preload and the models
+    warn_when_empty()
     from redline.scaling.rollout import install
 
     install(server)  # canary/shadow rollouts (redline rollout start)
@@ -137,6 +148,29 @@ def apply_serve_options(settings: Settings, *, repository: str | None = None,
     if admin_token:
         server.admin_enabled = True
         server.admin_token = admin_token
+
+
+def check_repository(path: str) -> None:
+    """A model repository that is not there is a mistyped path: refused before anything."""
+    root = Path(path)
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise ConfigError(
+            f"model repository {path} {what}; name the folder that holds <model>/<version>/ "
+            "with --repository (or `repository:` in redline.yaml), or create it and add a "
+            "model with `redline models add`")
+
+
+def warn_if_empty(path: str, *, watched: bool) -> None:
+    """A repository with no model yet is a project whose first model is still to come: the
+    server starts, and says so."""
+    from redline.models import ModelRepository
+
+    if not ModelRepository(path).list_models():
+        then = ("it is watched: a model added there is served within seconds" if watched
+                else "with --no-watch, add one with `redline models add` and restart")
+        log.warning("model repository %s has no model yet; serving none until one is added "
+                    "(%s)", path, then)
 
 
 def preload_store(server: object, path: str) -> None:

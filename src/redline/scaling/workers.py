@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,9 +136,16 @@ class Supervisor:
         if server.grpc_enabled:
             # Hold the gRPC port (bound, not listening) so port 0 becomes one port every worker
             # then binds with SO_REUSEPORT; a bound socket that never listens receives nothing.
+            # SO_REUSEPORT would as gladly join another server's listener on that port (a
+            # second pool then answered most of the first one's calls): first the port must be
+            # free for a socket that shares it with nobody.
             hold = socket.socket(family, socket.SOCK_STREAM)
-            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
+                if server.grpc_port:
+                    with socket.socket(family, socket.SOCK_STREAM) as probe:
+                        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT
+                        probe.bind((server.host, server.grpc_port))
+                hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 hold.bind((server.host, server.grpc_port))
             except OSError as exc:
                 hold.close()
@@ -232,8 +240,11 @@ class Supervisor:
         return LoadSample(len(live), in_flight, p99)
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> int:
+    def run(self, ports_claimed: Callable[[], None] | None = None) -> int:
+        """Supervise until stopped; ``ports_claimed`` runs once both ports are taken."""
         self._bind()
+        if ports_claimed is not None:
+            ports_claimed()
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Every worker writes its metrics files here; any worker's /metrics merges them all.
             self._metrics_dir = tempfile.TemporaryDirectory(prefix="redline-metrics-")
@@ -320,8 +331,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_supervised(settings: Settings, worker_args: dict[str, Any], workers: int) -> None:
-    """Block supervising ``workers`` processes until SIGTERM; exits with the supervisor's code."""
-    code = Supervisor(settings, worker_args, workers).run()
+def run_supervised(settings: Settings, worker_args: dict[str, Any], workers: int,
+                   ports_claimed: Callable[[], None] | None = None) -> None:
+    """Block supervising ``workers`` processes until SIGTERM; exits with the supervisor's code.
+    ``ports_claimed`` runs once the ports are taken (a warning after a port's refusal would be
+    a second line for nothing)."""
+    code = Supervisor(settings, worker_args, workers).run(ports_claimed)
     if code:
         sys.exit(code)

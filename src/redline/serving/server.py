@@ -255,11 +255,9 @@ def _probe_grpc(host: str, port: int) -> None:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # as gRPC binds: a port left in TIME_WAIT is free, one with a listener is not, and
-        # one a sibling worker already serves gRPC on (SO_REUSEPORT, gRPC's default) is shared
+        # as gRPC binds here: a port left in TIME_WAIT is free, one with a listener is not, and
+        # neither is one that a pool of workers shares (SO_REUSEPORT): this server would join it
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
