@@ -189,6 +189,16 @@ class ServerSettings:
     # ready only when every model in the repository serves (as Triton's --strict-readiness);
     # false: ready once every model that could load did (the others answer 503, with why)
     strict_readiness: bool = True
+    # What one client may hold of the HTTP edge (REST, /v1 and `redline ingest http`); each
+    # refusal is a JSON error that names its setting.
+    max_header_bytes: int = 64 * 1024  # a request's line and headers; beyond: 431
+    max_headers: int = 100  # header fields in one request; beyond: 431
+    header_timeout_s: float = 10.0  # a request's line and headers arrive within this, or 408
+    body_timeout_s: float = 30.0  # ...and its body within this once the headers are in, or 408
+    max_connections: int = 4096  # open HTTP connections per process; beyond: 503, closed
+    # gRPC: a message is bounded by max_body_bytes, a call's metadata (its headers) by this;
+    # beyond either: RESOURCE_EXHAUSTED
+    grpc_max_metadata_bytes: int = 16 * 1024
 
     RULES: ClassVar[Rules] = {
         "http_port": PORT, "grpc_port": PORT, "max_body_bytes": AT_LEAST_1,

@@ -537,6 +537,7 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
 
     from redline.features.ingest import Ingestor, events_asgi_app
     from redline.features.online import open_online_store
+    from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
 
     port = port if port is not None else legacy_port
     fs, defs = _settings(config_path, definitions, store, redis_url,
@@ -547,7 +548,10 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
                                    sessions=_session_writer(config_path, online)))
     click.echo(f"ingest: POST http://{host}:{port or fs.http_port}/v1/events into the "
                f"{fs.store} store ({len(defs.views)} views)", err=True)
+    # The serving edge's protocol: the server.* limits on header size and count, slow
+    # clients and connections hold here too (an ingest port is as exposed as a serving one).
+    limits = HttpLimits.of(load_settings(config_path).server)
     uvicorn.run(app, host=host, port=port or fs.http_port, log_level="warning",
-                access_log=False, lifespan="on")
+                access_log=False, lifespan="on", http=RedlineHttpProtocol.limited(limits))
 
 

@@ -276,10 +276,15 @@ def create_grpc_server(
     ``reuse_port`` lets worker processes bind one port together (SO_REUSEPORT, scaling/).
     """
     limit = settings.server.max_body_bytes
+    metadata = settings.server.grpc_max_metadata_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # gRPC's soft limit refuses a share of the calls between it and the hard one: both
+            # at the setting, every call over it is RESOURCE_EXHAUSTED and every other is served
+            ("grpc.max_metadata_size", metadata),
+            ("grpc.absolute_max_metadata_size", metadata),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
         handlers=[inference_handler(servicer), *extra_handlers],

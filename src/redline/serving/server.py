@@ -24,7 +24,7 @@ from redline.errors import ConfigError
 from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
-from redline.serving.http_protocol import RedlineHttpProtocol
+from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
 from redline.serving.predict import build_pipeline
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers
@@ -141,8 +141,10 @@ class RedlineServer:
         # The first request after ready costs what the hundredth does: the whole path is run
         # now, before the ports open (so no readiness probe sees the server ready while it
         # runs), on stand-ins that leave no trace (serving/warmup.py).
+        # (the server's protocol: the limits on header size, count, time and connections)
+        protocol = RedlineHttpProtocol.limited(HttpLimits.of(server))
         await warm_request_path(self.registry, self.pipeline, self.settings,
-                                bool(self.observers), RedlineHttpProtocol)
+                                bool(self.observers), protocol)
         self.phases.done("request path warm")
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
@@ -173,7 +175,7 @@ class RedlineServer:
                 ) from None
             await grpc_server.start()
         config = uvicorn.Config(
-            self.asgi, host=server.host, port=server.http_port, http=RedlineHttpProtocol,
+            self.asgi, host=server.host, port=server.http_port, http=protocol,
             loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
             server_header=False,
