@@ -188,18 +188,18 @@ def test_the_prediction_baseline_is_calibrated_once_at_its_first_report() -> Non
 def test_the_ports_open_while_a_calibration_still_runs(tmp_path: Path, monkeypatch) -> None:
     """Nothing waits for the drift thresholds before the ports open: with the calibration held
     back, the server is ready and answers, and drift reads "calibrating" until it is done."""
-    import redline.monitoring.drift as drift_module
+    import redline.monitoring.drift.monitor as drift_module
     import redline.monitoring.routes as routes
 
     release = threading.Event()
-    calibrate_all = drift_module._calibrate_all
+    calibrate_all = drift_module.calibrate_all
 
     def held(refs: list[FeatureReference], capacity: int,
              stop: threading.Event | None = None) -> None:
         release.wait(60)
         calibrate_all(refs, capacity, stop)
 
-    monkeypatch.setattr(drift_module, "_calibrate_all", held)
+    monkeypatch.setattr(drift_module, "calibrate_all", held)
     monkeypatch.setattr(routes, "CALIBRATION_WAIT_S", 0.0)
     server = start(tmp_path)
     try:
