@@ -204,6 +204,9 @@ class ServerSettings:
         "http_port": PORT, "grpc_port": PORT, "max_body_bytes": AT_LEAST_1,
         "default_slo_ms": POSITIVE, "watch_interval_s": POSITIVE,
         "drain_timeout_s": AT_LEAST_0, "drain_grace_s": AT_LEAST_0,
+        "max_header_bytes": AT_LEAST_1, "max_headers": AT_LEAST_1,
+        "header_timeout_s": POSITIVE, "body_timeout_s": POSITIVE,
+        "max_connections": AT_LEAST_1, "grpc_max_metadata_bytes": AT_LEAST_1,
     }
 
 
