@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from redline.models import ModelRepository
+from redline.models.metadata import validation_figures
 from tests.conftest import SmallDemo
 from tests.pipeline.conftest import serve  # noqa: F401,F811 - the server fixture
 
@@ -69,18 +70,26 @@ def test_fraud_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     history.sort(key=lambda e: e["ts"])
     res = srv.server.pipeline.ingestor.ingest(history, [e["ts"] for e in history])
     assert res.accepted == len(history)
-    records = replay.replay(srv.url, recent)
+    records = replay.replay(srv.http, recent)
     assert len(records) == 150
     assert all(r["path"] == "primary" and not r["degraded"] for r in records)
     assert all(0.0 <= r["score"] <= 1.0 for r in records)
     # A card's second replayed transaction sees the first one (ingested after scoring it).
     card = recent[0]["card_id"]
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         doc = c.post("/v1/models/fraud/predict", json=features.request_of(
             {**recent[0], "ts": recent[0]["ts"]})).json()
     assert doc["entity_missing"] is False and card
     scores = np.array([r["score"] for r in records])
     assert np.isfinite(scores).all()
+    # Live quality compares against the holdout AUC train.py recorded (as roc_auc_holdout):
+    # labels that have nothing to do with the scores make the row alarm.
+    labels = [{"request_id": r["txn_id"], "label": i % 2} for i, r in enumerate(records)]
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
+        assert c.post("/v1/labels", json={"labels": labels}).status_code == 200
+        quality = c.get("/v1/models/fraud/quality").json()["versions"][0]
+    assert quality["reference"]["roc_auc"] == pytest.approx(result["roc_auc"])
+    assert quality["labelled"] == 150 and quality["alarm"] and "roc_auc" in quality["alarms"]
 
 
 def test_make_demo_step_two_at_a_small_size(small_demo: SmallDemo) -> None:
@@ -94,4 +103,9 @@ def test_make_demo_step_two_at_a_small_size(small_demo: SmallDemo) -> None:
     assert 0.5 < auc <= 1.0
     assert p50 > 0 and p99 >= p50
     assert rps_8 > 0
-    assert "fraud" in ModelRepository(small_demo.project / ".redline" / "models").list_models()
+    repo = ModelRepository(small_demo.project / ".redline" / "models")
+    assert "fraud" in repo.list_models()
+    # the demo's model has the validation figure its live-quality row is compared against
+    meta = repo.metadata("fraud")
+    figures, _ = validation_figures(meta.metrics, meta.task)
+    assert figures["roc_auc"] == pytest.approx(auc, abs=6e-4)

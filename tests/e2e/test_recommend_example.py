@@ -85,7 +85,7 @@ def test_recommend_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     assert meta.extra["catalogue"]["items"] == 2000
     srv = serve(make_settings(tmp_path / "models", EXAMPLE / "features.py"))
     sessions = replay.held_out_sessions(again, 1.0, 30)
-    records = replay.replay(srv.url, again, sessions)
+    records = replay.replay(srv.http, again, sessions)
     assert len(records) > 40
     assert not any(r["degraded"] for r in records)
     online = float(np.mean([r["hit"] for r in records]))

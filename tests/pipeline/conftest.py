@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ import pytest
 from redline.config import Settings
 from redline.features.definitions import load_definitions
 from redline.models import ModelRepository
+from tests.serving.helpers import ServerThread
 
 HERE = Path(__file__).parent
 PRIMARY_FEATURES = ["card_txn:count_1h", "card_txn:amount_sum_1h", "amount_ratio", "amount",
@@ -77,51 +75,6 @@ def make_settings(repo: Path, defs: Path, *, store: str = "memory", redis_url: s
     s.runtime.warmup_batch_sizes = [1]
     s.runtime.warmup_runs = 1
     return s
-
-
-class ServerThread:
-    """A real RedlineServer (REST + gRPC on ephemeral ports) on its own loop in a thread."""
-
-    def __init__(self, settings: Settings) -> None:
-        from redline.assembly import build_server
-
-        self.settings = settings
-        self.server = build_server(settings)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            self.loop.run_until_complete(self.server.serve(install_signals=False))
-        except BaseException as exc:  # noqa: BLE001 - surfaced by start()
-            self.error = exc
-
-    def start(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started.is_set():
-            if self.error is not None or not self.thread.is_alive():
-                raise RuntimeError(f"server failed to start: {self.error!r}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start in 30 s")
-            time.sleep(0.01)
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.http_port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.server.grpc_port}"
-
-    def call(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.stop)
-        self.thread.join(30)
 
 
 @pytest.fixture

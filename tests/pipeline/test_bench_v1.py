@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: no
 @pytest.mark.parametrize("protocol", ["json", "grpc"])
 def test_bench_drives_v1_predict(serve, repo_path, defs_path, protocol):
     srv = serve(make_settings(repo_path, defs_path))
-    url = srv.url if protocol == "json" else srv.grpc_target
+    url = srv.http if protocol == "json" else srv.grpc
     body = orjson.dumps({"entities": {"card_id": "b"}, "request": {"amount": 3.0}}).decode()
     out = subprocess.run(
         [sys.executable, "-m", "redline.cli", "bench", "--url", url, "--model", "cards",

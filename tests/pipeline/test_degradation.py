@@ -44,7 +44,7 @@ async def test_redis_killed_and_restarted_under_load(serve, repo_path, defs_path
             responses.append((r.status_code, r.json()))
             await asyncio.sleep(0.002)
 
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         ev = b"\n".join(orjson.dumps({"card_id": "k1", "amount": 30.0, "ts": ts - i})
                         for i in range(2))
         assert (await c.post("/v1/events", content=ev)).json()["accepted"] == 2
@@ -87,7 +87,7 @@ def test_near_cache_serves_features_while_redis_is_down(serve, repo_path, defs_p
                              feature_cache_fallback_staleness_ms=60_000.0)
     srv = serve(settings)
     ts = int(time.time() * 1000)
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         c.post("/v1/events", content=orjson.dumps({"card_id": "n1", "amount": 9.0, "ts": ts}))
         body = {"entities": {"card_id": "n1"}, "request": {"amount": 9.0}}
         fresh = c.post("/v1/models/cards/predict", json=body).json()
@@ -109,7 +109,7 @@ def test_budget_aware_fallback_model(serve, repo_path, defs_path):
     settings.models["cards"] = ModelSettings(fallback="cards_small")
     srv = serve(settings)
     body = {"entities": {"card_id": "f1"}, "request": {"amount": 42.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         for _ in range(20):  # the primary's recent p99 is learned from these
             d = c.post("/v1/models/cards/predict", json=body).json()
             assert d["path"] == "primary" and not d["degraded"]
@@ -125,7 +125,7 @@ def test_default_answer_when_no_fallback_model(serve, repo_path, defs_path):
     settings.models["cards"] = ModelSettings(default_answer=[0.25])
     srv = serve(settings)
     body = {"entities": {"card_id": "f1"}, "request": {"amount": 42.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         for _ in range(20):
             c.post("/v1/models/cards/predict", json=body)
         d = c.post("/v1/models/cards/predict", json=body,
@@ -143,7 +143,7 @@ async def test_hung_redis_costs_one_timeout_then_nothing(serve, repo_path, defs_
     settings.pipeline.breaker_reset_ms = 10_000  # stay open for the whole outage
     srv = serve(settings)
     body = {"entities": {"card_id": "h1"}, "request": {"amount": 5.0}, "budget_ms": 5000}
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         assert not (await c.post("/v1/models/cards/predict", json=body)).json()["degraded"]
         redis_server.proc.send_signal(signal.SIGSTOP)
         try:
@@ -179,7 +179,7 @@ async def test_slow_redis_answer_within_budget(serve, repo_path, defs_path, redi
     settings.features.redis_timeout_ms = 2000.0  # the socket would wait far longer than budgets
     srv = serve(settings)
     body = {"entities": {"card_id": "w1"}, "request": {"amount": 5.0}, "budget_ms": 30}
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         assert not (await c.post("/v1/models/cards/predict", json=body)).json()["degraded"]
         redis_server.proc.send_signal(signal.SIGSTOP)
         try:
@@ -224,7 +224,7 @@ async def test_concurrent_requests_share_store_reads_and_get_their_own_rows(
         (reads,) = (await c.get("/v1/pipeline/stats")).json()["store_reads"].values()
         return reads
 
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         events = b"\n".join(orjson.dumps({"card_id": card, "amount": 10.0, "ts": ts - k})
                             for i, card in enumerate(cards) for k in range(i + 1))
         assert (await c.post("/v1/events", content=events)).json()["rejected"] == 0

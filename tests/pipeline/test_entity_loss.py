@@ -54,7 +54,7 @@ async def test_redis_restarted_empty_is_reported_and_clears(serve, repo_path, de
             await asyncio.sleep(0.2)
 
     with caplog.at_level(logging.WARNING, logger="redline.serving"):
-        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
             assert (await c.post("/v1/events", content=events(int(time.time() * 1000)))
                     ).json()["accepted"] == len(CARDS)
             task = asyncio.create_task(client(c))

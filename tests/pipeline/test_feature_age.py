@@ -23,7 +23,7 @@ def test_the_features_stage_observes_the_age_of_what_it_read(server) -> None:
     newest = int(time.time() * 1000) - 20_000  # the card's newest event is 20 s old
     body = b"\n".join(orjson.dumps({"card_id": "c1", "amount": 5.0, "ts": newest - i * 1000})
                       for i in range(3))
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         assert c.post("/v1/events", content=body).status_code == 200
         for _ in range(3):
             r = c.post("/v1/models/cards/predict",

@@ -61,7 +61,7 @@ def test_an_edit_without_apply_changes_nothing_served(serve, tmp_path) -> None:
     settings.features.registry = str(tmp_path / "registry")
     srv = serve(settings)
     body = {"entities": {"card_id": "c1"}, "request": {"amount": 3.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         ok = c.post("/v1/models/old/predict", json=body)
         refused = c.post("/v1/models/new/predict", json=body)
         ready = c.get("/v2/models/new/ready")
@@ -82,7 +82,7 @@ def test_a_nan_default_into_a_model_that_rejects_nan_fails_to_load(serve, tmp_pa
     _model(repo, "counts", ["card_txn:count_1h", "amount"], {})
     srv = serve(make_settings(repo, defs_file))
     body = {"entities": {"card_id": "never-seen"}, "request": {"amount": 3.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         strict = c.post("/v1/models/strict/predict", json=body)
         counts = c.post("/v1/models/counts/predict", json=body)
     assert counts.status_code == 200

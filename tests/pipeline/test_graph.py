@@ -98,7 +98,7 @@ def graph_server(tmp_path_factory: pytest.TempPathFactory, defs_path: Path) -> A
 
 
 def _predict(srv: Any, model: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{srv.url}/v1/models/{model}/predict", json=body, timeout=10)
+    r = httpx.post(f"{srv.http}/v1/models/{model}/predict", json=body, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -117,7 +117,7 @@ def test_graph_answers_cold_start_then_follows_the_session(graph_server: Any) ->
         assert stage in cold["timings_us"], cold["timings_us"]
 
     sid = "g-session-1"
-    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+    r = httpx.post(f"{graph_server.http}/v1/sessions/{sid}/events", timeout=10,
                    json=[{"item_id": "i100", "type": "click", "ts_ms": 1_000},
                          {"item_id": "i101", "type": "click", "ts_ms": 2_000}])
     assert r.status_code == 200, r.text
@@ -130,7 +130,7 @@ def test_graph_answers_cold_start_then_follows_the_session(graph_server: Any) ->
     deadline = time.monotonic() + 10
     wanted = {"sessions", "query", "retrieve", "rank", "rules"}
     while True:
-        text = httpx.get(f"{graph_server.url}/metrics", timeout=10).text
+        text = httpx.get(f"{graph_server.http}/metrics", timeout=10).text
         found = {line.split('stage="')[1].split('"')[0] for line in text.splitlines()
                  if line.startswith("redline_stage_duration_seconds_count")
                  and 'model="rec"' in line and 'stage="' in line}
@@ -170,7 +170,7 @@ def test_budget_too_small_for_the_ranker_answers_retrieval_order(graph_server: A
 @pytest.mark.slow
 def test_budget_too_small_for_retrieval_answers_popularity_order(graph_server: Any) -> None:
     sid = "g-retrieval-budget"
-    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+    r = httpx.post(f"{graph_server.http}/v1/sessions/{sid}/events", timeout=10,
                    json={"item_id": "i100", "type": "click", "ts_ms": 1_000})
     assert r.status_code == 200, r.text
     body = {"session_id": sid, "request": {}}
@@ -202,7 +202,7 @@ def _stages_in_metrics(srv: Any, model: str, wanted: set[str]) -> set[str]:
     """The stages of ``model`` in the /metrics histograms (folded on the monitor's tick)."""
     deadline = time.monotonic() + 10
     while True:
-        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        text = httpx.get(f"{srv.http}/metrics", timeout=10).text
         found = {line.split('stage="')[1].split('"')[0] for line in text.splitlines()
                  if line.startswith("redline_stage_duration_seconds_count")
                  and f'model="{model}"' in line and 'stage="' in line}
@@ -218,10 +218,10 @@ def test_each_graph_step_is_a_span_a_timing_and_a_metric(graph_server: Any) -> N
     sink = MemorySink()
     graph_server.server.monitor.use_trace_exporter(sink)
     sid = "g-traced"
-    r = httpx.post(f"{graph_server.url}/v1/sessions/{sid}/events", timeout=10,
+    r = httpx.post(f"{graph_server.http}/v1/sessions/{sid}/events", timeout=10,
                    json={"item_id": "i30", "type": "click", "ts_ms": 1_000})
     assert r.status_code == 200, r.text
-    r = httpx.post(f"{graph_server.url}/v1/models/ent/predict", timeout=10,
+    r = httpx.post(f"{graph_server.http}/v1/models/ent/predict", timeout=10,
                    headers={"traceparent": f"00-{TRACE}-{PARENT}-01"},
                    json={"session_id": sid, "entities": {"card_id": "u-traced"},
                          "request": {}, "request_id": "graph-traced"})
@@ -254,7 +254,7 @@ def test_each_graph_step_is_a_span_a_timing_and_a_metric(graph_server: Any) -> N
 @pytest.mark.slow
 def test_graph_over_grpc_and_bad_requests(graph_server: Any) -> None:
     async def call() -> Any:
-        async with grpc.aio.insecure_channel(graph_server.grpc_target) as channel:
+        async with grpc.aio.insecure_channel(graph_server.grpc) as channel:
             stub = v1_grpc.PredictionServiceStub(channel)
             return await stub.Predict(v1.PredictRequest(
                 model_name="rec", session_id="g-grpc", instances=[v1.Instance()]))
@@ -262,7 +262,7 @@ def test_graph_over_grpc_and_bad_requests(graph_server: Any) -> None:
     resp = asyncio.run(call())
     assert resp.retrieved == 20 and len(resp.items) == 5 and resp.items[0].item_id
     assert "retrieve" in resp.timings_us
-    r = httpx.post(f"{graph_server.url}/v1/models/rec/predict", timeout=10,
+    r = httpx.post(f"{graph_server.http}/v1/models/rec/predict", timeout=10,
                    json={"instances": [{"request": {}}, {"request": {}}]})
     assert r.status_code == 400 and "one instance" in r.text
 
@@ -272,7 +272,7 @@ def test_entity_features_reach_the_ranker(graph_server: Any) -> None:
     ts = int(time.time() * 1000)
     lines = b"\n".join(orjson.dumps({"card_id": "u-graph", "amount": 5.0, "ts": ts - i})
                        for i in range(2))
-    r = httpx.post(f"{graph_server.url}/v1/events", content=lines, timeout=10)
+    r = httpx.post(f"{graph_server.http}/v1/events", content=lines, timeout=10)
     assert r.status_code < 300, r.text
     known = _predict(graph_server, "ent", {"entities": {"card_id": "u-graph"}, "request": {}})
     unknown = _predict(graph_server, "ent", {"entities": {"card_id": "nobody"}, "request": {}})
@@ -308,7 +308,7 @@ def test_a_click_on_one_replica_changes_the_next_answer_on_another(
     try:
         sid = f"replicas-{time.monotonic_ns()}"
         before = _predict(b, "rec", {"session_id": sid, "request": {}})
-        r = httpx.post(f"{a.url}/v1/sessions/{sid}/events", timeout=10,
+        r = httpx.post(f"{a.http}/v1/sessions/{sid}/events", timeout=10,
                        json={"item_id": "i150", "type": "click", "ts_ms": 1_000})
         assert r.status_code == 200, r.text
         after = _predict(b, "rec", {"session_id": sid, "request": {}})
@@ -337,7 +337,7 @@ def test_a_slow_session_store_degrades_within_the_budget_then_recovers(
     srv = ServerThread(settings).start()
     try:
         sid = f"slow-{time.monotonic_ns()}"
-        r = httpx.post(f"{srv.url}/v1/sessions/{sid}/events", timeout=10,
+        r = httpx.post(f"{srv.http}/v1/sessions/{sid}/events", timeout=10,
                        json={"item_id": "i150", "type": "click", "ts_ms": 1_000})
         assert r.status_code == 200, r.text
         body = {"session_id": sid, "request": {}, "budget_ms": 30}

@@ -42,7 +42,7 @@ def test_an_entity_given_twice_is_a_400_and_never_opens_the_breaker(serve, repo_
     """On the memory store ``card_id`` and ``card`` naming one entity is the client's error: a
     400, never a "feature store unavailable" that would put everyone on defaults."""
     srv = serve(make_settings(repo_path, defs_path))
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         _load_cards(c, ["a1"])
         for _ in range(5):
             r = c.post(PREDICT, json={"entities": {"card_id": "a1", "card": "zz"},
@@ -67,7 +67,7 @@ async def test_hostile_clients_never_change_honest_answers(serve, repo_path, def
     settings.features.redis_timeout_ms = 5000
     srv = serve(settings)
     cards = [f"h{i}" for i in range(12)]
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         _load_cards(c, cards)
     want = {card: score(repo_path, "cards", [i + 1, 10.0 * (i + 1), 20 / 11, 20.0, 0])
             for i, card in enumerate(cards)}
@@ -108,7 +108,7 @@ async def test_hostile_clients_never_change_honest_answers(serve, repo_path, def
             redis_server.proc.send_signal(signal.SIGCONT)
 
     try:
-        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+        async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
             await asyncio.gather(pauses(), *(honest(c) for _ in range(6)),
                                  *(hostile(c) for _ in range(3)))
             stats = (await c.get("/v1/pipeline/stats")).json()
@@ -129,7 +129,7 @@ async def test_a_clients_own_tiny_budget_never_opens_the_breaker(serve, repo_pat
     settings.features.redis_timeout_ms = 1000
     srv = serve(settings)
     tiny = {"entities": {"card_id": "t1"}, "request": {"amount": 5.0}, "budget_ms": 0.3}
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         assert (await c.post("/v1/events", content=orjson.dumps(
             {"card_id": "t1", "amount": 1.0, "ts": int(time.time() * 1000)}))).status_code == 200
         redis_server.proc.send_signal(signal.SIGSTOP)
@@ -161,7 +161,7 @@ def test_one_burst_never_latches_the_model_into_its_fallback(serve, repo_path, d
     pipeline = srv.server.pipeline
 
     async def burst() -> None:
-        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        async with httpx.AsyncClient(base_url=srv.http, timeout=60) as c:
             rs = await asyncio.gather(*(c.post(PREDICT, json=big) for _ in range(48)))
         assert all(r.status_code == 200 for r in rs)
 
@@ -173,7 +173,7 @@ def test_one_burst_never_latches_the_model_into_its_fallback(serve, repo_path, d
         # slower one records (runs of 200 ms), through the method the pipeline records runs with.
         for _ in range(64):
             window.add(0.200)
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         first = c.post(PREDICT, json=body).json()
         assert first["path"] in ("default", "primary")  # a probe may already run the primary
         paths = []
@@ -193,8 +193,8 @@ def test_bad_budgets_are_the_same_400_on_v1_rest_and_grpc(serve, repo_path, defs
     naming the source, never a default answer or an unlimited budget."""
     srv = serve(make_settings(repo_path, defs_path))
     body = {"entities": {"card_id": "x1"}, "request": {"amount": 5.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c, \
-            grpc.insecure_channel(srv.grpc_target) as channel:
+    with httpx.Client(base_url=srv.http, timeout=10) as c, \
+            grpc.insecure_channel(srv.grpc) as channel:
         stub = v1g.PredictionServiceStub(channel)
         for value in BAD_BUDGETS:
             r = c.post(PREDICT, json=body, headers={"x-redline-budget-ms": value})
@@ -239,11 +239,11 @@ def test_overload_on_v1_carries_retry_after_on_rest_and_grpc(serve, repo_path, d
     settings.batching = BatchingSettings(max_queue_size=0, inline_max_us=0)
     srv = serve(settings)
     body = {"entities": {"card_id": "o1"}, "request": {"amount": 5.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         r = c.post(PREDICT, json=body)
     assert r.status_code == 429 and r.json()["code"] == "overloaded", r.text
     assert int(r.headers["retry-after"]) >= 1 and int(r.headers["x-redline-retry-after-ms"]) >= 1
-    with grpc.insecure_channel(srv.grpc_target) as channel:
+    with grpc.insecure_channel(srv.grpc) as channel:
         with pytest.raises(grpc.RpcError) as err:
             v1g.PredictionServiceStub(channel).Predict(_grpc_request())
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -272,11 +272,11 @@ def test_v1_records_are_the_timings_and_reach_observers(serve, repo_path, defs_p
     srv.start()
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     try:
-        with httpx.Client(base_url=srv.url, timeout=10) as c:
+        with httpx.Client(base_url=srv.http, timeout=10) as c:
             doc = c.post(PREDICT, json={"entities": {"card_id": "r1"},
                                         "request": {"amount": 5.0}, "session_id": "s-1"},
                          headers={"traceparent": trace}).json()
-        with grpc.insecure_channel(srv.grpc_target) as channel:
+        with grpc.insecure_channel(srv.grpc) as channel:
             v1g.PredictionServiceStub(channel).Predict(_grpc_request(),
                                                        metadata=(("traceparent", trace),))
     finally:

@@ -72,7 +72,7 @@ def collector_off() -> Iterator[list[Any]]:
 
 
 def _requests(server: Any) -> list[tuple[str, bytes]]:
-    meta = httpx.get(server.url + "/v2/models/cards").json()
+    meta = httpx.get(server.http + "/v2/models/cards").json()
     spec = meta["inputs"][0]
     width = spec["shape"][-1]
     v2 = orjson.dumps({"inputs": [{"name": spec["name"], "shape": [1, width],
@@ -88,7 +88,7 @@ def _requests(server: Any) -> list[tuple[str, bytes]]:
 
 def test_served_requests_leave_no_garbage(server: Any) -> None:
     requests = _requests(server)
-    client = RawClient(server.url)
+    client = RawClient(server.http)
     try:
         for path, body in requests[:20]:  # warm: connections, caches, first-use imports
             assert client.post(path, body)[0] == 200
@@ -135,10 +135,10 @@ def test_grpc_requests_leave_no_garbage(server: Any) -> None:
     import subprocess
     import sys
 
-    spec = httpx.get(server.url + "/v2/models/cards").json()["inputs"][0]
+    spec = httpx.get(server.http + "/v2/models/cards").json()["inputs"][0]
     assert spec["datatype"] == "FP32"
     proc = subprocess.Popen(
-        [sys.executable, "-c", GRPC_CLIENT, server.grpc_target, spec["name"], spec["datatype"],
+        [sys.executable, "-c", GRPC_CLIENT, server.grpc, spec["name"], spec["datatype"],
          str(spec["shape"][-1]), str(REQUESTS // 2 + 10)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None

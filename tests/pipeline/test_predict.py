@@ -29,7 +29,7 @@ def expected_score(repo_path, row: list[float]) -> float:
 
 
 def test_predict_reads_features_applies_transform_and_answers(server, repo_path):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         r = c.post("/v1/events", content=events("c1", [10.0, 30.0]))
         assert r.status_code == 200, r.text
         assert r.json()["accepted"] == 2
@@ -50,7 +50,7 @@ def test_predict_reads_features_applies_transform_and_answers(server, repo_path)
 
 
 def test_missing_entity_uses_defaults_and_is_flagged(server, repo_path):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         doc = c.post("/v1/models/cards/predict", json={
             "entities": {"card_id": "never-seen"}, "request": {"amount": 5.0}}).json()
     assert doc["entity_missing"] is True and doc["degraded"] is False
@@ -60,7 +60,7 @@ def test_missing_entity_uses_defaults_and_is_flagged(server, repo_path):
 
 
 def test_batch_form_scores_many_entities_in_one_call(server, repo_path):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         c.post("/v1/events", content=events("b1", [100.0]))
         r = c.post("/v1/models/cards/predict", json={"instances": [
             {"entities": {"card_id": "b1"}, "request": {"amount": 50.0}},
@@ -90,7 +90,7 @@ def test_batch_form_scores_many_entities_in_one_call(server, repo_path):
     ([1, 2], "JSON object"),
 ])
 def test_user_errors_are_400s_that_name_the_problem(server, body, needle):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         r = c.post("/v1/models/cards/predict", json=body)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]
@@ -98,7 +98,7 @@ def test_user_errors_are_400s_that_name_the_problem(server, body, needle):
 
 
 def test_malformed_json_and_unknown_model(server):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         r = c.post("/v1/models/cards/predict", content=b"{nope")
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
         r = c.post("/v1/models/nope/predict", json={"entities": {}, "request": {}})
@@ -109,11 +109,11 @@ def test_grpc_predict_has_the_same_meaning(server, repo_path):
     from redline.proto import redline_v1_pb2 as v1
     from redline.proto import redline_v1_pb2_grpc as v1g
 
-    with httpx.Client(base_url=server.url, timeout=10) as c:
+    with httpx.Client(base_url=server.http, timeout=10) as c:
         c.post("/v1/events", content=events("g1", [10.0, 30.0]))
         rest = c.post("/v1/models/cards/predict", json={
             "entities": {"card_id": "g1"}, "request": {"amount": 120.0}}).json()
-    with grpc.insecure_channel(server.grpc_target) as channel:
+    with grpc.insecure_channel(server.grpc) as channel:
         stub = v1g.PredictionServiceStub(channel)
         resp = stub.Predict(v1.PredictRequest(
             model_name="cards", request_id="g",
@@ -138,7 +138,7 @@ def test_model_pinned_to_other_view_versions_is_refused(serve, repo_path, defs_p
         "stale", LogisticRegression().fit(x, (x[:, 0] > 0.5).astype(int)), x,
         feature_names=["card_txn:count_1h", "amount"], feature_views={"card_txn": "0123456789ab"})
     srv = serve(make_settings(repo_path, defs_path))
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         r = c.post("/v1/models/stale/predict",
                    json={"entities": {"card_id": "c"}, "request": {"amount": 1}})
         ready = c.get("/v2/models/stale/ready")

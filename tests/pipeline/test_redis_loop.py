@@ -137,7 +137,7 @@ async def test_reads_survive_a_script_flush(serve, repo_path, defs_path, redis_s
     assert srv.server.pipeline.features._loop_redis is not None  # the loop path is in use
     ts = int(time.time() * 1000)
     body = {"entities": {"card_id": "s1"}, "request": {"amount": 30.0}, "budget_ms": 2000}
-    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
         ev = b"\n".join(orjson.dumps({"card_id": "s1", "amount": 30.0, "ts": ts - i})
                         for i in range(3))
         assert (await c.post("/v1/events", content=ev)).json()["accepted"] == 3

@@ -50,7 +50,7 @@ def test_a_v1_budget_that_is_not_a_number_is_a_400_naming_the_field(
         edge_server: Any, budget: Any, form: str) -> None:
     body = {**ONE, "budget_ms": budget} if form == "single" else \
         {"instances": [ONE, ONE], "budget_ms": budget}
-    with httpx.Client(base_url=edge_server.url, timeout=10) as c:
+    with httpx.Client(base_url=edge_server.http, timeout=10) as c:
         r = c.post("/v1/models/cards/predict", json=body)
         assert r.status_code == 400, r.text
         assert r.json()["code"] == "invalid_input" and "budget_ms" in r.json()["error"]
@@ -64,7 +64,7 @@ def test_a_v1_budget_that_is_not_a_number_is_a_400_naming_the_field(
 def test_two_authorization_headers_are_refused_whatever_the_order(edge_server: Any,
                                                                   first_wrong: bool) -> None:
     good, bad = ("authorization", f"Bearer {TOKEN}"), ("authorization", "Bearer wrong")
-    with httpx.Client(base_url=edge_server.url, timeout=10) as c:
+    with httpx.Client(base_url=edge_server.http, timeout=10) as c:
         assert c.post("/v2/repository/index", headers=[good]).status_code == 200
         pair = [bad, good] if first_wrong else [good, bad]
         r = c.post("/v2/repository/index", headers=pair)
@@ -80,7 +80,7 @@ def test_two_authorization_headers_are_refused_whatever_the_order(edge_server: A
 def test_a_repeated_budget_or_traceparent_header_is_refused_on_rest(
         edge_server: Any, header: str, values: tuple[str, str]) -> None:
     pair = [(header, values[0]), (header, values[1])]
-    with httpx.Client(base_url=edge_server.url, timeout=10) as c:
+    with httpx.Client(base_url=edge_server.http, timeout=10) as c:
         body = v2_body(c)
         for path, doc in (("/v2/models/cards_small/infer", body),
                           ("/v2/models/cards_small/versions/1/infer", body),
@@ -98,11 +98,11 @@ def test_repeated_budget_metadata_is_refused_on_grpc(edge_server: Any,
     a repeated one cannot be told apart there.)"""
     header = "x-redline-budget-ms"
     metadata = ((header, values[0]), (header, values[1]))
-    with grpc.insecure_channel(edge_server.grpc_target) as channel:
+    with grpc.insecure_channel(edge_server.grpc) as channel:
         infer = pbg.GRPCInferenceServiceStub(channel).ModelInfer
         req = pb.ModelInferRequest(model_name="cards_small")
         req.inputs.add(name="input", datatype="FP32", shape=[1, 1])
-        meta = httpx.get(f"{edge_server.url}/v2/models/cards_small").json()["inputs"][0]
+        meta = httpx.get(f"{edge_server.http}/v2/models/cards_small").json()["inputs"][0]
         req.inputs[0].name = meta["name"]
         req.inputs[0].contents.fp32_contents.append(0.0)
         assert infer(req, metadata=metadata[:1], timeout=10).model_name == "cards_small"
@@ -123,7 +123,7 @@ def test_repeated_budget_metadata_is_refused_on_grpc(edge_server: Any,
 # ---------------------------------------------------------------------- version digits
 @pytest.mark.parametrize("digit", ["%D9%A1", "\uff11", "\u0967"])
 def test_a_version_in_other_scripts_digits_is_a_404(edge_server: Any, digit: str) -> None:
-    with httpx.Client(base_url=edge_server.url, timeout=10) as c:
+    with httpx.Client(base_url=edge_server.http, timeout=10) as c:
         body = v2_body(c, "cards")
         assert c.post("/v2/models/cards/versions/1/infer", json=body).status_code == 200
         assert c.post("/v1/models/cards/versions/1/predict", json=ONE).status_code == 200
@@ -136,7 +136,7 @@ def test_a_version_in_other_scripts_digits_is_a_404(edge_server: Any, digit: str
                      f"/v2/models/cards/versions/{digit}/ready"):
             assert c.get(path).status_code == 404, path
     text = httpx.URL(f"http://x/{digit}").path[1:] if "%" in digit else digit
-    with grpc.insecure_channel(edge_server.grpc_target) as channel:
+    with grpc.insecure_channel(edge_server.grpc) as channel:
         predict = v1g.PredictionServiceStub(channel).Predict
         with pytest.raises(grpc.RpcError) as err:
             predict(v1.PredictRequest(model_name="cards", model_version=text, instances=[

@@ -135,7 +135,7 @@ BAD_EVENTS = [
 
 @pytest.mark.slow
 def test_bad_events_are_refused_and_store_nothing(memory_server):
-    with httpx.Client(base_url=memory_server.url, timeout=30) as c:
+    with httpx.Client(base_url=memory_server.http, timeout=30) as c:
         for body, says in BAD_EVENTS:
             r = c.post("/v1/sessions/bad/events", content=body)
             assert r.status_code == 400, (body, r.text)
@@ -191,14 +191,14 @@ def _complete(answer: bytes) -> bool:
 @pytest.mark.slow
 def test_ten_megabyte_session_id_is_refused_fast(memory_server):
     body = b'{"item_id": "i", "type": "click"}'
-    answer = _raw_post(memory_server.url, b"/v1/sessions/", 2000, body)
+    answer = _raw_post(memory_server.http, b"/v1/sessions/", 2000, body)
     assert answer.startswith(b"HTTP/1.1 400") and b"at most 128 characters" in answer, answer
     t0 = time.monotonic()
-    answer = _raw_post(memory_server.url, b"/v1/sessions/", 10 * 1024 * 1024, body)
+    answer = _raw_post(memory_server.http, b"/v1/sessions/", 10 * 1024 * 1024, body)
     # refused while the request line still arrives: the 10 MB are never held whole
     assert answer.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in answer, answer
     assert time.monotonic() - t0 < 3
-    with httpx.Client(base_url=memory_server.url, timeout=30) as c:
+    with httpx.Client(base_url=memory_server.http, timeout=30) as c:
         huge = "s" * (10 * 1024 * 1024)
         doc = {"entities": {"card_id": "s"}, "request": {"amount": 1.0}, "session_id": huge}
         r = c.post("/v1/models/cards/predict", json=doc)
@@ -215,7 +215,7 @@ def test_accessor_reads_items_and_degrades_when_redis_is_down(serve, repo_path, 
     settings.pipeline.breaker_reset_ms = 10_000
     srv = serve(settings)
     pipeline = srv.server.pipeline
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.http, timeout=30) as c:
         events = [{"item_id": f"i{k}", "type": "click", "ts_ms": k} for k in range(3)]
         assert c.post("/v1/sessions/acc/events", json=events).status_code == 200
         reasons: list[str] = []
@@ -252,7 +252,7 @@ def test_session_features_online_equal_the_training_set(store, serve, repo_path,
     t = 1_767_225_600_000
     posted: list[dict[str, Any]] = []
     online: list[dict[str, Any]] = []
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.http, timeout=30) as c:
         for _ in range(160):
             sid = rng.choice(sessions)
             batch = []

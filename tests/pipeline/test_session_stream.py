@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _session_ids(srv: Any, sid: str) -> list[str]:
-    r = httpx.get(f"{srv.url}/v1/sessions/{sid}", timeout=10)
+    r = httpx.get(f"{srv.http}/v1/sessions/{sid}", timeout=10)
     assert r.status_code == 200, r.text
     return [i["item_id"] for i in r.json()["items"]]
 
@@ -42,7 +42,7 @@ def test_a_click_through_the_event_stream_changes_the_next_answer_on_a_server(
                                      redis_url=redis_server.url)).start()
     try:
         sid = f"stream-{time.monotonic_ns()}"
-        before = httpx.post(f"{srv.url}/v1/models/rec/predict", timeout=10,
+        before = httpx.post(f"{srv.http}/v1/models/rec/predict", timeout=10,
                             json={"session_id": sid, "request": {}}).json()
         client = redis.Redis.from_url(redis_server.url)
         now = int(time.time() * 1000)
@@ -66,9 +66,9 @@ def test_a_click_through_the_event_stream_changes_the_next_answer_on_a_server(
         assert dead[0][1][b"reason"].startswith(b"session: event 2: item_id must be")
         # read by the server: newest first, the flat event's time its arrival
         assert _session_ids(srv, sid) == ["i151", "i150"]
-        got = httpx.get(f"{srv.url}/v1/sessions/{sid}", timeout=10).json()["items"]
+        got = httpx.get(f"{srv.http}/v1/sessions/{sid}", timeout=10).json()["items"]
         assert got[0]["type"] == "add_to_cart" and abs(got[0]["ts_ms"] - now) < 60_000
-        after = httpx.post(f"{srv.url}/v1/models/rec/predict", timeout=10,
+        after = httpx.post(f"{srv.http}/v1/models/rec/predict", timeout=10,
                            json={"session_id": sid, "request": {}}).json()
         ids = [i["item_id"] for i in after["items"]]
         assert ids != [i["item_id"] for i in before["items"]]
@@ -90,13 +90,13 @@ def test_session_events_pushed_to_one_server_are_read_on_another(
         lines = b"\n".join(orjson.dumps({"source": "session", "session_id": sid,
                                          "item_id": f"i{k}", "type": "click", "ts_ms": k})
                            for k in (7, 8))
-        r = httpx.post(f"{a.url}/v1/events", content=lines, timeout=10)
+        r = httpx.post(f"{a.http}/v1/events", content=lines, timeout=10)
         assert r.status_code == 200, r.text
         assert r.json()["accepted"] == 2 and r.json()["rejected"] == 0
         assert _session_ids(b, sid) == ["i8", "i7"]
         bad = orjson.dumps({"source": "session", "session_id": "x" * 200, "item_id": "i1",
                             "type": "click"})
-        r = httpx.post(f"{a.url}/v1/events", content=bad, timeout=10)
+        r = httpx.post(f"{a.http}/v1/events", content=bad, timeout=10)
         assert r.status_code == 200 and r.json()["rejected"] == 1
         assert "session_id must be a non-empty string" in r.json()["errors"][0]["reason"]
     finally:

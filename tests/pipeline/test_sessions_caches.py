@@ -167,7 +167,7 @@ def test_prediction_cache_hits_and_is_dropped_on_version_change(serve, repo_path
     settings = make_settings(repo_path, defs_path, prediction_cache_entries=100)
     srv = serve(settings)
     body = {"entities": {"card_id": "p1"}, "request": {"amount": 3.0}}
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         first = c.post("/v1/models/cards/predict", json=body).json()
         second = c.post("/v1/models/cards/predict", json=body).json()
         assert first["path"] == "primary" and second["path"] == "cache"
@@ -199,7 +199,7 @@ def test_near_cache_bounded_staleness_and_version_change(serve, repo_path, defs_
         ev = orjson.dumps({"card_id": "z1", "amount": 100.0, "ts": ts + i})
         assert c.post("/v1/events", content=ev).json()["accepted"] == 1
 
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         ingest(c, 0)
         first = c.post("/v1/models/cards/predict", json=body).json()
         ingest(c, 1)
@@ -216,7 +216,7 @@ def test_near_cache_bounded_staleness_and_version_change(serve, repo_path, defs_
     settings0 = make_settings(repo_path, defs_path, feature_cache_entries=100,
                               feature_cache_max_staleness_ms=0.0)
     srv0 = serve(settings0)
-    with httpx.Client(base_url=srv0.url, timeout=10) as c:
+    with httpx.Client(base_url=srv0.http, timeout=10) as c:
         ingest(c, 0)
         a = c.post("/v1/models/cards/predict", json=body).json()
         ingest(c, 1)

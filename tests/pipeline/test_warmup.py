@@ -97,7 +97,7 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     settings.runtime.warmup_batch_sizes = [1, 4]
     srv = serve(settings)
     ts = int(time.time() * 1000)
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         events = b"\n".join(orjson.dumps({"card_id": "w1", "amount": a, "ts": ts - i})
                             for i, a in enumerate([10.0, 30.0]))
         assert c.post("/v1/events", content=events).status_code < 300
@@ -120,7 +120,7 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     while not every_version_reported():
         assert time.monotonic() < deadline, f"no drift evaluation: {monitor.drift_reports}"
         time.sleep(0.1)
-    before = settled(srv.url)
+    before = settled(srv.http)
     routed: list[str] = []  # a rollout's router: its draws belong to real requests
     server.registry.router = lambda name, key: routed.append(name)
     answered = srv.call(warm_request_path(server.registry, pipeline, settings,
@@ -129,13 +129,13 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
     server.registry.router = None
     assert answered == 2  # cards (V2 and /v1) and cards_small (V2) answered the private app
     time.sleep(TICK_S + 0.2)  # a tick: anything the warm-up handed the monitor would show now
-    after = snapshot(srv.url)
+    after = snapshot(srv.http)
     for path in ENDPOINTS:
         assert after[path] == before[path], f"{path}: {after[path]} != {before[path]}"
     if store == "memory":
         assert all(s.out is not None for s in states)  # merged before the first request
     # and a real request is still seen by everything, as the first one
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         r = c.post("/v1/models/cards/predict",
                    json={"entities": {"card_id": "w1"}, "request": {"amount": 5.0},
                          "session_id": "s1"})
@@ -150,7 +150,7 @@ def test_present_ids_reads_the_memory_store_keys(serve: Any, repo_path: Any,
                                                  defs_path: Any) -> None:
     srv = serve(make_settings(repo_path, defs_path))
     ts = int(time.time() * 1000)
-    with httpx.Client(base_url=srv.url, timeout=10) as c:
+    with httpx.Client(base_url=srv.http, timeout=10) as c:
         body = b"\n".join(orjson.dumps({"card_id": cid, "amount": 1.0, "ts": ts})
                           for cid in ("a1", "a2", "a3"))
         assert c.post("/v1/events", content=body).status_code < 300

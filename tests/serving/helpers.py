@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -22,6 +24,7 @@ V2_TO_ONNX = {
     "BYTES": TensorProto.STRING,
 }
 ALL_DATATYPES = list(V2_TO_ONNX)
+T = TypeVar("T")
 
 
 def _model(nodes, inputs, outputs, initializers=()) -> bytes:  # type: ignore[no-untyped-def]
@@ -75,11 +78,13 @@ def slow_model(width: int = 384, layers: int = 60) -> bytes:
 
 
 class ServerThread:
-    """A RedlineServer on its own thread and event loop: sync clients can call it from tests."""
+    """A real RedlineServer (REST and gRPC on ephemeral ports) on its own thread and event loop:
+    sync clients can call it from tests. The one test server of the suite."""
 
-    def __init__(self, settings: Settings, repository: ModelRepository) -> None:
+    def __init__(self, settings: Settings, repository: ModelRepository | None = None) -> None:
         settings.server.http_port = 0
         settings.server.grpc_port = 0
+        self.settings = settings
         self.server = build_server(settings, repository)
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
@@ -125,9 +130,9 @@ class ServerThread:
     def grpc(self) -> str:
         return f"127.0.0.1:{self.server.grpc_port}"
 
-    def call(self, coro):  # type: ignore[no-untyped-def]
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         """Run a coroutine on the server's loop (e.g. ``registry.sync()``) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
 def make_repository(root: Path) -> ModelRepository:
