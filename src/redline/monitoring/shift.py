@@ -5,7 +5,7 @@ a training profile, so the bins come from the baseline sample itself: its decile
 decile value as a bin of its own (a discrete output such as a class label or a constant piles
 up on a few values; a value within the tolerance of one counts as that value, so float noise
 in a converted or quantized candidate is not a shift). The statistic is the PSI and the
-Jensen-Shannon distance of ``monitoring/drift.py``.
+Jensen-Shannon distance of ``monitoring/drift/stats.py``.
 
 As in drift, the limit is an effect size that noise cannot reach: the larger of a floor (a
 shift too small to matter) and the PSI's own noise at these sample sizes. Two samples of one
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from redline.monitoring.drift import js_distance, psi
+from redline.monitoring.drift.stats import js_distance, psi
 
 DECILES = np.linspace(0.1, 0.9, 9)
 Z_9999 = 3.719  # standard normal quantile of 0.9999
