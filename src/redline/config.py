@@ -660,3 +660,37 @@ def _convert(hint: Any, node: yaml.Node, file: str, path: str) -> Any:
         f"{_where(file, node)}: '{path}' must be {hint.__name__}, got {type(value).__name__} "
         f"{value!r}"
     )
+
+
+def apply_serve_options(settings: Settings, *, repository: str | None = None,
+                        host: str | None = None, http_port: int | None = None,
+                        grpc_port: int | None = None, no_grpc: bool = False,
+                        no_watch: bool = False, store: str | None = None,
+                        redis_url: str | None = None, definitions: str | None = None,
+                        preload: str | None = None, admin_token: str | None = None) -> None:
+    """Command-line options win over the file and the environment."""
+    server = settings.server
+    if repository is not None:
+        settings.repository = repository
+    if host is not None:
+        server.host = host
+    if http_port is not None:
+        server.http_port = http_port
+    if grpc_port is not None:
+        server.grpc_port = grpc_port
+    if no_grpc:
+        server.grpc_enabled = False
+    if no_watch:
+        server.watch_repository = False
+    if store:
+        settings.features.store = store
+    if redis_url:
+        settings.features.redis_url = redis_url
+        settings.features.store = store or "redis"
+    if definitions:
+        settings.features.definitions = definitions
+    if preload:
+        settings.features.preload = preload
+    if admin_token:
+        server.admin_enabled = True
+        server.admin_token = admin_token

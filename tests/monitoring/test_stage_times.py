@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-import redline.serving.app as app_module
+import redline.serving.stages as stages_module
 from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
 from redline.monitoring.stage_times import NEVER, StageTimesBuffer, v2_record
 from redline.serving.stages import Observers, RequestRecord
@@ -27,7 +27,7 @@ BUDGET = {"x-redline-budget-ms": "5000"}  # a busy machine's hiccup must not mak
 
 
 class _Counted(RequestRecord):
-    """RequestRecord, counted: how many records the app made."""
+    """RequestRecord, counted: how many records the V2 path made (``stages.V2End``)."""
 
     __slots__ = ()
     made = 0
@@ -65,7 +65,7 @@ def _serve(tmp: Path, ratio: float | None, rows_per_s: float = 1.0) -> ServerThr
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Counted]]:
-    monkeypatch.setattr(app_module, "RequestRecord", _Counted)
+    monkeypatch.setattr(stages_module, "RequestRecord", _Counted)
     _Counted.made = 0
     yield _Counted
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
-import time
 from pathlib import Path
 
 import click
 
 from redline.commands._common import config_option, repository_option, store_options
-from redline.config import Settings, load_settings
-from redline.errors import ConfigError, InvalidInput
+from redline.config import apply_serve_options, load_settings
+from redline.errors import ConfigError
 
 PORT_RANGE = click.IntRange(0, 65535)  # a port out of range is a usage error, not a traceback
 log = logging.getLogger("redline.serving")
@@ -83,7 +81,7 @@ def serve(config_path: str | None, repository: str | None, host: str | None,
         run_supervised(settings, {"config": config_path, "options": options,
                                   "log_level": log_level}, count, ports_claimed=warn_when_empty)
         return
-    from redline.assembly import build_server
+    from redline.assembly import build_server, preload_store
 
     server = build_server(settings)
     server.claim_ports()  # a port in use is one line now, not after the preload and the models
@@ -116,40 +114,6 @@ def limit_math_threads(threads: int) -> None:
         os.environ.setdefault(name, str(threads))
 
 
-def apply_serve_options(settings: Settings, *, repository: str | None = None,
-                        host: str | None = None, http_port: int | None = None,
-                        grpc_port: int | None = None, no_grpc: bool = False,
-                        no_watch: bool = False, store: str | None = None,
-                        redis_url: str | None = None, definitions: str | None = None,
-                        preload: str | None = None, admin_token: str | None = None) -> None:
-    """Command-line options win over the file and the environment."""
-    server = settings.server
-    if repository is not None:
-        settings.repository = repository
-    if host is not None:
-        server.host = host
-    if http_port is not None:
-        server.http_port = http_port
-    if grpc_port is not None:
-        server.grpc_port = grpc_port
-    if no_grpc:
-        server.grpc_enabled = False
-    if no_watch:
-        server.watch_repository = False
-    if store:
-        settings.features.store = store
-    if redis_url:
-        settings.features.redis_url = redis_url
-        settings.features.store = store or "redis"
-    if definitions:
-        settings.features.definitions = definitions
-    if preload:
-        settings.features.preload = preload
-    if admin_token:
-        server.admin_enabled = True
-        server.admin_token = admin_token
-
-
 def check_repository(path: str) -> None:
     """A model repository that is not there is a mistyped path: refused before anything."""
     root = Path(path)
@@ -173,44 +137,3 @@ def warn_if_empty(path: str, *, watched: bool) -> None:
                     "(%s)", path, then)
 
 
-def preload_store(server: object, path: str) -> None:
-    """Replay an event file into the server's own online store before it opens its ports."""
-    from redline.features.ingest import replay_file
-
-    if not Path(path).is_file():
-        raise InvalidInput(f"features.preload file {path} does not exist")
-    pipeline = getattr(server, "pipeline", None)
-    if pipeline is None or getattr(pipeline, "defs", None) is None:
-        raise InvalidInput("--preload needs feature definitions (features.definitions or "
-                           "--definitions)")
-    phases = getattr(server, "phases", None)
-    if phases is not None:
-        phases.done("monitoring attached, ports claimed, rollouts installed")
-    started = time.perf_counter()
-    cpu_started = time.process_time()
-    # The replay builds the store's whole state, objects that live as long as the process: the
-    # cyclic collector's passes over the growing heap cost a third of the replay and a full
-    # collection at the end a second more, so it is off meanwhile and the result frozen out of
-    # its reach (the replay makes no reference cycles to collect).
-    from redline.serving.store_wait import patient, wait_for_store
-
-    target = getattr(pipeline.ingestor, "store", None) or getattr(pipeline, "store", None)
-    wait_for_store(target)  # a Redis not up yet, or slow on a loaded machine, is waited for
-    gc.disable()
-    try:
-        with patient(target):
-            result = replay_file(pipeline.ingestor, path)
-    finally:
-        gc.freeze()
-        gc.enable()
-    seconds = time.perf_counter() - started
-    cpu_s = time.process_time() - cpu_started  # the rate a quiet machine would see
-    store = server.settings.features.store  # type: ignore[attr-defined]
-    detail = (f"{result.accepted} events from {path} into the {store} store, "
-              f"{result.accepted / max(seconds, 1e-9):,.0f} events/s, "
-              f"{result.accepted / max(cpu_s, 1e-9):,.0f} per CPU-second, "
-              f"{len(result.rejected)} dead letters")
-    if phases is not None:
-        phases.done("preload", detail)
-    else:
-        logging.getLogger("redline.serving").info("preloaded %s", detail)

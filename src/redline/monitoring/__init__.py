@@ -1,18 +1,18 @@
 """Observability: Prometheus metrics, traces, the slow-request log, drift, live quality, review,
 alerts and the live dashboard, all fed by the finished ``RequestRecord`` of every request.
 
-``attach(server)`` builds one :class:`ServerMonitor` for a serving ``RedlineServer``: its
-observer joins the server's ``Observers``, its routes the REST app, and it lives as the
-server's companion (``redline.assembly`` does this for every server that monitors). Monitoring
+A serving ``RedlineServer`` that monitors is built with :class:`ServerMonitor` as its
+``monitoring`` (``redline.assembly`` does this): its observer joins the server's ``Observers``,
+its routes the REST app, and it lives as the server's companion. Monitoring
 imports serving's types; serving never imports monitoring. Nothing here runs on a request's
 path beyond keeping its record or its stage times.
 """
 
 from redline.monitoring.drift import DriftMonitor
 from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
-from redline.monitoring.monitor import ServerMonitor, attach
+from redline.monitoring.monitor import ServerMonitor
 from redline.monitoring.quality import QualityMonitor, cbpe
 from redline.monitoring.review import ReviewQueue
 
 __all__ = ["DriftMonitor", "QualityMonitor", "RequestMetrics", "ReviewQueue", "ServerMonitor",
-           "SlowLog", "attach", "cbpe", "latency_buckets"]
+           "SlowLog", "cbpe", "latency_buckets"]

@@ -1,7 +1,8 @@
 """The server's monitoring: its request observers, its once-a-second tick, and its routes.
 
-:class:`ServerMonitor` is what the server wires in: ``observers()`` go into the serving
-``Observers``, ``install(app)`` adds the HTTP routes, ``run()`` is the tick task.
+:class:`ServerMonitor` is what a server is built with (its ``monitoring``, a
+``serving.server.ServerMonitoring``): ``observers()`` go into the serving ``Observers``,
+``install(app)`` adds the HTTP routes, ``run()`` is the tick task.
 
 On the request path the monitor costs, with tracing on, the keep-or-not decision that names
 the response's ``traceparent``; once the response is written its one observer
@@ -9,8 +10,9 @@ the response's ``traceparent``; once the response is written its one observer
 slow log, the drift / quality / review windows and the trace queue. The common V2 REST request
 makes no record: it leaves five integers in its version's flat list (``stage_times``), which
 the tick (and any read that needs the latest) folds into the metrics and the slow log with
-numpy, a thousand requests at a time; the common V2 gRPC and ``/v1`` requests leave their
-records' stage times there too (five and eleven integers) and the records are dropped. The
+numpy, a thousand requests at a time; so does the common V2 gRPC request, and the common
+``/v1`` request leaves its record's stage times there (eleven integers) and the record is
+dropped. The
 tick folds what is left (in slices, so a request waits behind at most one), then turns what
 they gathered into the time series (``redline top``, ``/dashboard``), the Prometheus metrics,
 the drift and quality figures and the alerts. A read that needs the latest (a scrape, the
@@ -28,7 +30,7 @@ from collections import deque
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -54,9 +56,6 @@ from redline.monitoring.stage_times import (
 )
 from redline.monitoring.windows import ModelWindows
 from redline.serving.stages import RequestRecord
-
-if TYPE_CHECKING:
-    from redline.serving.server import RedlineServer
 
 log = logging.getLogger("redline.monitoring")
 
@@ -163,7 +162,7 @@ class ServerMonitor:
         self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self._observers_extra: list[Any] = []
-        self.rollouts: Any = None  # the rollout controller (scaling/rollout.py), when installed
+        self.rollouts: Any = None  # the rollout controller whose rollbacks are counted
         self._alert_leader = True
 
     # ------------------------------------------------------------------ wiring
@@ -289,6 +288,15 @@ class ServerMonitor:
         from redline.monitoring.routes import install_routes
 
         install_routes(app, self)
+
+    def count_rollbacks(self, rollouts: Any) -> None:
+        """Export the rollbacks ``rollouts`` (``scaling.rollout.RolloutController``) decides,
+        per model and check, as ``redline_rollout_rollbacks_total``."""
+        self.rollouts = rollouts
+
+    def label_joins(self, model: str, version: str) -> Any:
+        """The quality monitor joining labels to ``model``'s ``version`` (None: none yet)."""
+        return self.windows.quality.get((model, version))
 
     def prepare_loaded(self, wait: bool = False) -> None:
         """Drift and quality monitors for every loaded version, now: each reads its drift
@@ -623,16 +631,3 @@ def _pipeline_stats(pipeline: Any) -> dict[str, Any]:
         return dict(stats()) if stats is not None else {}
     except Exception:  # noqa: BLE001
         return {}
-
-
-def attach(server: RedlineServer) -> ServerMonitor:
-    """Monitor ``server`` (before it serves): the monitor's observer joins the server's
-    ``Observers``, its routes (``/metrics``, ``/dashboard``...) the REST app, and it starts,
-    ticks and closes with the server."""
-    monitor = ServerMonitor(server.settings, server.registry, server.pipeline)
-    for observer in monitor.observers():
-        server.observers.add(observer)
-    monitor.install(server.app)
-    server.attach(monitor)
-    server.monitor = monitor
-    return monitor

@@ -18,9 +18,12 @@ import struct
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:  # (the supervisor imports this module, not the serving package)
+    from redline.serving.asgi import Asgi, Headers, InlineApp, Receive, Responder, Scope, Send
 
 _SLOT = struct.Struct("<qqqq")  # in_flight, finished, p99_us, pid
 MAX_SLOTS = 256
@@ -92,38 +95,33 @@ class LoadMeter:
 
 
 class AsgiMeter:
-    """ASGI wrapper: every HTTP request is metered from its first byte to its last."""
+    """ASGI wrapper: every HTTP request is metered from its first byte to its last, those of
+    the HTTP protocol's inline lane too (``serving/http_protocol.py``)."""
 
-    def __init__(self, app: Any, meter: LoadMeter) -> None:
+    def __init__(self, app: InlineApp, meter: LoadMeter) -> None:
         self.app = app
         self.meter = meter
-        inline = getattr(app, "infer_inline", None)
-        if inline is not None:  # the HTTP protocol's inline lane (serving/http_protocol.py)
-            self.infer_inline = self._metered_inline(inline)
 
-    def _metered_inline(self, inline: Callable[..., Any]) -> Callable[..., Any]:
+    def infer_inline(self, path: str, headers: Headers, body: bytes,
+                     respond: Responder) -> Asgi | None:
         meter = self.meter
+        start = meter.begin()
+        try:
+            later = self.app.infer_inline(path, headers, body, respond)
+        except BaseException:
+            meter.end(start)
+            raise
+        if later is None:
+            meter.end(start)
+            return None
 
-        def infer_inline(path: str, headers: Any, body: bytes, respond: Any) -> Any:
-            start = meter.begin()
+        async def rest(scope: Scope, receive: Receive, send: Send) -> None:
             try:
-                later = inline(path, headers, body, respond)
-            except BaseException:
+                await later(scope, receive, send)
+            finally:
                 meter.end(start)
-                raise
-            if later is None:
-                meter.end(start)
-                return None
 
-            async def rest(scope: Any, receive: Any, send: Any) -> None:
-                try:
-                    await later(scope, receive, send)
-                finally:
-                    meter.end(start)
-
-            return rest
-
-        return infer_inline
+        return rest
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -19,10 +19,13 @@ An admin call without the right token is passed on untouched, so it still gets i
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redline.errors import PerWorkerState
 from redline.serving.edge import http_error
+
+if TYPE_CHECKING:
+    from redline.serving.asgi import InlineApp
 
 MESSAGE = (
     "monitoring.quality_store is memory, so the label join, the quality figures and the review "
@@ -60,11 +63,13 @@ def per_worker_admin(method: str, path: str) -> tuple[str, str] | None:
 
 
 class PooledWorkerGuard:
-    """ASGI wrapper of a pooled worker: refuses what only one worker could answer truthfully."""
+    """ASGI wrapper of a pooled worker: refuses what only one worker could answer truthfully.
+    It refuses no V2 inference: the HTTP protocol's inline lane goes straight to the app's."""
 
-    def __init__(self, app: Any, *, label_join_per_worker: bool = True,
+    def __init__(self, app: InlineApp, *, label_join_per_worker: bool = True,
                  admin_token: str | None = None) -> None:
         self.app = app
+        self.infer_inline = app.infer_inline
         self.label_join_per_worker = label_join_per_worker
         self._bearer = b"Bearer " + admin_token.encode() if admin_token else None
         self._join = _response(MESSAGE)

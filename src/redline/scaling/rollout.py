@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,6 +68,9 @@ from redline.scaling.rollout_answers import (
     label_loss,
     same_answer,
 )
+
+if TYPE_CHECKING:
+    from redline.serving.server import RedlineServer
 
 log = logging.getLogger("redline.scaling")
 
@@ -716,25 +719,22 @@ def rollout_path(settings: Any) -> Path:
     return Path(path) if path else Path(settings.project) / "rollout.json"
 
 
-def install(server: Any) -> RolloutController:
+def install(server: RedlineServer) -> RolloutController:
     """Make a server follow ``scaling.rollout_file`` (router + observer), its rollbacks
     counted in the server's metrics and judged on its labels when monitoring is on."""
-    monitor = getattr(server, "monitor", None)
-    windows = getattr(monitor, "windows", None)
-    labels = None
-    if windows is not None:
-        def labels(model: str, version: str) -> Any:
-            return windows.quality.get((model, version))
+    monitor = None
+    if server.monitor is not None:
+        from redline.monitoring import ServerMonitor
+
+        if isinstance(server.monitor, ServerMonitor):
+            monitor = server.monitor
     controller = RolloutController(server.registry, rollout_path(server.settings),
-                                   labels=labels)
+                                   labels=monitor.label_joins if monitor is not None else None)
     server.registry.router = controller.route
     controller.observe(server.observers)  # an observer while a rollout is active
-    server.rollouts = controller
     if monitor is not None:
-        monitor.rollouts = controller  # redline_rollout_rollbacks_total
-    attach = getattr(server, "attach", None)
-    if attach is not None:
-        attach(RolloutTicker(controller))
+        monitor.count_rollbacks(controller)  # redline_rollout_rollbacks_total
+    server.attach(RolloutTicker(controller))
     return controller
 
 

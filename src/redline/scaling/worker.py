@@ -41,9 +41,8 @@ def run(spec: dict[str, Any]) -> None:
     logging.basicConfig(level=spec.get("log_level", "info").upper(), force=True,
                         format=f"%(asctime)s %(levelname)s [worker {spec['slot']}] %(message)s")
     try:
-        from redline.assembly import build_server
-        from redline.commands.serve import apply_serve_options, preload_store
-        from redline.config import load_settings
+        from redline.assembly import build_server, preload_store
+        from redline.config import apply_serve_options, load_settings
         from redline.scaling.loadmeter import AsgiMeter, GrpcMeter, LoadBoard, LoadMeter
 
         settings = load_settings(spec.get("config"))

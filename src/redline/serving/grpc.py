@@ -40,16 +40,7 @@ from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata
 from redline.serving.protocol import decode_grpc
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import (
-    DECODE,
-    ENCODE,
-    INFERENCE,
-    FlatSeries,
-    Observers,
-    RequestEnd,
-    RequestRecord,
-    perf_ns,
-)
+from redline.serving.stages import Observers, RequestRecord, V2End, perf_ns
 
 log = logging.getLogger("redline.serving")
 SERVICE = "inference.GRPCInferenceService"
@@ -91,10 +82,7 @@ class InferenceServicer:
         self.registry = registry
         self.settings = settings
         self.observers = observers if observers is not None else Observers()
-        # Common requests (answered at once: decode, inference, encode) leave their stage
-        # times, not a record (serving/stages.py FlatSeries).
-        self._flat = FlatSeries(self.observers, "v2", "grpc")
-        self._end = RequestEnd(self.observers, "v2", "grpc")  # a recorded request's last call
+        self._end = V2End(self.observers, "grpc")  # a request's monitoring: one call
         self.draining = False
 
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC names
@@ -133,26 +121,22 @@ class InferenceServicer:
                 getattr(resp, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         return resp
 
-    async def ModelInfer(self, request: Any, context: Any) -> bytes:  # noqa: N802
-        """The answer as wire bytes (``grpc_wire``): the service's serializer passes them.
-
-        Observed, the common request (answered at once and ok, no id, no caller
-        ``traceparent``, not in the trace sample, not slow) is timed by clock reads and leaves
-        five integers in its version's ``StageTimes`` (a windows' sample its arrays too), as a
-        V2 REST request does; any other gets its ``RequestRecord``, built from the same
-        reads."""
+    async def ModelInfer(self, request: Any, context: Any) -> bytes:  # noqa: N802 - gRPC names
+        """Parse, run, answer: the answer as wire bytes (``grpc_wire``), which the service's
+        serializer passes on. While someone observes, monitoring is one call at the end
+        (``stages.V2End``), from the clock reads taken on the way: the REST path's steps."""
         start_ns = perf_ns()
-        start = start_ns * 1e-9  # the same clock as deadline.now()
         observed = bool(self.observers)
-        record: RequestRecord | None = None
         handle: ModelHandle | None = None
-        meta: dict[str, str] = {}
+        record: RequestRecord | None = None
+        traceparent: str | None = None
         rid = ""
-        t_dec = 0
+        rows = decoded_ns = 0
         try:
             if isinstance(request, Undecodable):
                 raise InvalidInput(request.reason)
             meta = grpc_metadata(context, _METADATA_KEYS)
+            traceparent = meta.get(TRACEPARENT)
             decoded = decode_grpc(request)
             rid = decoded.id or ""
             handle = self.registry.get(request.model_name, request.model_version or None)
@@ -160,87 +144,50 @@ class InferenceServicer:
                 handle.check_outputs(decoded.outputs)
             if BUDGET_KEY in meta:
                 budget = parse_budget(meta[BUDGET_KEY], FROM_METADATA,
-                                      default_ms=handle.slo_ms, start=start)
+                                      default_ms=handle.slo_ms, start=start_ns * 1e-9)
             else:
                 remaining = context.time_remaining()
                 budget = parse_budget(remaining * 1e3 if remaining is not None else None,
-                                      FROM_GRPC_DEADLINE, default_ms=handle.slo_ms, start=start)
+                                      FROM_GRPC_DEADLINE, default_ms=handle.slo_ms,
+                                      start=start_ns * 1e-9)
             priority = parse_priority(meta.get(PRIORITY_KEY, decoded.parameters.get("priority")))
-            if not observed:
-                outputs = await handle.infer(decoded.inputs, budget, priority=priority,
-                                             datatypes=decoded.datatypes)
-            else:  # handle.infer's two steps, so a request answered at once needs no record
-                inputs, rows = handle.prepare(decoded.inputs, decoded.datatypes)
-                t_dec = perf_ns()
-                ran = handle.infer_now(inputs, rows)
-                if ran is None:  # queued: timed on a record from here on
-                    record = _record(handle, rid, meta, rows, start_ns, t_dec)
-                    ran = await handle.infer_queued(inputs, rows, budget.deadline, priority,
+            rows = decoded.rows  # what a request refused by the checks counts as
+            inputs, rows = handle.prepare(decoded.inputs, decoded.datatypes)
+            if observed:
+                decoded_ns = perf_ns()
+            outputs = handle.infer_now(inputs, rows)
+            if outputs is None:  # the batcher is busy or the run is long: it queues
+                if observed:  # timed on a record from here on
+                    record = self._end.record(handle, rid, traceparent, rows, start_ns,
+                                              decoded_ns)
+                outputs = await handle.infer_queued(inputs, rows, budget.deadline, priority,
                                                     record)
-                t_inf = perf_ns()
-                outputs = ran
-            outputs = handle.select_outputs(outputs, decoded.outputs)
-            resp = infer_response(handle.name, handle.version_str, decoded.id, outputs,
+            inferred_ns = perf_ns() if observed else 0
+            resp = infer_response(handle.name, handle.version_str, decoded.id,
+                                  handle.select_outputs(outputs, decoded.outputs),
                                   decoded.raw_outputs)
         except Exception as exc:  # noqa: BLE001 - mapped below; a bug is logged, never UNKNOWN
             error = as_redline_error(exc)
             if error is None:
                 log.exception("unhandled error in ModelInfer")
                 error = RedlineError(f"internal error: {type(exc).__name__}")
-            traceparent = None
-            if observed:
-                if record is None:
-                    record = RequestRecord("v2", "grpc", start_ns)
-                    record.traceparent = meta.get(TRACEPARENT)
-                    record.request_id = rid
-                    if handle is not None:
-                        record.model, record.version = handle.name, handle.version_str
-                    if t_dec:
-                        record.add(DECODE, start_ns, t_dec)
-                traceparent = self._end.finish(record, error.code)
-            await grpc_abort(context, error, _trailers(traceparent))
+            traced = None
+            if observed or record is not None:
+                traced = self._end.failed(error.code, start_ns, traceparent, handle, rid, rows,
+                                          decoded_ns, record)
+            await grpc_abort(context, error, _trailers(traced))
         if not observed:
             return resp
-        t_end = perf_ns()
         assert handle is not None  # (grpc_abort raised otherwise)
-        if record is None:  # answered at once
-            draw: bool | None = None
-            if not (rid or TRACEPARENT in meta or handle.shadowed):
-                times = self._flat.series(handle.name, handle.version_str)
-                if times is not None:
-                    draw = self._flat.draw(times, t_end - start_ns)
-                    if draw is None:
-                        if (handle.keep_io and t_dec >= handle.io_next_ns
-                                and handle.sample_due(t_dec)):
-                            times.samples += (inputs, outputs)  # the windows' sample
-                        times.times += (start_ns, t_dec, t_inf, t_end, rows)
-                        return resp
-            record = _record(handle, rid, meta, rows, start_ns, t_dec)
-            record.spans.append((INFERENCE, t_dec, t_inf))
-            record.trace_keep = draw
-            handle.keep_io_on(record, inputs, outputs, t_dec)
-        record.add(ENCODE, t_inf, t_end)
-        traceparent = self._end.finish(record, end_ns=t_end)
-        if traceparent is not None:
-            context.set_trailing_metadata(_trailers(traceparent))
+        traced = self._end.answered(handle, rid, traceparent, rows, inputs, outputs, start_ns,
+                                    decoded_ns, inferred_ns, perf_ns(), record)
+        if traced is not None:
+            context.set_trailing_metadata(_trailers(traced))
         return resp
 
 
 def _trailers(traceparent: str | None) -> tuple[tuple[str, str], ...]:
     return () if traceparent is None else ((TRACEPARENT, traceparent),)
-
-
-def _record(handle: ModelHandle, rid: str, meta: dict[str, str], rows: int, start_ns: int,
-            t_dec: int) -> RequestRecord:
-    """The record of a V2 gRPC request that cannot leave flat stage times, decoded at
-    ``t_dec``."""
-    record = RequestRecord("v2", "grpc", start_ns)
-    record.model, record.version = handle.name, handle.version_str
-    record.traceparent = meta.get(TRACEPARENT)
-    record.request_id = rid
-    record.rows = rows
-    record.spans.append((DECODE, start_ns, t_dec))
-    return record
 
 
 def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:

@@ -30,7 +30,7 @@ from redline.models.runtime import InferenceSession
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, AdmissionStats, Budget, CostModel, now
 from redline.serving.fastjson import JsonFastPath
-from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, StageTimes, perf_ns
+from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, perf_ns
 
 # The finiteness check below multiplies NaN by 0 on purpose; numpy's warning about it is noise.
 warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWarning,
@@ -46,6 +46,7 @@ class ModelHandle:
         self.name = self.metadata.name
         self.version = int(self.metadata.version)
         self.version_str = str(self.version)
+        self.key = (self.name, self.version_str)  # names the version in metrics and series
         model_settings = settings.for_model(self.name)
         self.slo_ms = model_settings.slo_ms or settings.server.default_slo_ms
         # The cheaper model /v1 falls back to: redline.yaml's models.<name>.fallback when set,
@@ -62,9 +63,8 @@ class ModelHandle:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{self.name}-{self.version}")
         self.batcher = Batcher(
             # The public run: ONNX Runtime's compiled ``_sess.run`` skips the Python-side
-            # checks but saves only 0.2 µs a run on ORT 1.32 (4.04 vs 4.22 µs, one row of the
-            # demo forest, with a reused RunOptions), under 0.5% of a request's server CPU:
-            # not worth a private attribute.
+            # checks but saves well under 1% of a one-row request's server CPU (the demo
+            # forest, with a reused RunOptions): not worth a private attribute.
             session.run,
             settings.batching_for(self.name),
             executor=self._executor,
@@ -79,16 +79,14 @@ class ModelHandle:
         # review windows take at most `monitoring.window_rows_per_s` a second, so only that many
         # records (spread in time) carry their arrays, plus every request with an id (a label
         # may join it): holding every request's arrays until the monitor's tick freed them cost
-        # 3.5 µs of CPU a request at 20k req/s (benchmarks/serving/ab_cpu.py). A shadow rollout
-        # replays every request of the version it shadows (`shadowed`).
+        # CPU on every request (benchmarks/serving/ab_cpu.py). A rollout judges every request
+        # of the versions it compares, and a shadow replays them: it sets `shadowed` while
+        # it runs.
         self.keep_io = settings.monitoring.enabled
         self.shadowed = False
         rows_per_s = float(settings.monitoring.window_rows_per_s or 0)
         self._io_gap_ns = int(1e9 / rows_per_s) if rows_per_s > 0 else 0
         self.io_next_ns = 0  # the next request at or after this perf_ns time is sampled
-        # The monitor's flat buffer for this version's common V2 REST requests (stages.py's
-        # StageTimes), asked for by the app at the version's first such request.
-        self.stage_times: StageTimes | None = None
         self._input_names = set(self.input_specs)
         self._output_set = set(self.output_names)
         self._reject_nan = self.metadata.missing_values != "allow"
@@ -139,7 +137,6 @@ class ModelHandle:
         it does is seen in this version's stats or metrics."""
         twin = copy.copy(self)  # a new __dict__: plain attributes set on the twin stay its own
         twin.stats = AdmissionStats()
-        twin.stage_times = None  # the warm-up's requests are not this version's
         twin.cost = copy.copy(self.cost)
         old = self.batcher
         twin.batcher = Batcher(self.session.run, old.settings, executor=self._executor,

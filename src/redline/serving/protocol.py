@@ -72,6 +72,12 @@ class InferRequest:
         self.binary_default = False  # REST: `binary_data_output` request parameter
         self.raw_outputs = raw_outputs  # gRPC: answer with raw_output_contents
 
+    @property
+    def rows(self) -> int:
+        """The rows the request sent, by its first input (before any check)."""
+        first = next(iter(self.inputs.values()), None)
+        return int(first.shape[0]) if first is not None and first.ndim else 1
+
 
 # ---------------------------------------------------------------------------- shared helpers
 def array_from_json(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,13 +25,14 @@ from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
 from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
-from redline.serving.predict import build_pipeline
+from redline.serving.predict import PredictPipeline, build_pipeline
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers
+from redline.serving.stages import Observers, RequestObserver
 from redline.serving.startup import StartupPhases
 from redline.serving.store_health import StoreHealth
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
+from redline.serving.v2_routes import V2Routes
 from redline.serving.warmup import warm_request_path
 
 log = logging.getLogger("redline.serving")
@@ -57,36 +58,65 @@ class ServerCompanion(Protocol):
     def close(self) -> None: ...
 
 
+class ServerMonitoring(ServerCompanion, Protocol):
+    """A server's monitoring, as the server sees it: the observers it adds to the server's
+    (every finished request), the routes it mounts on the REST app, and a companion's life."""
+
+    def observers(self) -> Sequence[RequestObserver]: ...
+
+    def install(self, app: RestApp) -> None: ...
+
+
+# Builds a server's monitoring from what it watches (``monitoring.ServerMonitor``).
+MonitoringFactory = Callable[[Settings, ModelRegistry, PredictPipeline], ServerMonitoring]
+
+
 class RedlineServer:
     """Owns the registry, both transports and the repository watcher.
 
-    Extension points, for packages that add to the server before ``serve()`` (monitoring, a
-    rollout; ``redline.assembly`` builds a server with its monitoring): ``observers`` (an
-    :class:`Observers`: ``observers.add(obj)`` and ``obj.request_finished`` gets every request's
-    :class:`RequestRecord`, V2 and ``/v1``, REST and gRPC), ``app.add_route(method, template,
-    handler)`` for more REST routes, and ``attach(companion)`` for what lives as long as the
-    server (:class:`ServerCompanion`). Serving imports none of them.
+    Its monitoring comes in through the constructor (``monitoring``, which builds a
+    :class:`ServerMonitoring`; ``redline.assembly`` passes monitoring's ``ServerMonitor``).
+    Extension points, for packages that add to the server before ``serve()`` (a rollout):
+    ``observers`` (an :class:`Observers`: ``observers.add(obj)`` and ``obj.request_finished``
+    gets every request's :class:`RequestRecord`, V2 and ``/v1``, REST and gRPC),
+    ``app.add_route(method, template, handler)`` for more REST routes, and
+    ``attach(companion)`` for what lives as long as the server (:class:`ServerCompanion`).
+    Serving imports none of them.
     """
 
     def __init__(self, settings: Settings, repository: ModelRepository | None = None,
-                 observers: Observers | None = None) -> None:
+                 observers: Observers | None = None,
+                 monitoring: MonitoringFactory | None = None) -> None:
         self.phases = StartupPhases()  # each start-up phase logged with its time
         self.phases.done("imports and settings", quiet_until_next=True)
         self.settings = settings
         self.repository = repository or ModelRepository(settings.repository)
         self.registry = ModelRegistry(self.repository, settings)
         self.observers = observers if observers is not None else Observers()
-        self.app = RestApp(self.registry, settings, self.observers)
-        self.servicer = InferenceServicer(self.registry, settings, self.observers)
         # Entity predictions (/v1 REST routes and the redline.v1 gRPC service).
         self.pipeline = build_pipeline(self.registry, settings)
         self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
+        # The online store's reachability: logged at start and on every change, and added to
+        # the readiness body.
+        self.store_health = StoreHealth(self.pipeline.store, settings.features.redis_url,
+                                        entity_loss=self.pipeline.entity_loss)
+        self.app = RestApp(self.registry, settings, self.observers)
+        self.v2_routes = V2Routes(self.registry, settings, self.store_health)
+        self.v2_routes.install(self.app)
         V1Rest(self.pipeline, self.app).install(self.app)
+        self.servicer = InferenceServicer(self.registry, settings, self.observers)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
         self.companions: list[ServerCompanion] = []
-        # The monitoring attached to this server, when it is (``redline.monitoring.attach``):
-        # metrics, traces, drift, quality, review, alerts, /metrics and /dashboard.
-        self.monitor: Any = None
+        # The server's monitoring, when it has one (``redline.assembly``): metrics, traces,
+        # drift, quality, review, alerts, /metrics and /dashboard. Its observers see every
+        # request, its routes join the app, and it lives as long as the server.
+        self.monitor = (monitoring(settings, self.registry, self.pipeline)
+                        if monitoring is not None else None)
+        if self.monitor is not None:
+            for observer in self.monitor.observers():
+                self.observers.add(observer)
+            self.monitor.install(self.app)
+            self.attach(self.monitor)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.started = asyncio.Event()
@@ -129,12 +159,9 @@ class RedlineServer:
             # beside each version, or calibrated in the background once the ports are open).
             await companion.models_loaded()
         self.phases.done("models loaded and warm", f"{len(self.registry.models())} models")
-        # The online store's reachability: logged now and on every change, in the health body.
-        store_health = StoreHealth(self.pipeline.store, self.settings.features.redis_url,
-                                   entity_loss=self.pipeline.entity_loss)
+        store_health = self.store_health
         await store_health.check()
         self.phases.done("online store checked")
-        self.app.health_details = store_health.body  # type: ignore[attr-defined]
         # A value beyond a float's range becomes inf and is refused by the finite-value check
         # with a clear 400; numpy's own RuntimeWarning for it would only add noise to stderr.
         np.seterr(over="ignore", invalid="ignore")
@@ -203,7 +230,7 @@ class RedlineServer:
         for task in running:
             task.cancel()
         # Drain: not ready, close listeners, finish in-flight work.
-        self.app.draining = self.servicer.draining = True
+        self.v2_routes.draining = self.servicer.draining = True
         if server.drain_grace_s > 0:
             # Keep accepting while readiness reads false, so a load balancer's health check
             # takes this replica out before its listeners close (deploy/haproxy).

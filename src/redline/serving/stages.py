@@ -158,8 +158,8 @@ class StageTimes(Protocol):
     (``perf_ns`` values: decode is start..decoded, inference decoded..inferred, encode
     inferred..end) and its rows; the
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
-    fold cost ~8 µs of server CPU a request (a quarter of a 31 µs V2 request), five
-    integers in one ``list.extend`` a fraction of a microsecond.
+    fold cost a large share of a one-row V2 request's server CPU, five integers in one
+    ``list.extend`` a fraction of a microsecond (``benchmarks/observability/inline_cost.py``).
 
     A ``/v1`` request (REST or gRPC) of the same kind is timed on a record (its answer carries
     ``timings_us``), but the record is not kept: it leaves ``v1_times`` (``V1_TIME_FIELDS``
@@ -183,7 +183,7 @@ class FlatSeries:
     """The lone observer's ``StageTimes`` of each (model, version) for one API and transport,
     asked for once, and the trace head-sample draw a common request takes there.
 
-    ``series(model, version)`` is None while no lone observer keeps stage times (a rollout
+    ``series((model, version))`` is None while no lone observer keeps stage times (a rollout
     observes too): then every request needs its record. ``draw(times, duration)`` is None when
     the request leaves its row, else the head sample's draw for the record it gets instead."""
 
@@ -194,14 +194,14 @@ class FlatSeries:
         self._api, self._transport = api, transport
         self._series: dict[tuple[str, str], StageTimes] = {}
 
-    def series(self, model: str, version: str) -> StageTimes | None:
+    def series(self, key: tuple[str, str]) -> StageTimes | None:
+        """The series of ``key``: (model, version), as ``ModelHandle.key`` holds it."""
         make = self._observers.stage_times  # None while a rollout observes requests too
         if make is None:
             return None
-        times = self._series.get((model, version))
+        times = self._series.get(key)
         if times is None:
-            times = self._series[(model, version)] = make(self._api, self._transport, model,
-                                                          version)
+            times = self._series[key] = make(self._api, self._transport, *key)
         return times
 
     @staticmethod
@@ -236,7 +236,7 @@ class FlatTimes(FlatSeries):
     def keep(self, record: RequestRecord) -> bool:
         if record.request_id or record.traceparent is not None:
             return False
-        times = self.series(record.model, record.version)
+        times = self.series((record.model, record.version))
         if times is None:
             return False
         draw = self.draw(times, record.end_ns - record.start_ns)
@@ -247,6 +247,89 @@ class FlatTimes(FlatSeries):
             return True
         record.trace_keep = draw
         return False
+
+
+class V2End:
+    """How a V2 edge (REST or gRPC) ends a request, in one call, from the clock reads it took:
+    ``start`` (arrival), ``decoded`` (inputs checked, about to run), ``inferred`` and ``end``.
+
+    ``answered(...)``: a request answered at once and ok that names no request id and no
+    caller ``traceparent`` leaves those reads in its version's flat :class:`StageTimes` (and,
+    as the windows' sample, its arrays) unless it is drawn for the trace head sample or is slow
+    (:class:`FlatSeries`); any other gets its :class:`RequestRecord`, built from the same reads
+    and handed to the observers (:class:`RequestEnd`). A request that has to queue for its model
+    gets its record when it queues (``record``), so the queue and inference stages are timed on
+    it; ``failed(...)`` ends a request with its error's code. Each returns the W3C
+    ``traceparent`` the answer carries (None: none). Called only while someone observes."""
+
+    __slots__ = ("_transport", "_flat", "_end")
+
+    def __init__(self, observers: Observers, transport: str) -> None:
+        self._transport = transport  # "rest" | "grpc"
+        self._flat = FlatSeries(observers, "v2", transport)
+        self._end = RequestEnd(observers, "v2", transport)
+
+    def record(self, handle: VersionRef, request_id: str, traceparent: str | None, rows: int,
+               start_ns: int, decoded_ns: int) -> RequestRecord:
+        """The record of a request decoded at ``decoded_ns``."""
+        record = RequestRecord("v2", self._transport, start_ns)
+        record.model, record.version = handle.key
+        record.request_id = request_id
+        record.traceparent = traceparent
+        record.rows = rows
+        record.spans.append((DECODE, start_ns, decoded_ns))  # record.add, one call less
+        return record
+
+    def answered(self, handle: VersionRef, request_id: str, traceparent: str | None, rows: int,
+                 inputs: Any, outputs: Any, start_ns: int, decoded_ns: int, inferred_ns: int,
+                 end_ns: int, record: RequestRecord | None = None) -> str | None:
+        if record is None:  # run at once
+            draw: bool | None = None
+            if not (request_id or traceparent is not None or handle.shadowed):
+                times = self._flat.series(handle.key)
+                if times is not None:
+                    draw = self._flat.draw(times, end_ns - start_ns)
+                    if draw is None:  # a common request: its row, no record
+                        if (handle.keep_io and decoded_ns >= handle.io_next_ns
+                                and handle.sample_due(decoded_ns)):
+                            times.samples += (inputs, outputs)  # the windows' sample
+                        times.times += (start_ns, decoded_ns, inferred_ns, end_ns, rows)
+                        return None
+            record = self.record(handle, request_id, traceparent, rows, start_ns, decoded_ns)
+            record.spans.append((INFERENCE, decoded_ns, inferred_ns))
+            record.trace_keep = draw  # drawn here, or left to tracing
+            handle.keep_io_on(record, inputs, outputs, decoded_ns)
+        record.spans.append((ENCODE, inferred_ns, end_ns))
+        return self._end.finish(record, end_ns=end_ns)
+
+    def failed(self, code: str, start_ns: int, traceparent: str | None,
+               handle: VersionRef | None = None, request_id: str = "", rows: int = 0,
+               decoded_ns: int = 0, record: RequestRecord | None = None) -> str | None:
+        """End a failed request with its error's ``code``: on its record when it queued, else
+        on one made of what was known (its version once found, its decode once done)."""
+        if record is None:
+            record = RequestRecord("v2", self._transport, start_ns)
+            record.traceparent = traceparent
+            record.request_id = request_id
+            record.rows = rows
+            if handle is not None:
+                record.model, record.version = handle.key
+            if decoded_ns:
+                record.spans.append((DECODE, start_ns, decoded_ns))
+        return self._end.finish(record, code)
+
+
+class VersionRef(Protocol):
+    """What :class:`V2End` reads of the model version a request ran on (``ModelHandle``)."""
+
+    key: tuple[str, str]  # (model, version)
+    shadowed: bool
+    keep_io: bool
+    io_next_ns: int
+
+    def sample_due(self, t0: int) -> bool: ...
+
+    def keep_io_on(self, record: RequestRecord, inputs: Any, outputs: Any, t0: int) -> None: ...
 
 
 class RequestObserver(Protocol):
