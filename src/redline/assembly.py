@@ -1,10 +1,10 @@
 """A server with what attaches to it: where serving and monitoring meet, above both.
 
-Serving offers extension points (request observers, routes, companions) and imports neither
-monitoring nor scaling; monitoring attaches to those points and imports serving's types. This
-module builds a :class:`RedlineServer` and attaches its monitoring when
-``monitoring.enabled``; every process that serves (``redline serve``, a worker, the demo) is
-built here.
+Serving offers a place for its monitoring (``RedlineServer``'s ``monitoring``: request
+observers, routes, a companion) and imports neither monitoring nor scaling; monitoring fills it
+and imports serving's types. This module builds a :class:`RedlineServer`, with monitoring's
+``ServerMonitor`` when ``monitoring.enabled``; every process that serves (``redline serve``, a
+worker, the demo) is built here.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from redline.serving.server import RedlineServer
 
 def build_server(settings: Settings, repository: ModelRepository | None = None) -> RedlineServer:
     """A server for ``settings``, monitored when ``monitoring.enabled``."""
-    server = RedlineServer(settings, repository)
-    if settings.monitoring.enabled:
-        from redline.monitoring import attach
+    if not settings.monitoring.enabled:
+        return RedlineServer(settings, repository)
+    from redline.monitoring import ServerMonitor
 
-        attach(server)
-    return server
+    return RedlineServer(settings, repository, monitoring=ServerMonitor)
 
 
 def run(settings: Settings, repository: ModelRepository | None = None) -> None:
