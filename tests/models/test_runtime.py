@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from redline.config import RuntimeSettings
 from redline.errors import ConfigError, InvalidInput, ProviderUnavailable
-from redline.models import InferenceSession
+from redline.models import InferenceSession, choose_providers, runtime
 
 
 @pytest.fixture()
@@ -116,7 +119,28 @@ def test_bad_settings_and_absent_provider_are_clear(repo, classifier_onnx):
     repo.add_onnx("bc", classifier_onnx)
     with pytest.raises(ConfigError, match="graph_optimization must be one of"):
         InferenceSession.load(repo, "bc", settings=RuntimeSettings(graph_optimization="max"))
+    with pytest.raises(ConfigError, match=r"\['CUDAProvider'\] is not an ONNX Runtime execution"):
+        InferenceSession.load(repo, "bc", settings=RuntimeSettings(providers=["CUDAProvider"]))
+    # Measurements refuse a provider the build lacks: a CPU fallback would give wrong numbers.
     with pytest.raises(ProviderUnavailable, match=r"\['CUDAExecutionProvider'\].*onnxruntime-gpu"):
-        InferenceSession.load(
-            repo, "bc", settings=RuntimeSettings(providers=["CUDAExecutionProvider"])
-        )
+        choose_providers(["CUDAExecutionProvider"])
+
+
+def test_a_gpu_provider_this_build_lacks_serves_on_the_cpu_and_says_so(
+        repo, classifier_onnx, caplog, monkeypatch):
+    monkeypatch.setattr(runtime, "_warned", set())  # as in a fresh process
+    assert "CUDAExecutionProvider" not in ort.get_available_providers(), \
+        "the suite runs on the CPU build of onnxruntime (the dev extra installs it)"
+    repo.add_onnx("bc", classifier_onnx)
+    gpu = RuntimeSettings(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with caplog.at_level(logging.WARNING, logger="redline.models"):
+        first = InferenceSession.load(repo, "bc", settings=gpu)
+        second = InferenceSession.load(repo, "bc", settings=gpu)
+    assert first.providers == second.providers == ["CPUExecutionProvider"]
+    assert first.provider_fallback == second.provider_fallback
+    assert first.provider_fallback is not None
+    assert "CUDAExecutionProvider is not in this onnxruntime build" in first.provider_fallback
+    assert "redline[gpu]" in first.provider_fallback
+    said = [r.getMessage() for r in caplog.records if "runtime.providers" in r.getMessage()]
+    assert said == [first.provider_fallback]  # once a process, not once a model
+    assert InferenceSession.load(repo, "bc").provider_fallback is None  # the default: CPU

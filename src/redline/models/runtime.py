@@ -7,7 +7,9 @@ that every untrusted input goes through first (names, dtypes, shapes, NaN policy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +23,8 @@ from redline.errors import ConfigError, CorruptModel, InvalidInput, ProviderUnav
 from redline.models.datatypes import FLOAT_TYPES, INT_TYPES, V2_TO_NUMPY
 from redline.models.metadata import ModelMetadata, TensorSpec
 from redline.models.repository import MODEL_FILE, ModelRepository
+
+log = logging.getLogger("redline.models")
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -86,8 +90,70 @@ def settings_for_version(settings: RuntimeSettings, metadata: ModelMetadata) -> 
     return dataclasses.replace(settings, **values)
 
 
+CPU = "CPUExecutionProvider"
+# The providers that need a GPU build of ONNX Runtime and the CUDA libraries (redline[gpu]).
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+_warned: set[str] = set()  # fallback messages already logged by this process
+
+
+def check_provider_names(requested: list[str]) -> None:
+    """Refuse a name that no ONNX Runtime build has (a typo must not fall back in silence)."""
+    unknown = [p for p in requested if p not in ort.get_all_providers()]
+    if unknown:
+        raise ConfigError(
+            f"runtime.providers: {unknown} is not an ONNX Runtime execution provider; names "
+            f"are spelled like CUDAExecutionProvider, TensorrtExecutionProvider, {CPU}"
+        )
+
+
+def serving_providers(requested: list[str]) -> list[str]:
+    """The requested providers that this build has, in order, with the CPU last: a model asked
+    onto a GPU still serves, on the CPU, where onnxruntime-gpu is missing."""
+    check_provider_names(requested)
+    available = ort.get_available_providers()
+    chosen = [p for p in requested if p in available]
+    if any(p in GPU_PROVIDERS for p in chosen):
+        _preload_cuda_libraries()
+    return chosen if CPU in chosen else [*chosen, CPU]
+
+
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the nvidia-* wheels that redline[gpu] installs (onnxruntime-gpu
+    1.21+), once: a machine with a system CUDA needs none of it, and loses nothing."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        preload()
+
+
+def provider_fallback(requested: list[str], running: list[str]) -> str | None:
+    """Why a session runs without some of the providers asked for, and what to do; ``None``
+    when it has them all."""
+    lost = [p for p in requested if p not in running and p != CPU]
+    if not lost:
+        return None
+    available = ort.get_available_providers()
+    absent = [p for p in lost if p not in available]
+    failed = [p for p in lost if p in available]
+    def names(found: list[str]) -> str:
+        return ", ".join(found) + (" is" if len(found) == 1 else " are")
+
+    why = []
+    if absent:
+        why.append(f"{names(absent)} not in this onnxruntime build (it has "
+                   f"{', '.join(available)}): install redline[gpu], which replaces the CPU "
+                   "onnxruntime wheel (docs/operations.md, GPU)")
+    if failed:
+        why.append(f"{names(failed)} in this build but did not start (ONNX Runtime's own "
+                   "output says why: usually no GPU is visible, or the CUDA or cuDNN libraries "
+                   "are missing or do not match the build)")
+    return (f"runtime.providers asks for {', '.join(lost)}, but {'; '.join(why)}. Serving on "
+            f"{', '.join(running)} instead (set runtime.providers to [{CPU}] if that is meant)")
+
+
 def choose_providers(requested: list[str]) -> list[str]:
-    """The requested execution providers, refusing clearly any that this build lacks."""
+    """The requested execution providers, refusing clearly any that this build lacks (for
+    measurements, where a silent CPU fallback would give the wrong numbers)."""
     available = ort.get_available_providers()
     missing = [p for p in requested if p not in available]
     if missing:
@@ -120,7 +186,7 @@ class InferenceSession:
             folder = Path(self.settings.optimized_model_dir)
             folder.mkdir(parents=True, exist_ok=True)
             optimized = folder / f"{metadata.name}-{metadata.version}.optimized.onnx"
-        providers = choose_providers(self.settings.providers)
+        providers = serving_providers(self.settings.providers)
         options = session_options(self.settings, optimized)
         try:
             self._session = ort.InferenceSession(
@@ -128,6 +194,12 @@ class InferenceSession:
             )
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise CorruptModel(f"ONNX Runtime cannot load {origin}: {str(exc)[:300]}") from exc
+        # Said once per process (every model shares runtime.providers), kept on each session
+        # for the readiness answer.
+        self.provider_fallback = provider_fallback(self.settings.providers, self.providers)
+        if self.provider_fallback and self.provider_fallback not in _warned:
+            _warned.add(self.provider_fallback)
+            log.warning("%s", self.provider_fallback)
         self._run = self._session.run
         # One RunOptions for every run: given none, ONNX Runtime builds a default one per call
         # (measured, one row of the demo forest: 4.72 -> 4.22 µs a run).

@@ -157,6 +157,13 @@ class ModelRegistry:
     def versions(self, name: str) -> list[int]:
         return list(self._versions.get(name, []))
 
+    def provider_fallbacks(self) -> list[dict[str, str]]:
+        """The loaded versions that run without a provider ``runtime.providers`` asks for (no
+        GPU build, or CUDA did not start), and why: they serve, on the CPU."""
+        return [{"model": h.name, "version": h.version_str, "reason": reason}
+                for _, table in sorted(self._handles.items()) for _, h in sorted(table.items())
+                if (reason := getattr(h.session, "provider_fallback", None))]
+
     def all_ready(self) -> bool:
         """Whether the server is ready, by ``server.strict_readiness`` (see ``readiness``)."""
         return self.readiness()[0]
