@@ -2,9 +2,9 @@
 and what it is for, so the reference cannot drift from the code.
 
 The meaning of a setting is the comment next to its field in ``config.py`` (on its line, or the
-lines just above it); a section's meaning is its class docstring. ``tests/test_settings_reference.py``
-fails when docs/settings.md differs from what this writes; run
-``python -m redline.settings_reference > docs/settings.md`` after changing a setting.
+lines just above it); a section's meaning is its class docstring.
+``tests/test_settings_reference.py`` fails when docs/settings.md differs from what this writes;
+run ``python -m redline.settings_reference > docs/settings.md`` after changing a setting.
 """
 
 from __future__ import annotations
