@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 from redline.cli import main
 from redline.config import load_settings
 from redline.models import ModelRepository
+from redline.models.metadata import ModelMetadata, TensorSpec
 from redline.scaling.rollout import (
     MergedStats,
     RolloutController,
@@ -23,6 +25,7 @@ from redline.scaling.rollout import (
     decide_rollback,
     install,
     sticky_share,
+    unservable_candidate,
 )
 from tests.scaling.models import failing_affine, slow_affine
 from tests.serving.helpers import ServerThread, affine_model
@@ -350,3 +353,117 @@ def test_an_idle_server_keeps_writing_its_rollout_counts(project) -> None:  # ty
     assert sum(v["requests"] for v in doc["versions"].values()) == 20
     counts = aggregate_stats(controller.file)["versions"]
     assert sum(v["requests"] for v in counts.values()) == 20
+
+
+class _Refused(_Record):
+    def __init__(self, version: int, status: str = "invalid_input") -> None:
+        super().__init__(version, True, 1000)
+        self.status = status
+
+
+def test_refusals_only_the_candidate_gives_are_its_errors(tmp_path: Path) -> None:
+    """A client's mistakes come to both versions alike and count against neither; a 400 that
+    only the candidate answers, on the same traffic, is the candidate's failure."""
+    spec = RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)
+    base, cand = VersionStats(), VersionStats()
+    for i in range(400):  # 5% of the traffic is bad, whichever version gets it
+        for stats in (base, cand):
+            stats.refuse("invalid_input") if i % 20 == 0 else stats.add(True, 1000)
+    assert decide_rollback(spec, base, cand) is None
+    for _ in range(30):  # 30 more of the candidate's: 12% against 5% is within chance...
+        cand.refuse("invalid_input")
+    assert decide_rollback(spec, base, cand) is None
+    for _ in range(50):  # ...80 more, 21% against 5%, is not
+        cand.refuse("invalid_input")
+    assert "the candidate refuses requests the baseline serves" in (
+        decide_rollback(spec, base, cand) or "")
+    # Through the controller: a candidate that refuses every request it is sent (no row of
+    # its own is ever served) is rolled back once both versions have min_requests.
+    file = RolloutFile(tmp_path / "rollout.json")
+    file.write({"m": RolloutSpec(model="m", baseline=1, candidate=2, min_requests=100)})
+    ctl = RolloutController(None, file.path, instance="a")
+    for _ in range(300):
+        ctl.request_finished(_Record(1, True, 1000))
+    for _ in range(99):
+        ctl.request_finished(_Refused(2))
+    assert "m" in ctl.active
+    ctl.request_finished(_Refused(2))
+    assert "m" not in ctl.active
+    doc = file.read()["m"]
+    assert doc.state == "rolled_back" and doc.failed_check == "errors"
+    assert "'invalid_input' answers 100.0% of 100 requests vs baseline 0.0%" in doc.reason
+
+
+def test_a_candidate_with_other_inputs_is_refused_in_either_mode() -> None:
+    def meta(version: int, inputs: list[str], names: list[str] | None = None) -> ModelMetadata:
+        return ModelMetadata(name="m", version=version, sha256="",
+                             inputs=[TensorSpec(n, "FP32", [-1, 4]) for n in inputs],
+                             outputs=[TensorSpec("y", "FP32", [-1, 4])], feature_names=names)
+
+    for mode in ("canary", "shadow"):
+        why = unservable_candidate(meta(1, ["x"]), meta(2, ["z"]), mode)
+        assert why is not None and "takes the inputs ['z'], version 1 takes ['x']" in why
+    named, unnamed = meta(1, ["x"], list("abcd")), meta(2, ["x"])
+    assert "records no feature_names" in (unservable_candidate(named, unnamed, "canary") or "")
+    assert unservable_candidate(named, unnamed, "canary", v2_only=True) is None
+    assert unservable_candidate(named, unnamed, "shadow") is None  # copies replay arrays
+    assert unservable_candidate(meta(1, ["x"]), unnamed, "canary") is None  # V2 only anyway
+    assert unservable_candidate(named, meta(2, ["x"], list("abce")), "canary") is None
+
+
+@pytest.fixture()
+def v1_project(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A model served on /v1 (v1 names its request fields) and a candidate that names none."""
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_onnx("affine", affine_model(), feature_names=["a", "b", "c", "d"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the repository says v2 has no feature names)
+        repo.add_onnx("affine", affine_model(width=3))
+    assert repo.metadata("affine", 2).feature_names is None
+    repo.promote("affine", 1)
+    config = tmp_path / "redline.yaml"
+    config.write_text("project: .\nrepository: models\nruntime:\n  warmup_batch_sizes: [1]\n"
+                      "  warmup_runs: 1\nserver:\n  grpc_enabled: false\n"
+                      "  watch_repository: false\nmodels:\n  affine:\n    version_policy: all\n")
+    server = ServerThread(load_settings(config), repo)
+    controller = install(server.server)
+    server.start()
+    try:
+        yield server, controller, str(config), tmp_path
+    finally:
+        server.stop()
+
+
+def test_a_v1_candidate_that_cannot_serve_is_refused_then_rolled_back(
+        v1_project, capsys) -> None:  # type: ignore[no-untyped-def]
+    server, controller, config, root = v1_project
+    with pytest.raises(SystemExit) as refused:
+        main(["rollout", "start", "--config", config, "-m", "affine", "--candidate", "2"])
+    assert refused.value.code == 2
+    said = capsys.readouterr().err
+    assert "records no feature_names" in said and "--v2-only" in said, said
+    assert not (root / "rollout.json").exists()
+    # Started anyway (the operator said V2 only), /v1 traffic comes: the candidate answers
+    # each of its share 400, the baseline serves the same requests, so it is rolled back.
+    cli("rollout", "start", "--config", config, "-m", "affine", "--candidate", "2",
+        "--percent", "30", "--min-requests", "20", "--v2-only")
+    controller.refresh(force=True)
+    body = {"request": {"a": 1, "b": 2, "c": 3, "d": 4}}
+    codes = []
+    with httpx.Client(base_url=server.http, timeout=10) as client:
+        for _ in range(300):
+            codes.append(client.post("/v1/models/affine/predict", json=body).status_code)
+            if json.loads((root / "rollout.json").read_text())["rollouts"]["affine"][
+                    "state"] != "running":
+                break
+        doc = wait_state(root / "rollout.json", "affine", "rolled_back")
+        assert "'invalid_input'" in doc["reason"] and doc["failed_check"] == "errors", doc
+        assert 20 <= codes.count(400) < 100, codes.count(400)  # bounded damage
+        after = [client.post("/v1/models/affine/predict", json=body).status_code
+                 for _ in range(20)]
+    assert after == [200] * 20
+    time.sleep(1.1)
+    controller.refresh(force=True)
+    capsys.readouterr()
+    cli("rollout", "status", "--config", config, "-m", "affine")
+    assert "refused" in capsys.readouterr().out

@@ -65,6 +65,9 @@ def rollout() -> None:
               help="Canary by entity key: an entity always sees the same version (/v1).")
 @click.option("--shadow", is_flag=True,
               help="Shadow instead of canary: the candidate gets copies; answers never change.")
+@click.option("--v2-only", is_flag=True,
+              help="The model serves V2 requests only: start a canary of a candidate that "
+                   "cannot serve /v1 (no feature names) although the baseline can.")
 @click.option("--min-requests", type=int, default=None,
               help="Requests each version needs before errors and latency are judged "
                    "[default: scaling.rollout_min_requests, 200].")
@@ -91,7 +94,7 @@ def rollout() -> None:
                    "baseline's by this share [default: 0.1].")
 @json_options
 def start(config_path: str | None, repository: str | None, model: str | None, candidate: int,
-          baseline: int | None, percent: float, sticky: bool, shadow: bool,
+          baseline: int | None, percent: float, sticky: bool, shadow: bool, v2_only: bool,
           min_requests: int | None, max_error_rate_delta: float | None,
           max_p99_ratio: float | None, min_answers: int | None,
           max_prediction_psi: float | None, max_mismatch_rate: float | None,
@@ -99,9 +102,11 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
           json_out: str | None) -> None:
     """Start a canary (default) or shadow rollout of version --candidate.
 
-    The candidate is rolled back on its errors, its latency, the distribution of its
-    answers, a shadow's mismatches and its loss against labels; each bound defaults to
-    the ``scaling.rollout_*`` setting.
+    The candidate is rolled back on its errors (refusing requests the baseline serves
+    included), its latency, the distribution of its answers, a shadow's mismatches and its
+    loss against labels; each bound defaults to the ``scaling.rollout_*`` setting. A
+    candidate that cannot serve what the baseline serves (other input names; no feature
+    names where the baseline serves /v1) is refused before it gets any traffic.
 
     \b
     Examples:
@@ -109,7 +114,7 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
       redline rollout start -m fraud --candidate 2 --shadow --percent 100
     """
     from redline.models import ModelRepository
-    from redline.scaling.rollout import ACTIVE, RolloutSpec
+    from redline.scaling.rollout import ACTIVE, RolloutSpec, unservable_candidate
 
     name = _need_model(model)
     settings, root = settings_and_repo(config_path, repository)
@@ -135,6 +140,10 @@ def start(config_path: str | None, repository: str | None, model: str | None, ca
                        min_labels=pick(min_labels, "min_labels"),
                        max_loss_increase=pick(max_loss_increase, "max_loss_increase"))
     spec.check()
+    why = unservable_candidate(repo.metadata(name, base), repo.metadata(name, candidate),
+                               spec.mode, v2_only)
+    if why is not None:
+        raise InvalidInput(why)
     file = _file(settings)
     rollouts = file.read()
     current = rollouts.get(name)
@@ -195,8 +204,11 @@ def status(config_path: str | None, model: str | None, as_json: bool,
         for v in (s.baseline, s.candidate):
             counts = stats["versions"].get(f"{name}:{v}")
             if counts:
+                refused = ", ".join(f"{n} {code}" for code, n in
+                                    sorted(counts.get("refused", {}).items()))
                 click.echo(f"  v{v}: {counts['requests']} requests, error rate "
-                           f"{counts['error_rate']:.2%}, p99 {counts['p99_ms']:.2f} ms")
+                           f"{counts['error_rate']:.2%}, p99 {counts['p99_ms']:.2f} ms"
+                           + (f"; refused {refused}" if refused else ""))
         if name in stats["shadow"]:
             sh = stats["shadow"][name]
             click.echo(f"  shadow: {sh['compared']} compared, {sh['mismatched']} mismatched, "

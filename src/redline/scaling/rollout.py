@@ -8,10 +8,14 @@ follow the same rollout, and a rollback decided by one is seen by all.
 - **canary**: ``percent`` of the model's default-version traffic goes to the candidate, chosen
   at random per request, or *sticky* by entity key for ``/v1`` (the same entity always sees the
   same version: a stable hash of its keys). Each process counts per version: requests, server
-  errors (client mistakes such as invalid input do not count) and latency. Once both versions
-  have ``min_requests``, the candidate is rolled back when its error rate exceeds the baseline's
-  by ``max_error_rate_delta`` or its p99 exceeds the baseline's by ``max_p99_ratio`` (and by at
-  least ``min_p99_delta_ms``, so a sub-millisecond jitter is not a regression).
+  errors and latency; a client's mistake (invalid input, an unknown feature) counts against
+  neither version, but each version's refusals are counted by code. Once both versions have
+  ``min_requests``, the candidate is rolled back when its error rate exceeds the baseline's by
+  ``max_error_rate_delta``, when it refuses a kind of request the baseline serves (its rate of
+  a refusal code exceeds the baseline's on the same traffic by ``max_error_rate_delta`` and by
+  more than chance: a ``/v1`` candidate that cannot assemble its input answers every request
+  400), or when its p99 exceeds the baseline's by ``max_p99_ratio`` (and by at least
+  ``min_p99_delta_ms``, so a sub-millisecond jitter is not a regression).
 - **shadow**: every (or ``percent`` of) baseline request is run again on the candidate after
   the response is done, off the critical path (its own ORT thread, bounded concurrency: when
   more than ``shadow_max_in_flight`` are running a copy is dropped, never queued). Outputs are
@@ -74,10 +78,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("redline.scaling")
 
-# Request outcomes that are the client's doing: they never count against a version.
+# Request outcomes that are the client's doing: they never count against a version...
 CLIENT_ERRORS = frozenset({"invalid_input", "payload_too_large", "not_found", "model_not_found",
                            "version_not_found", "feature_not_found", "unauthorized",
                            "overloaded"})
+# ...unless the candidate answers one of these more often than the baseline on the same
+# traffic: then it refuses requests the baseline serves (overload is the latency check's).
+JUDGED_REFUSALS = frozenset({"invalid_input", "payload_too_large", "feature_not_found"})
 ACTIVE = "running"
 _DEFAULTS = ScalingSettings()  # config.py holds every default
 ANSWERS_EVERY = 25  # candidate answers between two judgements of the answers
@@ -198,13 +205,23 @@ def _histogram_p99_ms(hist: dict[int, int]) -> float:
 
 
 class VersionStats:
-    """Requests, server errors and recent latencies of one model version in this process."""
+    """Requests, server errors and recent latencies of one model version in this process, and
+    the requests it refused as the client's mistakes (by code, beside ``requests``)."""
 
     def __init__(self, window: int = 4096) -> None:
         self.requests = 0
         self.errors = 0
+        self.refused: dict[str, int] = {}
         self._lat_us: list[float] = []
         self._window = window
+
+    def refuse(self, code: str) -> None:
+        self.refused[code] = self.refused.get(code, 0) + 1
+
+    @property
+    def seen(self) -> int:
+        """Every request, refused ones included."""
+        return self.requests + sum(self.refused.values())
 
     def add(self, ok: bool, total_us: float) -> None:
         self.requests += 1
@@ -235,7 +252,8 @@ class VersionStats:
     def as_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "errors": self.errors,
                 "error_rate": round(self.error_rate, 4), "p99_ms": round(self.p99_ms(), 3),
-                "hist": {str(b): c for b, c in self.histogram().items()}}
+                "hist": {str(b): c for b, c in self.histogram().items()},
+                "refused": dict(self.refused)}
 
 
 class MergedStats:
@@ -247,13 +265,21 @@ class MergedStats:
         self.errors = 0
         self.processes = 0
         self.hist: dict[int, int] = {}
+        self.refused: dict[str, int] = {}
 
-    def add(self, requests: int, errors: int, hist: dict[int, int]) -> None:
+    def add(self, requests: int, errors: int, hist: dict[int, int],
+            refused: dict[str, int] | None = None) -> None:
         self.requests += requests
         self.errors += errors
         self.processes += 1
         for bucket, count in hist.items():
             self.hist[bucket] = self.hist.get(bucket, 0) + count
+        for code, count in (refused or {}).items():
+            self.refused[code] = self.refused.get(code, 0) + int(count)
+
+    @property
+    def seen(self) -> int:
+        return self.requests + sum(self.refused.values())
 
     @property
     def error_rate(self) -> float:
@@ -286,6 +312,9 @@ def service_verdict(spec: RolloutSpec, baseline: VersionStats | MergedStats,
                     candidate: VersionStats | MergedStats) -> tuple[str, str] | None:
     """(check, reason) when errors or latency condemn the candidate, else None (also while
     there is too little data)."""
+    refusing = refused_only_by_candidate(spec, baseline, candidate)
+    if refusing is not None:
+        return "errors", refusing
     if candidate.requests < spec.min_requests or baseline.requests < spec.min_requests:
         return None
     if candidate.error_rate > baseline.error_rate + spec.max_error_rate_delta:
@@ -305,6 +334,26 @@ def service_verdict(spec: RolloutSpec, baseline: VersionStats | MergedStats,
     return None
 
 
+def refused_only_by_candidate(spec: RolloutSpec, baseline: VersionStats | MergedStats,
+                              candidate: VersionStats | MergedStats) -> str | None:
+    """Why the candidate refuses requests the baseline serves, or None: a refusal that the
+    client caused comes as often to both versions (they share the traffic), so a code the
+    candidate answers more often, by ``max_error_rate_delta`` and by more than chance (four
+    standard errors of the difference), is the candidate's failure, not the client's."""
+    n_c, n_b = candidate.seen, baseline.seen
+    if n_c < spec.min_requests or n_b < spec.min_requests:
+        return None
+    for code in sorted(JUDGED_REFUSALS & candidate.refused.keys()):
+        k_c, k_b = candidate.refused[code], baseline.refused.get(code, 0)
+        p_c, p_b = k_c / n_c, k_b / n_b
+        pooled = (k_c + k_b) / (n_c + n_b)
+        chance = 4.0 * math.sqrt(pooled * (1 - pooled) * (1 / n_c + 1 / n_b))
+        if p_c - p_b > max(spec.max_error_rate_delta, chance):
+            return (f"'{code}' answers {p_c:.1%} of {n_c} requests vs baseline {p_b:.1%}: the "
+                    "candidate refuses requests the baseline serves")
+    return None
+
+
 def _share_over(hist: dict[int, int], bound_ms: float) -> tuple[float, int]:
     """The share of a latency histogram's requests wholly beyond ``bound_ms``, and how many."""
     total = sum(hist.values())
@@ -320,6 +369,34 @@ def decide_rollback(spec: RolloutSpec, baseline: VersionStats | MergedStats,
     """Why errors or latency condemn the candidate, or None."""
     verdict = service_verdict(spec, baseline, candidate)
     return None if verdict is None else verdict[1]
+
+
+def unservable_candidate(baseline: Any, candidate: Any, mode: str,
+                         v2_only: bool = False) -> str | None:
+    """Why a candidate (a version's ``ModelMetadata``) cannot serve the requests its baseline
+    serves, or None: checked before a rollout starts, since every request such a candidate
+    got would be refused (400), and refusals look like the client's mistakes."""
+    name, b, c = baseline.name, baseline.version, candidate.version
+    b_inputs = sorted(t.name for t in baseline.inputs)
+    c_inputs = sorted(t.name for t in candidate.inputs)
+    if b_inputs and c_inputs and b_inputs != c_inputs:
+        return (f"version {c} of '{name}' takes the inputs {c_inputs}, version {b} takes "
+                f"{b_inputs}: requests name the baseline's inputs, so the candidate would "
+                "refuse them; a model with other inputs is a new model (or a version clients "
+                "move to together), not a canary")
+    if mode != "canary" or v2_only or not baseline.feature_names:
+        return None  # a shadow replays the baseline's arrays; V2 needs no feature names
+    if not candidate.feature_names:
+        why = "records no feature_names"
+    elif len(candidate.inputs) != 1 or len(candidate.inputs[0].shape) != 2:
+        why = "does not take one 2-D input [rows, features]"
+    else:
+        return None
+    return (f"version {c} of '{name}' {why}, while version {b} serves /v1 with "
+            f"{len(baseline.feature_names)} feature names: the candidate cannot assemble a /v1 "
+            "request's input, and every /v1 request sent to it would answer 400; add it again "
+            f"with --feature-names (version {b}'s: `redline models show -m {name}`), or pass "
+            f"--v2-only when '{name}' serves no /v1 requests")
 
 
 def sticky_share(entities: Any) -> float:
@@ -501,7 +578,8 @@ class RolloutController:
                 if model in current:
                     merged = peers.setdefault((model, int(version)), MergedStats())
                     merged.add(int(s["requests"]), int(s["errors"]),
-                               {int(b): int(c) for b, c in s.get("hist", {}).items()})
+                               {int(b): int(c) for b, c in s.get("hist", {}).items()},
+                               s.get("refused"))
             for key, part in doc.get("answers", {}).items():
                 model, _, version = key.rpartition(":")
                 if model in current:
@@ -519,7 +597,7 @@ class RolloutController:
         out = MergedStats()
         own = self.stats.get((model, version))
         if own is not None:
-            out.add(own.requests, own.errors, own.histogram())
+            out.add(own.requests, own.errors, own.histogram(), own.refused)
         peer = self._peer_stats().get((model, version))
         if peer is not None:
             out.requests += peer.requests
@@ -527,6 +605,8 @@ class RolloutController:
             out.processes += peer.processes
             for bucket, count in peer.hist.items():
                 out.hist[bucket] = out.hist.get(bucket, 0) + count
+            for code, count in peer.refused.items():
+                out.refused[code] = out.refused.get(code, 0) + count
         return out
 
     def merged_answers(self, model: str, version: int) -> MergedAnswers:
@@ -566,10 +646,12 @@ class RolloutController:
         if version not in (spec.baseline, spec.candidate):
             return
         status = record.status
-        if status in CLIENT_ERRORS:
-            return
         stats = self.stats.setdefault((spec.model, version), VersionStats())
-        stats.add(status == "ok", record.total_us)
+        refused = status in CLIENT_ERRORS
+        if refused:
+            stats.refuse(status)  # the client's doing, unless only the candidate refuses it
+        else:
+            stats.add(status == "ok", record.total_us)
         outputs = getattr(record, "outputs", None)
         if status == "ok" and outputs is not None:
             self._answer_sample(spec.model, version).add(outputs)
@@ -579,7 +661,7 @@ class RolloutController:
             return
         if version != spec.candidate:
             return
-        if stats.requests % 10 == 0:
+        if stats.seen % 10 == 0:
             # Decided on the sums over every worker (and replica sharing the project folder),
             # so N workers take one decision on N times the traffic, not N on a share each.
             verdict = service_verdict(spec, self.merged(spec.model, spec.baseline),
@@ -587,7 +669,7 @@ class RolloutController:
             if verdict is not None:
                 self.roll_back(spec, verdict[1], verdict[0])
                 return
-        if stats.requests % ANSWERS_EVERY == 0:
+        if not refused and stats.requests % ANSWERS_EVERY == 0:
             self._judge_answers(spec)
 
     def _answer_sample(self, model: str, version: int) -> AnswerSample:
@@ -790,9 +872,12 @@ def aggregate_stats(file: RolloutFile, max_age_s: float = 30.0,
         for key, s in doc.get("versions", {}).items():
             if key.rpartition(":")[0] not in current:
                 continue
-            into = versions.setdefault(key, {"requests": 0, "errors": 0, "p99_ms": 0.0})
+            into = versions.setdefault(key, {"requests": 0, "errors": 0, "p99_ms": 0.0,
+                                             "refused": {}})
             into["requests"] += s["requests"]
             into["errors"] += s["errors"]
+            for code, count in s.get("refused", {}).items():
+                into["refused"][code] = into["refused"].get(code, 0) + int(count)
             into["p99_ms"] = max(into["p99_ms"], s["p99_ms"])  # worst process, unless merged
             hist = hists.setdefault(key, {})
             for bucket, count in s.get("hist", {}).items():
