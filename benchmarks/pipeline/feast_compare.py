@@ -435,7 +435,8 @@ def start_feast(args: argparse.Namespace, work: Path, procs: list) -> Target:
 
 
 def stop_all(procs: list, work: Path) -> None:
-    """Stop the processes a run started (last started first) and remove its scratch folder."""
+    """Stop the processes a run started (last started first), then whatever still carries the
+    run's tag (what they started), and remove its scratch folder."""
     for proc in reversed(procs):
         try:
             os.kill(proc.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
@@ -444,6 +445,10 @@ def stop_all(procs: list, work: Path) -> None:
         proc.terminate()
     for proc in procs:
         proc.wait(30)
+    from benchmarks.peers import procs as peer_procs
+
+    if peer_procs.TAG_VARIABLE in os.environ:
+        peer_procs.stop_tagged(os.environ[peer_procs.TAG_VARIABLE], grace_s=5)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -512,6 +517,10 @@ def main() -> None:
             print(f"--idle-poll: {exc}; measuring without it", file=sys.stderr)
             args.idle_poll = False
     work = Path(tempfile.mkdtemp(prefix="redline-vs-feast-"))
+    from benchmarks.peers import procs as peer_procs
+
+    # Every process the run starts inherits the tag: stop_all finds what they started, too.
+    os.environ[peer_procs.TAG_VARIABLE] = peer_procs.new_tag()
     procs: list[subprocess.Popen] = []
     try:
         target, info = start_redline(args, work, procs)

@@ -44,6 +44,7 @@ FLOORS = Path(__file__).resolve().parent / "floors"
 PEERS = ROOT / "benchmarks" / "peers"
 sys.path.insert(0, str(ROOT))  # run as a script, the repository root may not be on the path
 from benchmarks.peers import envs  # noqa: E402
+from benchmarks.peers import procs as peer_procs  # noqa: E402
 
 PY = sys.executable
 TARGETS = {  # redline's serving targets, as ratios measured in the same run
@@ -98,6 +99,10 @@ def main() -> None:
               "(apt-get install nginx adds it)", file=sys.stderr)
     scratch = Path(tempfile.mkdtemp(prefix="redline-bench-"))
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    # Every server inherits this run's tag: whatever one of them starts (MLServer's workers) is
+    # found and stopped at the end, however it detached.
+    tag = peer_procs.new_tag()
+    os.environ[peer_procs.TAG_VARIABLE] = tag
     try:
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         subprocess.run([PY, "-c", _PREPARE, str(scratch)], check=True, env=env)
@@ -196,6 +201,7 @@ def main() -> None:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        peer_procs.stop_tagged(tag, grace_s=5)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
