@@ -198,3 +198,40 @@ def test_add_refuses_a_nan_default_into_a_model_that_rejects_nan(capsys, tmp_pat
     # plain inputs never meet a feature's default
     plain = ("models", "add", "-m", "bc", str(model_file), "-r", r, "--config", str(cfg))
     assert run(capsys, *plain)[0] == 0
+
+
+def test_a_retrained_version_keeps_the_feature_names_or_says_it_dropped_them(capsys, tmp_path,
+                                                                               breast_cancer):
+    """The second `models add` of docs/your-own-model.md passes no --feature-names: the new
+    version reads the same 30 columns, so it keeps version 1's names (its drift profile too);
+    a model of another width cannot, and the command says so."""
+    from sklearn.linear_model import LogisticRegression
+
+    from redline.models import ModelRepository
+
+    x, y = breast_cancer
+    r = str(tmp_path / "repo")
+    names = [f"col_{i}" for i in range(30)]
+    np.savez(tmp_path / "sample.npz", X=x[:100])
+    np.savez(tmp_path / "narrow.npz", X=x[:100, :10])
+
+    def add(model, sample: str, *extra: str) -> tuple[int, str, str]:
+        joblib.dump(model, tmp_path / "model.joblib")
+        return run(capsys, "models", "add", "-m", "cancer", str(tmp_path / "model.joblib"),
+                   "--trust-pickle", "--sample", str(tmp_path / sample), "-r", r, *extra)
+
+    code, _, err = add(LogisticRegression(max_iter=2000).fit(x, y), "sample.npz",
+                       "--feature-names", ",".join(names))
+    assert code == 0, err
+    code, out, err = add(LogisticRegression(max_iter=3000, C=0.5).fit(x, y), "sample.npz",
+                         "--description", "retrained")
+    assert code == 0, err
+    assert "feature names: the 30 of version 1" in out
+    v2 = ModelRepository(r).metadata("cancer", 2)
+    assert v2.feature_names == names and sorted(v2.input_profile["features"]) == sorted(names)
+    code, out, err = add(LogisticRegression(max_iter=2000).fit(x[:, :10], y), "narrow.npz")
+    assert code == 0, err
+    assert ("warning: version 2 of 'cancer' names its 30 features, but this model's input "
+            "'input' has 10 columns" in err), err
+    assert "--feature-names" in err and "Traceback" not in err
+    assert ModelRepository(r).metadata("cancer", 3).feature_names is None

@@ -43,6 +43,23 @@ def test_add_writes_legible_layout_and_metadata(repo, classifier_onnx, breast_ca
     assert stored["created_at"] and stored["missing_values"] == "reject"
 
 
+def test_metrics_without_a_validation_figure_warn_that_quality_cannot_alarm(
+        repo, classifier_onnx):
+    from redline.models.repository import RegistrationWarning
+
+    with pytest.warns(RegistrationWarning, match=r"none of the metrics of 'bc' \(f1, "
+                      r"roc_auc_train\).*roc_auc, accuracy, log_loss.*can never alarm"):
+        repo.add_onnx("bc", classifier_onnx, class_labels=[0, 1],
+                      metrics={"f1": 0.8, "roc_auc_train": 0.99})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RegistrationWarning)  # a split suffix is a figure
+        meta = repo.add_onnx("bc", classifier_onnx, class_labels=[0, 1],
+                             metrics={"roc_auc_holdout": 0.9, "average_precision_holdout": 0.5})
+    assert meta.metrics == {"roc_auc_holdout": 0.9, "average_precision_holdout": 0.5}
+
+
 def test_versions_increment_list_and_resolve(repo, classifier_onnx):
     for _ in range(3):
         repo.add_onnx("bc", classifier_onnx)

@@ -57,6 +57,24 @@ def test_alarm_when_quality_falls_below_validation() -> None:
     assert r["alarm"] and r["alarms"] == ["roc_auc"]
 
 
+def test_validation_metrics_named_for_their_split_are_the_reference() -> None:
+    """The fraud example records ``roc_auc_holdout``: that is the roc_auc figure, so a fall in
+    live AUC alarms; what live quality does not compute is named with the reason."""
+    q = QualityMonitor("fraud", "1", "classification",
+                       {"roc_auc_holdout": 0.93, "average_precision_holdout": 0.61,
+                        "roc_auc_train": 0.99, "val_accuracy": 0.9, "rmse": 0.3})
+    rng = np.random.default_rng(3)
+    p = rng.random(1000)
+    q.predicted([str(i) for i in range(1000)], p)
+    for i in range(1000):
+        q.label(str(i), float(i % 2))  # labels unrelated to the scores: AUC about 0.5
+    r = q.report()
+    assert r["reference"] == {"roc_auc": 0.93, "accuracy": 0.9}
+    assert r["alarm"] and "roc_auc" in r["alarms"]
+    assert set(r["not_compared"]) == {"average_precision_holdout", "roc_auc_train", "rmse"}
+    assert "roc_auc, accuracy, log_loss" in r["not_compared"]["average_precision_holdout"]
+
+
 def test_regression_metrics() -> None:
     q = QualityMonitor("m", "1", "regression", {"rmse": 1.0, "mae": 1.0})
     q.predicted(["a", "b"], np.array([1.0, 3.0]))

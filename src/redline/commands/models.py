@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def add(
           --sample .redline/demo/val.npz
     """
     from redline.models import ModelRepository
+    from redline.models.repository import RegistrationWarning
 
     usage = "redline models add -m NAME SOURCE"
     name, rest = take_model(model, args, usage)
@@ -136,6 +138,35 @@ def add(
     if names is not None and (missing_values or "reject") == "reject":
         _check_defaults(name, names, "reject", settings)  # before any conversion work
     x = load_table(sample)[0] if sample else None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", RegistrationWarning)
+        meta = _add_file(repo, name, source, from_pickle, trust_pickle, x, tolerance, task,
+                         labels, names, missing_values, number, description)
+    for note in said:  # the repository's notes as one line each, any other warning as before
+        if issubclass(note.category, RegistrationWarning):
+            click.echo(f"warning: {note.message}", err=True)
+        else:
+            warnings.showwarning(note.message, note.category, note.filename, note.lineno)
+    try:  # the policy a converted estimator got, and the names the model file carries
+        _check_defaults(meta.name, meta.feature_names or [], meta.missing_values, settings)
+    except Exception:
+        repo.remove(meta.name, meta.version, force=True)
+        raise
+    click.echo(
+        f"added {meta.name} version {meta.version} ({meta.framework}, sha256 "
+        f"{meta.sha256[:12]}…) to {root}"
+    )
+    kept = meta.extra.get("feature_names_from_version")
+    if kept is not None and meta.feature_names:
+        click.echo(f"feature names: the {len(meta.feature_names)} of version {kept} (pass "
+                   "--feature-names to name the columns otherwise)")
+
+
+def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle: bool,
+              x: Any, tolerance: float, task: str | None, labels: str | None,
+              names: list[str] | None, missing_values: str | None, number: int | None,
+              description: str) -> Any:
+    """Convert a pickled estimator (parity-checked on ``x``) or take an ONNX file; add it."""
     if from_pickle or Path(source).suffix in (".pkl", ".pickle", ".joblib"):
         if not trust_pickle:
             raise click.UsageError(
@@ -174,15 +205,7 @@ def add(
             description=description,
             missing_values=missing_values or "reject",
         )
-    try:  # the policy a converted estimator got, and the names the model file carries
-        _check_defaults(meta.name, meta.feature_names or [], meta.missing_values, settings)
-    except Exception:
-        repo.remove(meta.name, meta.version, force=True)
-        raise
-    click.echo(
-        f"added {meta.name} version {meta.version} ({meta.framework}, sha256 "
-        f"{meta.sha256[:12]}…) to {root}"
-    )
+    return meta
 
 
 def _check_defaults(model: str, names: list[str], missing_values: str, settings: Any) -> None:

@@ -6,6 +6,8 @@ Plain dataclasses: metadata is read once per load, never on the request path.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +67,53 @@ class ModelMetadata:
         values["inputs"] = [TensorSpec.from_dict(t) for t in d["inputs"]]
         values["outputs"] = [TensorSpec.from_dict(t) for t in d["outputs"]]
         return cls(**values)
+
+
+# The validation figures live quality compares a version's labelled predictions against
+# (``monitoring/quality.py``), by task. A recorded name may say which split it was measured on:
+# ``roc_auc_holdout`` and ``val_roc_auc`` are ``roc_auc``; ``roc_auc_train`` is no validation
+# figure.
+QUALITY_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("roc_auc", "accuracy", "log_loss"), "regression": ("rmse", "mae")}
+_METRIC_ALIASES = {"auc": "roc_auc", "logloss": "log_loss"}
+_SPLITS = ("validation", "valid", "val", "holdout", "heldout", "test", "eval")
+
+
+def quality_metric_name(name: str) -> str | None:
+    """The live-quality metric a recorded metric name stands for, or None."""
+    tokens = [t for t in re.split(r"[^0-9a-z]+", name.lower()) if t]
+    if len(tokens) > 1 and tokens[-1] in _SPLITS:
+        tokens = tokens[:-1]
+    elif len(tokens) > 1 and tokens[0] in _SPLITS:
+        tokens = tokens[1:]
+    base = "_".join(tokens)
+    base = _METRIC_ALIASES.get(base, base)
+    return base if any(base in names for names in QUALITY_METRICS.values()) else None
+
+
+def validation_figures(metrics: dict[str, Any], task: str
+                       ) -> tuple[dict[str, float], dict[str, str]]:
+    """The figures live quality compares against, by its metric names, from a version's
+    recorded ``metrics``; and, for every recorded metric it does not use, why not."""
+    wanted = QUALITY_METRICS.get(task, ())
+    figures: dict[str, float] = {}
+    taken_from: dict[str, str] = {}
+    unused: dict[str, str] = {}
+    computes = (f"live quality computes {', '.join(wanted)} for a {task} model" if wanted
+                else f"live quality compares no metric for a {task} model")
+    # an exact name (``roc_auc``) before a qualified one (``roc_auc_holdout``)
+    for name in sorted(metrics, key=lambda n: quality_metric_name(n) != n):
+        value, metric = metrics[name], quality_metric_name(name)
+        if metric is None or metric not in wanted:
+            unused[name] = f"not a validation figure: {computes}"
+        elif not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
+                value):
+            unused[name] = f"{value!r} is not a finite number"
+        elif metric in figures:
+            unused[name] = f"the {metric} figure is '{taken_from[metric]}'"
+        else:
+            figures[metric], taken_from[metric] = float(value), name
+    return figures, unused
 
 
 def profile_inputs(

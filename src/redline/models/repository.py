@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,13 @@ from redline.errors import (
     RepositoryError,
     VersionNotFound,
 )
-from redline.models.metadata import ModelMetadata, profile_inputs
+from redline.models.metadata import (
+    QUALITY_METRICS,
+    ModelMetadata,
+    TensorSpec,
+    profile_inputs,
+    validation_figures,
+)
 from redline.models.onnxfile import inspect_onnx
 from redline.models.policy import VersionPolicy
 
@@ -56,6 +63,10 @@ def check_name(name: str, what: str = "model name") -> str:
             "at most 128 characters, starting with a letter or digit)"
         )
     return name
+
+
+class RegistrationWarning(UserWarning):
+    """A version was added, but not quite as asked: names dropped, no validation figure."""
 
 
 class ModelRepository:
@@ -225,6 +236,18 @@ class ModelRepository:
         inputs, outputs = inspect_onnx(data, origin)
         if task is None:
             task = "classification" if class_labels else "regression"
+        extra = dict(extra or {})
+        if feature_names is None:  # a retrained model reads the features its last version read
+            feature_names, names_from = self._latest_feature_names(name, inputs)
+            if names_from is not None:
+                extra["feature_names_from_version"] = names_from
+        if metrics and not validation_figures(metrics, task)[0]:
+            wanted = ", ".join(QUALITY_METRICS.get(task, ())) or "none"
+            warnings.warn(
+                f"none of the metrics of '{name}' ({', '.join(metrics)}) is a validation figure "
+                f"live quality compares a {task} model against ({wanted}; a split suffix such "
+                "as _holdout or _validation is fine): this version's live quality can never "
+                "alarm. Record one of those names.", RegistrationWarning, stacklevel=2)
         if feature_names is not None and inputs and len(inputs[0].shape) == 2:
             width = inputs[0].shape[1]
             if width not in (-1, len(feature_names)):
@@ -255,10 +278,37 @@ class ModelRepository:
             feature_views=dict(feature_views or {}),
             fallback=fallback,
             description=description,
-            extra=dict(extra or {}),
+            extra=extra,
             requires_promotion=requires_promotion,
         )
         return self._write_version(name, data, meta, version)
+
+    def _latest_feature_names(self, name: str, inputs: list[TensorSpec]
+                              ) -> tuple[list[str] | None, int | None]:
+        """The newest version's feature names and its number, when this model's input has as
+        many columns; else ``(None, None)``, with a warning when names are dropped."""
+        versions = self.versions(name)
+        if not versions:
+            return None, None
+        latest = versions[-1]
+        try:
+            names = self.metadata(name, latest).feature_names
+        except CorruptModel:
+            return None, None
+        if not names:
+            return None, None
+        shape = inputs[0].shape if inputs else []
+        width = shape[1] if len(shape) == 2 else None
+        if width == len(names):
+            return list(names), latest
+        has = ("a variable number of columns" if width == -1 else f"{width} columns"
+               if width is not None else f"shape {shape}")
+        warnings.warn(
+            f"version {latest} of '{name}' names its {len(names)} features, but this model's "
+            f"input '{inputs[0].name if inputs else '?'}' has {has}, so the new version has no "
+            "feature names (drift reports call its columns f0, f1, ...); pass its own names "
+            "(--feature-names, or feature_names=) to keep them", RegistrationWarning, stacklevel=3)
+        return None, None
 
     def add_estimator(
         self,

@@ -4,7 +4,9 @@ The server keeps each prediction's score under its request id (bounded: the olde
 and none older than a TTL; in this process, or shared by every worker: ``joinstore.py``) until a
 label arrives (``POST /v1/labels`` or a review), then moves
 the pair into a rolling window and reports ROC AUC, accuracy and log loss (classification) or
-RMSE and MAE (regression), beside the version's validation score from its metadata.
+RMSE and MAE (regression), beside the version's validation score from its metadata (a
+recorded ``roc_auc_holdout`` or ``val_accuracy`` is that figure; ``not_compared`` in the report
+names every recorded metric that is none, and why).
 
 Before labels arrive, a calibrated classifier's own probabilities say how well it should be
 doing: confidence-based performance estimation (CBPE, as NannyML does) takes the expected
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from redline.models.metadata import validation_figures
 from redline.monitoring.joinstore import JoinState, MemoryJoin, join_labels
 
 HIGHER_IS_BETTER = {"roc_auc": True, "accuracy": True, "log_loss": False, "rmse": False,
@@ -93,7 +96,9 @@ class QualityMonitor:
                  ) -> None:
         self.model, self.version = model, version
         self.classification = task == "classification"
-        self.reference = {k: float(v) for k, v in reference.items() if k in HIGHER_IS_BETTER}
+        # the version's recorded metrics by live quality's names (``roc_auc_holdout`` is the
+        # roc_auc figure); the others are reported with the reason they are not compared
+        self.reference, self.not_compared = validation_figures(reference, task)
         self.join_capacity = join_capacity
         self.join_ttl_s = join_ttl_s
         self.tolerance = tolerance
@@ -145,7 +150,8 @@ class QualityMonitor:
             "labelled": int(labelled.shape[0]), "pending_join": snap.pending,
             "join_capacity": self.join_capacity, "evicted": snap.evicted,
             "joined": snap.joined, "late_labels": snap.late,
-            "reference": self.reference, "tolerance": self.tolerance,
+            "reference": self.reference, "not_compared": self.not_compared,
+            "tolerance": self.tolerance,
             "higher_is_better": {k: HIGHER_IS_BETTER[k] for k in (
                 ("roc_auc", "accuracy", "log_loss") if self.classification else ("rmse", "mae"))},
         }
