@@ -109,6 +109,23 @@ def test_parquet_and_csv_give_the_in_memory_rows(spark: Any, tmp_path: Path) -> 
         _same_rows(got, want)
 
 
+def test_csv_ids_and_values_are_text_as_on_the_other_engines(spark: Any, tmp_path: Path) -> None:
+    """Cards 007 and 7 are two entities in events and label rows alike, and numeric-looking
+    merchants are a str field's values (the rows the memory and disk engines give)."""
+    from redline.features import load_definitions
+    from redline.features.offline import label_keys
+    from tests.features.test_outofcore import TX_DEFS, text_csv
+
+    ev_path, lb_path, want = text_csv(tmp_path)
+    defs = load_definitions(TX_DEFS)
+    ev, events_as = spark_engine.read_events(spark, str(ev_path))
+    labels = spark_engine.read_labels(spark, str(lb_path), label_keys(defs))
+    got = spark_engine.training_set(defs, ev, labels, events_as=events_as).toPandas()
+    got = got.sort_values("card_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[list(want.columns)], want, check_dtype=False)
+    assert got["card_stats:merchant_distinct_1h"].round().tolist() == [3.0, 1.0]
+
+
 def test_fraud_example_on_spark_equals_in_memory_through_the_cli(spark: Any, tmp_path: Path,
                                                                   capsys: Any) -> None:
     """Two entities (card, merchant), three sources, late labels, two request transforms."""

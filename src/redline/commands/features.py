@@ -224,14 +224,20 @@ def training_set(config_path: str | None, definitions: str | None, events_path: 
 
 def _memory_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
                          refs: list[str] | None, time_column: str) -> tuple[int, int, int]:
-    from redline.features.offline import build_training_set, read_table
+    from redline.features.offline import (
+        EventLog,
+        build_training_set,
+        label_keys,
+        read_event_table,
+        read_table,
+    )
     from redline.features.outofcore import TrainingSetWriter
 
     out = Path(out_path)
     if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
         raise InvalidInput(f"--out must end in .parquet or .csv, got {out}")
-    events = read_table(events_path)
-    labels = read_table(labels_path)
+    events = read_event_table(events_path)  # CSV as text, as `ingest file` reads it
+    labels = read_table(labels_path, text_columns=label_keys(defs))
     table = build_training_set(defs, events, labels, refs, time_column=time_column)
     writer = TrainingSetWriter(out)
     try:
@@ -240,7 +246,8 @@ def _memory_training_set(defs: Any, events_path: str, labels_path: str, out_path
     except BaseException:
         writer.abort()
         raise
-    return len(table), table.shape[1], len(events)
+    return len(table), table.shape[1], len(events.raws if isinstance(events, EventLog)
+                                            else events)
 
 
 def _disk_training_set(defs: Any, events_path: str, labels_path: str, out_path: str,
@@ -284,7 +291,9 @@ def _spark_training_set(defs: Any, events_path: str, labels_path: str, out_path:
     t0 = time.perf_counter()
     session = engine.session(master)
     events, events_as = engine.read_events(session, events_path)
-    labels = engine.read_labels(session, labels_path)
+    from redline.features.offline import label_keys
+
+    labels = engine.read_labels(session, labels_path, label_keys(defs))
     table = engine.training_set(defs, events, labels, refs, time_column=time_column,
                                 events_as=events_as)
     engine.write_parquet(table, out_path)
@@ -315,7 +324,7 @@ def verify(config_path: str | None, definitions: str | None, store: str | None,
       redline features verify -d examples/fraud/features.py --redis-url redis://127.0.0.1:6379/0
       redline features verify -d features.py --served served.csv --events events.jsonl
     """
-    from redline.features.offline import read_table
+    from redline.features.offline import label_keys, read_event_table, read_table
     from redline.features.online import open_online_store
     from redline.features.verify import verify_served, verify_store
 
@@ -323,7 +332,8 @@ def verify(config_path: str | None, definitions: str | None, store: str | None,
     if served_path:
         if not events_path:
             raise InvalidInput("--served needs --events (the event log the values came from)")
-        rep = verify_served(defs, read_table(events_path), read_table(served_path))
+        rep = verify_served(defs, read_event_table(events_path),
+                            read_table(served_path, text_columns=label_keys(defs)))
         _print_report("served", rep)
         sys.exit(0 if rep.ok else 1)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)

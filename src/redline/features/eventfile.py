@@ -47,9 +47,7 @@ def read_events(path: str | Path) -> EventLog:
         if suffix == ".csv":
             import pandas as pd
 
-            df = pd.read_csv(p, dtype=str, keep_default_na=False)
-            return EventLog([{k: v for k, v in r.items() if v != ""}
-                             for r in df.to_dict("records")], flat=True)
+            return text_log(pd.read_csv(p, dtype=str, keep_default_na=False))
         if suffix in (".parquet", ".pq"):
             import pandas as pd
 
@@ -59,6 +57,13 @@ def read_events(path: str | Path) -> EventLog:
     except (ValueError, OSError) as exc:
         raise InvalidInput(f"cannot read {p}: {exc}") from exc
     raise InvalidInput(f"{p}: unknown event file format '{suffix}' (use .jsonl, .csv or .parquet)")
+
+
+def text_log(frame: Any) -> EventLog:
+    """CSV rows read as text (``dtype=str``) as the flat events ingest takes: every cell text,
+    an empty or missing cell an absent field, as in a Redis Stream entry."""
+    return EventLog([{str(k): v for k, v in r.items() if isinstance(v, str) and v != ""}
+                     for r in frame.to_dict("records")], flat=True)
 
 
 def arrival_of(obj: Any, decoder: EventDecoder, arrival_column: str = ARRIVAL) -> int:

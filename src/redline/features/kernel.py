@@ -51,6 +51,7 @@ import pandas as pd
 from redline.errors import InvalidInput
 from redline.features.asof import LabelIds, as_int64, factorize_ints
 from redline.features.definitions import FeatureDefinitions, FeatureView
+from redline.features.eventfile import EventLog
 
 SEQ = "_seq"
 # Epoch seconds between 2000 and 2100 are epoch milliseconds in the first weeks of 1970: a time
@@ -161,6 +162,10 @@ def _values(defs: FeatureDefinitions, views: list[FeatureView], events: Any, tim
     sources: dict[str, list[FeatureView]] = {}
     for v in views:
         sources.setdefault(v.source.name, []).append(v)
+    if (isinstance(events, EventLog) and events.flat and method != "replay"
+            and len(sources) > 1):  # CSV rows of several sources: a log per source, by column
+        events = {name: EventLog([r for r in events.raws if r.get("source") == name], flat=True)
+                  for name in sources}
     if isinstance(events, Mapping):  # a frame per source
         if method == "replay":
             events = _one_frame(events)

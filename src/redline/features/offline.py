@@ -18,7 +18,7 @@ a Redis Stream entry), so the answer does not depend on the pandas version.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +30,21 @@ from redline.errors import InvalidInput
 from redline.features.definitions import FeatureDefinitions, FeatureView
 
 # Event files and arrival times live in ``eventfile`` (no pandas); the builder reads them too.
-from redline.features.eventfile import (  # noqa: F401 - ARRIVAL, read_events: public here too
+from redline.features.eventfile import (  # noqa: F401 - public here too
     ARRIVAL,
     EventLog,
     arrival_of,
     existing_file,
     read_events,
+    text_log,
 )
 from redline.features.events import EventDecoder
 from redline.features.online.memory import MemoryStore
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
-    """JSONL, CSV or Parquet → DataFrame (by extension); for label tables."""
+def read_table(path: str | Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
+    """JSONL, CSV or Parquet → DataFrame (by extension); for label tables. The CSV columns in
+    ``text_columns`` (entity ids: ``007`` is not ``7``) are read as text, the others typed."""
     p = existing_file(path)
     suffix = p.suffix.lower()
     try:
@@ -50,12 +52,26 @@ def read_table(path: str | Path) -> pd.DataFrame:
             return pd.DataFrame([orjson.loads(ln) for ln in p.read_bytes().splitlines()
                                  if ln.strip()])
         if suffix == ".csv":
-            return pd.read_csv(p)
+            return pd.read_csv(p, dtype={c: str for c in text_columns} or None)
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(p)
     except (ValueError, OSError, orjson.JSONDecodeError) as exc:
         raise InvalidInput(f"cannot read {p}: {exc}") from exc
     raise InvalidInput(f"{p}: unknown table format '{suffix}' (use .jsonl, .csv or .parquet)")
+
+
+def read_event_table(path: str | Path) -> pd.DataFrame | EventLog:
+    """An event file for the training-set builder, read as ``redline ingest file`` reads it:
+    CSV as text cells (``007`` and ``7`` are two entities, ``3`` is a ``str`` field's value),
+    JSON lines and Parquet as frames."""
+    if Path(path).suffix.lower() == ".csv":
+        return read_events(path)
+    return read_table(path)
+
+
+def label_keys(defs: FeatureDefinitions) -> list[str]:
+    """The entity id columns label rows may carry: read as text from CSV, like event ids."""
+    return sorted({v.entity.join_key for v in defs.views.values()})
 
 
 def frame_events(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ import pandas as pd
 
 from redline.errors import InvalidInput
 from redline.features.definitions import FeatureDefinitions
+from redline.features.eventfile import text_log
 from redline.features.events import entity_id_of
 from redline.features.kernel import (
     _label_id,
@@ -104,8 +105,11 @@ def in_memory_bytes(events_path: str | Path) -> int:
     return count_rows(events_path) * BYTES_PER_EVENT
 
 
-def read_chunks(path: str | Path, rows: int = CHUNK_ROWS) -> Iterator[pd.DataFrame]:
-    """A table in chunks of file order, each typed as ``offline.read_table`` types the whole."""
+def read_chunks(path: str | Path, rows: int = CHUNK_ROWS, text_columns: Collection[str] = (),
+                all_text: bool = False) -> Iterator[pd.DataFrame]:
+    """A table in chunks of file order, each typed as ``offline.read_table`` types the whole.
+    CSV: ``text_columns`` are read as text; with ``all_text`` every cell, as ``read_events``
+    reads events (an empty cell is ``""``)."""
     import orjson
 
     p = Path(path)
@@ -119,8 +123,11 @@ def read_chunks(path: str | Path, rows: int = CHUNK_ROWS) -> Iterator[pd.DataFra
             f = pq.ParquetFile(p)
             for batch in f.iter_batches(batch_size=rows):
                 yield batch.to_pandas()
+        elif kind == "csv" and all_text:
+            yield from pd.read_csv(p, chunksize=rows, dtype=str, keep_default_na=False)
         elif kind == "csv":
-            yield from pd.read_csv(p, chunksize=rows)
+            yield from pd.read_csv(p, chunksize=rows,
+                                   dtype={c: str for c in text_columns} or None)
         else:
             buf: list[Any] = []
             with p.open("rb") as fh:
@@ -244,7 +251,7 @@ def _partition_labels(labels_path: str, plan: Plan, tmp: Path, parts: int, time_
     """Label chunks to ``labels/``, (row, id, time) per source to its partitions; chunk sizes."""
     sizes: list[int] = []
     row0 = 0
-    for c, chunk in enumerate(read_chunks(labels_path)):
+    for c, chunk in enumerate(read_chunks(labels_path, text_columns=set(plan.keys.values()))):
         chunk = chunk.reset_index(drop=True)
         if time_column not in chunk.columns:
             raise InvalidInput(f"labels lack the time column '{time_column}'")
@@ -272,7 +279,7 @@ def _partition_events(events_path: str, plan: Plan, tmp: Path, parts: int,
                       progress: ProgressFn) -> int:
     total = 0
     several = len(plan.sources) > 1
-    for chunk in read_chunks(events_path):
+    for chunk in read_chunks(events_path, all_text=True):  # CSV: text, as ingest reads it
         _check_event_chunk(chunk, plan, events_path)
         total += len(chunk)
         for src in plan.sources:
@@ -281,7 +288,8 @@ def _partition_events(events_path: str, plan: Plan, tmp: Path, parts: int,
             if "source" in chunk.columns:
                 sel = np.array(chunk["source"] == src, dtype=bool)
                 if not several:
-                    sel |= np.array(chunk["source"].isna(), dtype=bool)
+                    sel |= np.array(chunk["source"].isna() | (chunk["source"] == ""),
+                                    dtype=bool)
                 mine = chunk[sel]
             if key not in mine.columns or not len(mine):
                 continue
@@ -305,15 +313,15 @@ def _init_worker(defs: FeatureDefinitions) -> None:
 
 def _build_one(args: tuple[Any, ...]) -> int:
     """One (source, partition): the kernel, its columns split by label chunk."""
-    tmp, src, p, refs, time_column, chunk_starts = args
+    tmp, src, p, refs, time_column, chunk_starts, text = args
     defs = _DEFS[0]
     base = Path(tmp) / "parts" / src
     labels = _load(base / f"{p}.lb")
     if labels is None:
         return 0
-    events = _load(base / f"{p}.ev")
-    if events is None:
-        events = pd.DataFrame({"_empty": []})
+    frame = _load(base / f"{p}.ev")
+    events: Any = pd.DataFrame({"_empty": []}) if frame is None else (
+        text_log(frame) if text else frame)  # CSV cells: text, decoded as ingest decodes them
     out = build_partition(defs, events, labels, refs, time_column=time_column)
     res = out[[ROW, *refs]]
     chunk_of = np.searchsorted(np.asarray(chunk_starts), res[ROW].to_numpy(), side="right") - 1
@@ -396,7 +404,8 @@ def build_on_disk(defs: FeatureDefinitions, events_path: str, labels_path: str, 
         starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64).tolist()
         n_events = _partition_events(events_path, plan, tmp, parts, report) if plan.sources \
             else 0
-        tasks = [(str(tmp), src, p, refs, time_column, starts)
+        text = _suffix(Path(events_path)) == "csv"
+        tasks = [(str(tmp), src, p, refs, time_column, starts, text)
                  for src, refs in plan.sources.items() for p in range(parts)]
         report("build", 0, len(tasks))
         if workers > 1 and len(tasks) > 1:

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,15 +116,23 @@ def read_events(spark: SparkSession, path: str) -> tuple[DataFrame, str]:
                        ".parquet)")
 
 
-def read_labels(spark: SparkSession, path: str) -> DataFrame:
-    """A label table (Parquet, JSON lines, CSV with a header) as a Spark DataFrame."""
+def read_labels(spark: SparkSession, path: str, text_columns: Collection[str] = ()
+                ) -> DataFrame:
+    """A label table (Parquet, JSON lines, CSV with a header) as a Spark DataFrame. The CSV
+    columns in ``text_columns`` (entity ids: ``007`` is not ``7``) are text, the others typed
+    as Spark infers them."""
     suffix = Path(path.rstrip("/")).suffix.lower()
     if suffix in (".parquet", ".pq"):
         return spark.read.parquet(path)
     if suffix in (".jsonl", ".ndjson", ".json"):
         return spark.read.json(path)
     if suffix == ".csv":
-        return spark.read.option("header", True).option("inferSchema", True).csv(path)
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        inferred = spark.read.option("header", True).option("inferSchema", True).csv(path)
+        schema = StructType([StructField(f.name, StringType()) if f.name in text_columns else f
+                             for f in inferred.schema.fields])
+        return spark.read.option("header", True).schema(schema).csv(path)
     raise InvalidInput(f"{path}: unknown table format '{suffix}' (use .jsonl, .csv or .parquet)")
 
 
@@ -212,15 +220,14 @@ def _pass(defs: FeatureDefinitions, events: DataFrame, events_as: str, labels: D
 def _as_events(evs: pd.DataFrame, events_as: str) -> Any:
     """One bucket's events as the kernel takes them (see :func:`read_events`): a frame keeps its
     log position column (the kernel restores the order), a log is put in order here."""
-    from redline.features.offline import EventLog
+    from redline.features.offline import EventLog, text_log
 
     if events_as != "frame":
         evs = evs.sort_values(SEQ, kind="stable").drop(columns=[SEQ])
     if events_as == "json":
         return EventLog([s.encode() for s in evs["value"].tolist()])
     if events_as == "text":
-        return EventLog([{k: v for k, v in r.items() if isinstance(v, str) and v != ""}
-                         for r in evs.to_dict("records")], flat=True)
+        return text_log(evs)
     return evs.reset_index(drop=True)
 
 

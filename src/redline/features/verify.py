@@ -18,7 +18,7 @@ import pandas as pd
 from redline.errors import InvalidInput
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
 from redline.features.events import EventDecoder
-from redline.features.offline import ARRIVAL, build_training_set, isclose
+from redline.features.offline import ARRIVAL, EventLog, build_training_set, isclose
 
 
 @dataclass
@@ -156,8 +156,8 @@ def verify_store(store: Any, defs: FeatureDefinitions, *, events_per_view: int =
     return reports
 
 
-def verify_served(defs: FeatureDefinitions, events: pd.DataFrame, served: pd.DataFrame
-                  ) -> VerifyReport:
+def verify_served(defs: FeatureDefinitions, events: pd.DataFrame | EventLog,
+                  served: pd.DataFrame) -> VerifyReport:
     """``served`` rows: entity id column(s), ``ts`` (ms) and one column per ``view:feature``
     served; each is recomputed offline from ``events`` and compared."""
     refs = [c for c in served.columns if ":" in str(c)]

@@ -83,7 +83,7 @@ def load_catalogue(path: str) -> frozenset[str]:
         if p.suffix in (".csv", ".parquet"):
             from redline.features.offline import read_table
 
-            table = read_table(p)
+            table = read_table(p, text_columns=["item_id"])  # item 007 is not item 7
             if "item_id" not in table.columns:
                 raise ConfigError(f"pipeline.session_catalogue {path} has no item_id column "
                                   f"(columns: {list(table.columns)[:10]})")
