@@ -14,10 +14,33 @@ import numpy as np
 SESSION_ITEMS = 10
 RECENCY = 0.8
 DIM = 32
+TORCH_HELP = ("this example trains its item embeddings with PyTorch, which `make demo` does not "
+              "install: run `pip install -e '.[torch]'` in the repository's root (its environment "
+              "active), then run it again")
+
+
+def _import_torch():  # noqa: ANN202 - the torch module, imported lazily
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise  # a broken PyTorch install: its own error says more
+        raise ModuleNotFoundError(TORCH_HELP, name="torch") from None
+    return torch
+
+
+def require_torch() -> None:
+    """Stop with one line saying how to install PyTorch, before any work, when it is missing."""
+    try:
+        _import_torch()
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise SystemExit(f"error: {exc}") from None
 
 
 def _torch_model(category: np.ndarray):  # noqa: ANN202 - torch is imported lazily
-    import torch
+    torch = _import_torch()
     from torch import nn
 
     n_items = len(category)
@@ -47,7 +70,7 @@ def _torch_model(category: np.ndarray):  # noqa: ANN202 - torch is imported lazi
 def train(session_items: np.ndarray, targets: np.ndarray, category: np.ndarray, *,
           epochs: int = 3, batch: int = 1024, seed: int = 0, threads: int = 2) -> np.ndarray:
     """Fit on (session items, padded with the catalogue size) -> next item; ``items.npy``."""
-    import torch
+    torch = _import_torch()
 
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

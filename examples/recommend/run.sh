@@ -8,6 +8,7 @@ ITEMS=${ITEMS:-50000}
 USERS=${USERS:-4000}
 SESSIONS=${SESSIONS:-300}
 PORT=${PORT:-8000}
+python -c 'import embeddings; embeddings.require_torch()'  # PyTorch: `make demo` leaves it out
 python generate.py --out data --items "$ITEMS" --users "$USERS"
 python train.py --data data --out artifacts
 rm -rf .redline/models/recommend

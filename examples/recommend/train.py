@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=7)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    embeddings.require_torch()  # one line with the install command, before minutes of work
     data = read(Path(args.data)) if args.data else generate(args.items, args.users, args.days,
                                                             args.seed)
     r = train(data, args.out)

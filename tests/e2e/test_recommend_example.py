@@ -92,3 +92,30 @@ def test_recommend_example_end_to_end(example, tmp_path, serve):  # noqa: F811
     # Online, the graph finds the next click as the offline figures said it would (the
     # session items and user windows reach it), far above popularity.
     assert online > 2 * result["popularity_recall_at_10"], online
+
+
+def test_without_pytorch_the_example_says_how_to_install_it(tmp_path):
+    """`make demo`'s environment has no PyTorch: train.py and run.sh stop before any work with
+    one line naming the install command, not a traceback."""
+    import os
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "recommend"
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("data", "artifacts",
+                                                                   ".redline"))
+    blocked = tmp_path / "no-torch" / "torch"
+    blocked.mkdir(parents=True)  # an environment without PyTorch, whatever this one has
+    (blocked / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocked.parent),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "ITEMS": "200", "USERS": "50", "SESSIONS": "5"}
+    for argv in ([sys.executable, "train.py", "--data", "data"], ["bash", "run.sh"]):
+        proc = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=120)
+        err = proc.stderr.strip()
+        assert proc.returncode != 0, (argv, proc.stdout, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+        assert "pip install -e '.[torch]'" in err and "make demo" in err, (argv, err)
+        assert not (folder / "data").exists(), argv  # stopped before generating anything
