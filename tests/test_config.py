@@ -256,39 +256,3 @@ def test_broken_yaml_is_one_line_with_file_line_and_column(tmp_path, text, where
     message = caught.value.message
     assert message.startswith(f"{path}{where} not valid YAML: "), message
     assert problem in message and "\n" not in message and "<unicode string>" not in message
-
-
-def test_the_operations_guide_lists_every_rule():
-    """docs/operations.md says what each setting accepts, in the words the refusal uses."""
-    import dataclasses
-    import re
-    import typing
-    from pathlib import Path
-
-    from redline.config import ModelSettings
-
-    rules: dict[str, str] = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            inner = [a for a in (hints[f.name], *typing.get_args(hints[f.name]))
-                     if dataclasses.is_dataclass(a)]
-            if f.name == "models":
-                walk(ModelSettings, "models.<name>.")
-            elif inner and not prefix.startswith("models."):
-                walk(inner[0], f"{prefix}{f.name}.")  # type: ignore[arg-type]
-            elif f.name in getattr(cls, "RULES", {}):
-                rules[prefix + f.name] = str(cls.RULES[f.name])  # type: ignore[attr-defined]
-
-    walk(Settings, "")
-    text = (Path(__file__).parents[1] / "docs" / "operations.md").read_text()
-    section = text.split("### What each setting accepts", 1)[1].split("\n## ", 1)[0]
-    listed: dict[str, str] = {}
-    for bullet in re.split(r"\n- ", section)[1:]:
-        # "**<range>** (a remark, which may name a setting): `setting`, `setting`"
-        head = re.match(r"\*\*(.+?)\*\*(?: \((?:[^()]|\([^()]*\))*\))?:", bullet)
-        assert head, bullet
-        for name in re.findall(r"`([a-z0-9_.<>]+)`", bullet[head.end():]):
-            listed[name] = head.group(1)
-    assert listed == rules

@@ -24,7 +24,7 @@ HEADER = """# Settings reference
 Every key of `redline.yaml`, its default and what it accepts. Written from `src/redline/config.py`
 by `python -m redline.settings_reference > docs/settings.md` (a test keeps the two equal); how the
 layers combine (defaults, the file, `REDLINE_<SECTION>__<KEY>` variables, command-line options) is
-in [operations.md](operations.md#configuration).
+in [operations.md](operations.md#configuration-redlineyaml-environment-options).
 
 A value outside what a setting accepts is refused at start with the file's line, as a wrong type
 is: `redline.yaml:4: 'batching.max_batch_size' must be at least 1, got -5`. Numbers must be finite.
