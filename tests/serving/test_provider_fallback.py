@@ -57,7 +57,7 @@ def test_cuda_asked_for_without_it_serves_on_cpu_and_says_so(tmp_path: Path) -> 
     assert [(f["model"], f["version"]) for f in body["provider_fallback"]] == [
         ("affine", "1"), ("double", "1")]
     reason = body["provider_fallback"][0]["reason"]
-    assert reason.startswith("runtime.providers asks for CUDAExecutionProvider, but ")
+    assert reason.startswith("runtime.providers asks for CUDAExecutionProvider: ")
     assert "not in this onnxruntime build" in reason and "redline[gpu]" in reason
     assert "Serving on CPUExecutionProvider" in reason
     warnings = [line for line in proc.log_text().splitlines()

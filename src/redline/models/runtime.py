@@ -119,8 +119,8 @@ def serving_providers(requested: list[str]) -> list[str]:
 
 @functools.cache
 def _preload_cuda_libraries() -> None:
-    """Load CUDA and cuDNN from the nvidia-* wheels that redline[gpu] installs (onnxruntime-gpu
-    1.21+), once: a machine with a system CUDA needs none of it, and loses nothing."""
+    """Load CUDA and cuDNN once, from the nvidia-* wheels that redline[gpu] installs, else from
+    the system's library path (onnxruntime-gpu 1.21+; it prints what it cannot find)."""
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
         preload()
@@ -147,7 +147,7 @@ def provider_fallback(requested: list[str], running: list[str]) -> str | None:
         why.append(f"{names(failed)} in this build but did not start (ONNX Runtime's own "
                    "output says why: usually no GPU is visible, or the CUDA or cuDNN libraries "
                    "are missing or do not match the build)")
-    return (f"runtime.providers asks for {', '.join(lost)}, but {'; '.join(why)}. Serving on "
+    return (f"runtime.providers asks for {', '.join(lost)}: {'; '.join(why)}. Serving on "
             f"{', '.join(running)} instead (set runtime.providers to [{CPU}] if that is meant)")
 
 
