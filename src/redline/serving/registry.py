@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -57,12 +56,24 @@ class _Plan:
     error: str | None = None
 
 
+class LoadChecks(Protocol):
+    """What a loaded version must pass to serve (the ``/v1`` pipeline's feature-view and
+    missing-value checks, ``predict/checks.py``): ``admit`` raising is a load failure, logged,
+    not ready, with its reason; ``retired`` once the version no longer serves."""
+
+    def admit(self, handle: ModelHandle) -> None: ...
+
+    def retired(self, handle: ModelHandle) -> None: ...
+
+
 class ModelRegistry:
     """Loaded model versions by name; ``get`` is the request path, ``sync`` the control path."""
 
-    def __init__(self, repository: ModelRepository, settings: Settings) -> None:
+    def __init__(self, repository: ModelRepository, settings: Settings,
+                 checks: LoadChecks | None = None) -> None:
         self.repository = repository
         self.settings = settings
+        self.checks = checks
         self._handles: dict[str, dict[int, ModelHandle]] = {}
         self._default: dict[str, ModelHandle] = {}
         self._versions: dict[str, list[int]] = {}
@@ -71,9 +82,6 @@ class ModelRegistry:
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
-        # Checks a loaded version must pass to serve (the /v1 pipeline's feature-view and
-        # missing-value checks); a failure is a load failure: logged, not ready, with its reason.
-        self.admit: Callable[[ModelHandle], None] | None = None
         self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
         self._logged_not_ready: dict[str, str] = {}  # model -> the reason last logged
         self._entry_errors: dict[str, str] = {}  # model -> why its repository entry is unreadable
@@ -322,9 +330,15 @@ class ModelRegistry:
         def build() -> ModelHandle:
             session = InferenceSession.load(self.repository, name, version, self.settings.runtime)
             handle = ModelHandle(session, self.settings)
-            if self.admit is not None:
-                self.admit(handle)
-            handle.warm()
+            if self.checks is None:
+                handle.warm()
+                return handle
+            self.checks.admit(handle)
+            try:
+                handle.warm()
+            except BaseException:
+                self.checks.retired(handle)
+                raise
             return handle
 
         try:
@@ -342,6 +356,8 @@ class ModelRegistry:
         return handle
 
     def _retire(self, handle: ModelHandle) -> None:
+        if self.checks is not None:
+            self.checks.retired(handle)
         task = asyncio.get_running_loop().create_task(
             handle.retire(self.settings.server.drain_timeout_s)
         )

@@ -25,7 +25,12 @@ from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
 from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
-from redline.serving.predict import PredictPipeline, build_pipeline
+from redline.serving.predict import (
+    PredictPipeline,
+    VersionChecks,
+    build_pipeline,
+    open_features,
+)
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers, RequestObserver
 from redline.serving.startup import StartupPhases
@@ -91,11 +96,14 @@ class RedlineServer:
         self.phases.done("imports and settings", quiet_until_next=True)
         self.settings = settings
         self.repository = repository or ModelRepository(settings.repository)
-        self.registry = ModelRegistry(self.repository, settings)
+        # Entity predictions (/v1 REST routes and the redline.v1 gRPC service): their feature
+        # definitions and online store, checked against each version as it loads (not per
+        # request), and the pipeline over them.
+        definitions, store = open_features(settings)
+        checks = VersionChecks(settings, definitions, store, self.repository)
+        self.registry = ModelRegistry(self.repository, settings, checks)
         self.observers = observers if observers is not None else Observers()
-        # Entity predictions (/v1 REST routes and the redline.v1 gRPC service).
-        self.pipeline = build_pipeline(self.registry, settings)
-        self.registry.admit = self.pipeline.admit  # feature checks at load, not per request
+        self.pipeline = build_pipeline(self.registry, settings, definitions, store, checks)
         # The online store's reachability: logged at start and on every change, and added to
         # the readiness body.
         self.store_health = StoreHealth(self.pipeline.store, settings.features.redis_url,

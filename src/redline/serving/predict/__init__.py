@@ -1,8 +1,9 @@
 """``/v1`` entity predictions: request, route plan, feature read, sessions, orchestration.
 
 Each module has one job and takes its collaborators through its constructor; none knows HTTP or
-gRPC (the edges are ``serving/v1_rest.py`` and ``serving/v1_grpc.py``). :func:`build_pipeline`
-wires the store, sessions and caches ``redline.yaml`` names.
+gRPC (the edges are ``serving/v1_rest.py`` and ``serving/v1_grpc.py``). :func:`open_features`
+opens the definitions and store ``redline.yaml`` names, :class:`VersionChecks` checks each
+loaded version against them, and :func:`build_pipeline` wires the pipeline over them.
 """
 
 from __future__ import annotations
@@ -10,25 +11,34 @@ from __future__ import annotations
 from redline.config import Settings
 from redline.features.definitions import FeatureDefinitions
 from redline.features.online.base import OnlineStore
+from redline.serving.predict.checks import VersionChecks
 from redline.serving.predict.pipeline import CACHE, DEFAULT, FALLBACK, PRIMARY, PredictPipeline
 from redline.serving.predict.request import PredictRequest, parse_request
 from redline.serving.predict.sessions import MemorySessionStore, RedisSessionStore, SessionStore
 from redline.serving.registry import ModelRegistry
 
 
-def build_pipeline(registry: ModelRegistry, settings: Settings) -> PredictPipeline:
-    """Load the feature definitions and open the online store and sessions ``redline.yaml``
-    names."""
-    defs = store = None
-    if settings.features.definitions:
-        from redline.features.definitions import load_definitions
-        from redline.features.versioning import ViewRegistry, live_definitions
+def open_features(settings: Settings) -> tuple[FeatureDefinitions | None, OnlineStore | None]:
+    """The live feature definitions and the online store ``redline.yaml`` names (both None
+    without ``features.definitions``)."""
+    if not settings.features.definitions:
+        return None, None
+    from redline.features.definitions import load_definitions
+    from redline.features.versioning import ViewRegistry, live_definitions
 
-        # the registry decides which version of each view serves (`features apply`)
-        defs = live_definitions(load_definitions(settings.features.definitions),
-                                ViewRegistry(settings.features.registry))
-        store = open_store(settings, defs)
-    return PredictPipeline(registry, settings, defs, store, open_sessions(store, settings))
+    # the registry decides which version of each view serves (`features apply`)
+    defs = live_definitions(load_definitions(settings.features.definitions),
+                            ViewRegistry(settings.features.registry))
+    return defs, open_store(settings, defs)
+
+
+def build_pipeline(registry: ModelRegistry, settings: Settings,
+                   definitions: FeatureDefinitions | None, store: OnlineStore | None,
+                   checks: VersionChecks) -> PredictPipeline:
+    """The pipeline over ``open_features``' definitions and store, with the sessions
+    ``redline.yaml`` names; ``checks`` are the registry's (the graphs they load)."""
+    return PredictPipeline(registry, settings, definitions, store,
+                           open_sessions(store, settings), checks)
 
 
 def open_store(settings: Settings, defs: FeatureDefinitions) -> OnlineStore:
@@ -74,4 +84,5 @@ def open_sessions(store: OnlineStore | None, settings: Settings) -> SessionStore
 
 
 __all__ = ["CACHE", "DEFAULT", "FALLBACK", "PRIMARY", "PredictPipeline", "PredictRequest",
-           "build_pipeline", "open_sessions", "open_store", "parse_request"]
+           "VersionChecks", "build_pipeline", "open_features", "open_sessions", "open_store",
+           "parse_request"]

@@ -37,14 +37,14 @@ from redline.errors import (
 from redline.features.definitions import FeatureDefinitions, RequestTransform
 from redline.features.ingest import Ingestor
 from redline.features.online.base import OnlineStore
-from redline.models.graph import GraphSpec
 from redline.serving.deadline import Budget
 from redline.serving.entity_loss import EntityLossDetector
 from redline.serving.handle import ModelHandle
 from redline.serving.predict.breaker import CircuitBreaker
 from redline.serving.predict.cache import FeatureNearCache, PredictionCache
+from redline.serving.predict.checks import VersionChecks
 from redline.serving.predict.features import FeatureRead
-from redline.serving.predict.graph import GraphRunner, run_graph
+from redline.serving.predict.graph import run_graph
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
@@ -71,7 +71,7 @@ class PredictPipeline:
 
     def __init__(self, registry: HandleLookup, settings: Settings,
                  definitions: FeatureDefinitions | None, store: OnlineStore | None,
-                 sessions: SessionStore) -> None:
+                 sessions: SessionStore, checks: VersionChecks | None = None) -> None:
         self.registry = registry
         self.settings = settings
         self.defs = definitions
@@ -99,47 +99,13 @@ class PredictPipeline:
         self.paths = {PRIMARY: 0, FALLBACK: 0, CACHE: 0, DEFAULT: 0}
         self.degraded = 0
         self._ingestor: Ingestor | None = None
-        self._graphs: dict[int, GraphRunner] = {}  # id(handle) -> its loaded graph
+        # The load-time checks, which load each graph version's parts (None: no graph serves).
+        self.checks = checks
         f = settings.features
         # Rows read from a reachable store, found or missing: a store that lost its data.
         self.entity_loss = EntityLossDetector(f.entity_loss_window_s, f.entity_loss_min_rows,
                                               f.entity_loss_jump,
                                               f.entity_loss_baseline_half_life_s, f.redis_url)
-
-    def admit(self, handle: ModelHandle) -> None:
-        """Load-time check of a model version that reads features (``ModelRegistry.admit``):
-        pinned view versions must be the live ones, NaN defaults must meet a model that allows
-        NaN. A model that would always answer 409 or 400 fails to load instead, with the reason."""
-        meta = handle.metadata
-        if isinstance(meta.extra, dict) and "graph" in meta.extra:
-            self._admit_graph(handle)
-            return
-        names = meta.feature_names or []
-        if self.defs is None or not (meta.feature_views or any(
-                ":" in n or n in self.defs.transforms for n in names)):
-            return
-        from redline.features.versioning import check_model_features
-
-        check_model_features(meta.name, names, meta.feature_views, meta.missing_values,
-                             self.defs)
-
-    def _admit_graph(self, handle: ModelHandle) -> None:
-        """Load an inference graph's catalogue, index and encoder (at load, not per request)."""
-        repository = getattr(self.registry, "repository", None)
-        if repository is None:
-            raise ModelNotReady(f"model '{handle.name}' is a graph, which needs a repository")
-        spec = GraphSpec.from_dict(handle.metadata.extra["graph"])
-        folder = repository.version_dir(handle.name, handle.version)
-        loaded = {id(h) for h in self.registry.loaded(handle.name)}
-        for key in [k for k, r in self._graphs.items() if r.name == handle.name
-                    and k not in loaded]:
-            del self._graphs[key]  # versions unloaded since
-        cfg = self.settings.pipeline
-        runner = GraphRunner(folder, spec, handle.name,
-                             LatencyWindow(cfg.latency_window, cfg.latency_window_s,
-                                           cfg.probe_interval_ms / 1000.0))
-        runner.read_entity(self.store, self.defs, handle)
-        self._graphs[id(handle)] = runner
 
     @property
     def near(self) -> FeatureNearCache:
@@ -169,7 +135,7 @@ class PredictPipeline:
         handle = self.registry.get(name, req.version, key=req.entities)
         record.model, record.version = handle.name, handle.version_str
         budget: Budget = budget_of(handle)
-        graph = self._graphs.get(id(handle))
+        graph = self.checks.graph(handle) if self.checks is not None else None
         if graph is not None:
             t = _mark(record, DECODE, record.start_ns)
             return await run_graph(graph, handle, req, budget, self._window(handle),
