@@ -159,8 +159,9 @@ def choose_providers(requested: list[str]) -> list[str]:
     if missing:
         raise ProviderUnavailable(
             f"execution provider(s) {missing} requested in runtime.providers but not available "
-            f"in this onnxruntime build (available: {available}); install onnxruntime-gpu for "
-            "CUDA/TensorRT, or set runtime.providers to [CPUExecutionProvider]"
+            f"in this onnxruntime build (available: {available}); install redline[gpu] "
+            "(onnxruntime-gpu) for CUDA/TensorRT, or set runtime.providers to "
+            "[CPUExecutionProvider]"
         )
     return list(requested) or ["CPUExecutionProvider"]
 

@@ -255,6 +255,15 @@ def _static_within_tolerance(model: bytes, ctx: TuneContext, nodes: list[str], m
     )
 
 
+def to_fp16(model: bytes) -> bytes:
+    """float16 weights and math, float32 inputs and outputs (``benchmarks/models/gpu_check.py``
+    judges the same conversion). Needs onnxconverter-common."""
+    from onnxconverter_common import float16
+
+    return float16.convert_float_to_float16(onnx.load_from_string(model),
+                                            keep_io_types=True).SerializeToString()
+
+
 def fp16_candidates(model: bytes, ctx: TuneContext) -> Iterator[Candidate | Skipped]:
     """fp16 pays off only on GPUs; on a CPU-only build it is skipped with the reason."""
     available = ort.get_available_providers()
@@ -262,19 +271,17 @@ def fp16_candidates(model: bytes, ctx: TuneContext) -> Iterator[Candidate | Skip
     if not gpu:
         yield Skipped("fp16", "fp16", "no GPU execution provider in this ONNX Runtime build "
                       f"(available: {', '.join(available)}); fp16 is only faster on a GPU — run "
-                      "optimize on a CUDA machine with onnxruntime-gpu installed")
+                      "optimize on a CUDA machine with redline[gpu] installed")
         return
     try:
-        from onnxconverter_common import float16
+        half = to_fp16(model)
     except ImportError:
         yield Skipped("fp16", "fp16", "needs onnxconverter-common: pip install 'redline[convert]'")
         return
-    try:
-        half = float16.convert_float_to_float16(onnx.load_from_string(model), keep_io_types=True)
     except Exception as exc:
         yield Skipped("fp16", "fp16", f"fp16 conversion failed: {str(exc)[:200]}")
         return
-    yield Candidate("fp16", "fp16", half.SerializeToString(),
+    yield Candidate("fp16", "fp16", half,
                     settings={"providers": [gpu[0], "CPUExecutionProvider"]},
                     recipe={"precision": "fp16", "provider": gpu[0], "keep_io_types": True},
                     note=f"float16 weights and math on {gpu[0]}")
