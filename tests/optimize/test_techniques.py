@@ -251,3 +251,89 @@ def test_distilled_binary_student(cancer, cancer_mlp, onnx_of):
     metrics = held_out(cands["distill-mlp-8"].onnx_bytes, cancer, [0, 1])
     base = held_out(model, cancer, [0, 1])
     assert _relative_loss(base["roc_auc"], metrics["roc_auc"]) <= 0.01
+
+
+def _torch_classifier(digits, final: str):
+    """A PyTorch digits classifier that declares its classes: one output, probabilities
+    (``final="softmax"``) or logits (``final="logits"``), converted as the repository does."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from redline.models.convert import convert
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
+    x, target = torch.as_tensor(digits.x_train), torch.as_tensor(digits.y_train)
+    for _ in range(80):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), target).backward()
+        optimizer.step()
+    module = nn.Sequential(net, nn.Softmax(dim=1)) if final == "softmax" else net
+    setattr(module, "classes_", DIGITS)  # noqa: B010 - a module declares its classes
+    converted = convert(module, digits.x_train[:16])
+    assert converted.task == "classification" and converted.output_names == ["output"]
+    return converted.onnx_bytes
+
+
+def _answers(model: bytes, rows: np.ndarray) -> np.ndarray:
+    from redline.optimize import ModelRunner
+
+    return ModelRunner(model, task="classification", class_labels=DIGITS).predict(rows).scores
+
+
+def test_a_one_output_classifier_gets_a_student_that_answers_probabilities(digits):
+    model = _torch_classifier(digits, "softmax")
+    ctx = tune_context(model, digits, DIGITS, on_train=True)
+    cands, _ = _split(list(distill_candidates(model, ctx, sizes=((32,),))))
+    student = cands["distill-mlp-32"]
+    half = len(digits.x_val) // 2
+    scores = _answers(student.onnx_bytes, digits.x_val[half:])
+    assert scores.shape == (len(digits.x_val) - half, 10)
+    assert scores.min() >= 0.0 and scores.max() <= 1.0
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, atol=1e-5)
+    assert student.recipe["head"] == "softmax" and student.recipe["loss"] == "cross-entropy"
+    graph = onnx.load_from_string(student.onnx_bytes).graph
+    assert [o.name for o in graph.output] == ["output"]  # a drop-in replacement
+    base = held_out(model, digits, DIGITS)
+    pupil = held_out(student.onnx_bytes, digits, DIGITS)
+    assert _relative_loss(base["accuracy"], pupil["accuracy"]) <= 0.03, (base, pupil)
+    assert pupil["log_loss"] < 2 * base["log_loss"]  # probabilities, not rescaled guesses
+
+
+def test_a_logit_classifier_gets_a_student_that_answers_logits(digits):
+    model = _torch_classifier(digits, "logits")
+    ctx = tune_context(model, digits, DIGITS, on_train=True)
+    cands, _ = _split(list(distill_candidates(model, ctx, sizes=((32,),))))
+    student = cands["distill-mlp-32"]
+    assert student.recipe["targets"] == "teacher logits"
+    assert student.recipe["loss"] == "cross-entropy"
+    rows = digits.x_val[len(digits.x_val) // 2:]
+    teacher, pupil = _answers(model, rows), _answers(student.onnx_bytes, rows)
+    assert pupil.min() < 0.0 or pupil.max() > 1.0  # logits, as the teacher answers
+
+    def softmax(z: np.ndarray) -> np.ndarray:
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    # the probabilities its logits stand for are the teacher's, near enough
+    assert np.mean(np.argmax(pupil, axis=1) == np.argmax(teacher, axis=1)) > 0.9
+    assert np.abs(softmax(pupil) - softmax(teacher)).sum(axis=1).mean() < 0.3
+
+
+# ------------------------------------------------------------------------- quantization
+def test_int8_dynamic_falls_back_to_the_registered_graph_of_a_scaler_pipeline(
+        cancer, cancer_mlp, onnx_of):
+    # ONNX Runtime's pre-processing folds the StandardScaler into the graph in a form its
+    # dynamic quantizer cannot type; the registered graph quantizes fine
+    model = onnx_of(cancer_mlp, cancer.x_train)
+    ctx = tune_context(model, cancer, [0, 1], tolerance=0.05)
+    cands, skipped = _split(list(quantize_candidates(model, ctx, methods=("minmax",))))
+    assert "int8-dynamic" not in skipped, skipped.get("int8-dynamic")
+    dynamic = cands["int8-dynamic"]
+    assert dynamic.recipe["preprocessed"] is False
+    assert "quantized as registered" in dynamic.recipe["preprocess_note"]
+    ops = {n.op_type for n in onnx.load_from_string(dynamic.onnx_bytes).graph.node}
+    assert ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
+    base, quantized = held_out(model, cancer, [0, 1]), held_out(dynamic.onnx_bytes, cancer, [0, 1])
+    assert _relative_loss(base["accuracy"], quantized["accuracy"]) <= 0.05

@@ -2,9 +2,12 @@
 
 The teacher labels many more rows than the tuning split holds (jittered and mixed-up copies), and
 the student learns its probabilities, not just its argmax — a student learns more from "70% a 3,
-25% an 8" than from "3". The student is exported through ``redline.models.convert`` (as a
-scikit-learn MLP carrying the trained weights), so it enters the repository parity-checked, and
-takes the teacher's input and output names so clients do not notice the swap.
+25% an 8" than from "3". A classifier's student is a classifier: a softmax (or sigmoid) head
+trained with cross-entropy on the teacher's probabilities, so its answers are probabilities too.
+Only a regressor's student regresses. The student is exported through
+``redline.models.convert`` (as a scikit-learn MLP carrying the trained weights), so it enters the
+repository parity-checked, and takes the teacher's input and output names so clients do not
+notice the swap.
 """
 
 from __future__ import annotations
@@ -82,7 +85,10 @@ def rename_io(data: bytes, mapping: dict[str, str]) -> bytes:
 
 
 def export_student(net: DenseNet, classes: list[Any] | None, sample: np.ndarray,
-                   io_names: dict[str, str]) -> bytes:
+                   io_names: dict[str, str], head: str | None = None) -> bytes:
+    """The student as ONNX. ``classes``: a scikit-learn style classifier (label and
+    probabilities outputs). ``head`` (``Softmax`` or ``Sigmoid``): a classifier with one output,
+    as a PyTorch module has, whose output is the head applied to the net's last layer."""
     from redline.models.convert import convert
 
     converted = convert(to_sklearn(net, classes), sample, tolerance=1e-3)
@@ -91,8 +97,31 @@ def export_student(net: DenseNet, classes: list[Any] | None, sample: np.ndarray,
         data = _keep_output_columns(data, converted.output_names[0], net.weights[-1].shape[1])
     mapping = {converted.input_name: io_names.get("input", converted.input_name)}
     if classes is None:
-        mapping[converted.output_names[0]] = io_names.get("scores", converted.output_names[0])
+        scores = io_names.get("scores", converted.output_names[0])
+        if head is not None:
+            data = _with_head(data, converted.output_names[0], head, scores)
+        else:
+            mapping[converted.output_names[0]] = scores
     return rename_io(data, mapping)
+
+
+def _with_head(data: bytes, output: str, head: str, name: str) -> bytes:
+    """Apply ``head`` (Softmax over the columns, or Sigmoid) to ``output``; call the result
+    ``name``."""
+    model = onnx.load_from_string(data)
+    logits = f"{output}_logits"
+    for node in model.graph.node:
+        for i, edge in enumerate(node.output):
+            if edge == output:
+                node.output[i] = logits
+    node = onnx.helper.make_node(head, [logits], [name], name=f"student_{head}")
+    if head == "Softmax":
+        node.attribute.append(onnx.helper.make_attribute("axis", 1))
+    model.graph.node.append(node)
+    for value in model.graph.output:
+        if value.name == output:
+            value.name = name
+    return model.SerializeToString()
 
 
 def _keep_output_columns(data: bytes, output: str, columns: int) -> bytes:
@@ -114,6 +143,27 @@ def _keep_output_columns(data: bytes, output: str, columns: int) -> bytes:
     return model.SerializeToString()
 
 
+def classifier_targets(scores: np.ndarray) -> tuple[str, np.ndarray, str, str | None]:
+    """How to distill a classifier whose one output is ``scores``: (training head, targets,
+    what the targets are, the head of the exported student or None).
+
+    Probabilities (rows summing to one, or one column in [0, 1]) are learnt with a softmax
+    (sigmoid) head and cross-entropy, and the student answers probabilities. Logits are turned
+    into the probabilities they stand for and learnt the same way, and the student answers the
+    logits before its head, so its output keeps the teacher's meaning.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    in_unit = bool(np.all(scores >= -1e-6) and np.all(scores <= 1 + 1e-6))
+    if scores.shape[1] == 1:
+        if in_unit:
+            return "logistic", np.clip(scores, 0.0, 1.0), "probabilities", "Sigmoid"
+        return "logistic", 1.0 / (1.0 + np.exp(-scores)), "logits", None
+    if in_unit and np.allclose(scores.sum(axis=1), 1.0, atol=1e-3):
+        return "softmax", np.clip(scores, 0.0, 1.0), "probabilities", "Softmax"
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return "softmax", e / e.sum(axis=1, keepdims=True), "logits", None
+
+
 def distill_candidates(model: bytes, ctx: TuneContext,
                        sizes: tuple[tuple[int, ...], ...] | None = None
                        ) -> Iterator[Candidate | Skipped]:
@@ -129,29 +179,34 @@ def distill_candidates(model: bytes, ctx: TuneContext,
         return
     x = augment(ctx.x, 4 if ctx.fast else 6, ctx.seed)
     teacher = ctx.teacher_predict(x)
-    classifier = runner.label_name is not None and runner.score_name == "probabilities"
-    classes = (ctx.class_labels or list(range(teacher.scores.shape[1]))) if classifier else None
+    sklearn_style = runner.label_name is not None and runner.score_name == "probabilities"
+    classes = (ctx.class_labels or list(range(teacher.scores.shape[1]))) if sklearn_style \
+        else None
+    head: str | None = None
     if classes is not None and len(classes) == 2:
-        output, target = "logistic", teacher.scores[:, 1:2]
+        output, target, kind = "logistic", teacher.scores[:, 1:2], "probabilities"
     elif classes is not None:
-        output, target = "softmax", teacher.scores
+        output, target, kind = "softmax", teacher.scores, "probabilities"
+    elif ctx.task == "classification":  # one output, as a PyTorch classifier has
+        output, target, kind, head = classifier_targets(teacher.scores)
     else:
-        output, target = "identity", teacher.scores
+        output, target, kind = "identity", teacher.scores, "outputs"
     epochs = 30 if ctx.fast else 60
     io_names = {"input": runner.input_name, "scores": runner.score_name}
     for hidden in sizes or (STUDENT_SIZES[-1:] if ctx.fast else STUDENT_SIZES):
         name = "distill-mlp-" + "x".join(str(h) for h in hidden)
         net = train_student(x, target, hidden, output, epochs=epochs, seed=ctx.seed)
         try:
-            data = export_student(net, classes, ctx.x[:64].astype(np.float32), io_names)
+            data = export_student(net, classes, ctx.x[:64].astype(np.float32), io_names,
+                                  head)
         except ConversionError as exc:
             yield Skipped(name, "distill", f"the student could not be exported: {exc}")
             continue
         yield Candidate(
             name, "distill", data, n_parameters=net.n_parameters,
             recipe={"student": "mlp", "hidden": list(hidden), "activation": "relu",
-                    "epochs": epochs, "training_rows": int(len(x)),
-                    "targets": "teacher soft outputs" if classes is not None else
-                    "teacher outputs", "augmentation": "gaussian jitter + mixup"},
+                    "epochs": epochs, "training_rows": int(len(x)), "head": output,
+                    "loss": "squared error" if output == "identity" else "cross-entropy",
+                    "targets": f"teacher {kind}", "augmentation": "gaussian jitter + mixup"},
             note=f"{'x'.join(map(str, hidden))}-unit MLP trained on the original's outputs",
         )

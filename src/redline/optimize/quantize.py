@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from redline.optimize.candidates import Candidate, Skipped, TuneContext
+from redline.optimize.candidates import Candidate, QuantizationOptions, Skipped, TuneContext
 
 QUANTIZABLE_OPS = ("MatMul", "Gemm")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -178,15 +178,7 @@ def quantize_candidates(model: bytes, ctx: TuneContext,
         nodes = quantizable_nodes(onnx.load_from_string(source)) or nodes
     common = {"preprocessed": q.preprocess and source is not model,
               "reduce_range": q.reduce_range, "weights": "int8"}
-    dynamic_channel = bool(q.per_channel) if q.per_channel is not None else False
-    try:
-        yield Candidate("int8-dynamic", "quantize",
-                        dynamic_int8(source, per_channel=dynamic_channel,
-                                     reduce_range=q.reduce_range),
-                        recipe={"method": "dynamic", "per_channel": dynamic_channel, **common},
-                        note="int8 weights, activations quantized per call")
-    except Exception as exc:  # the quantizer raises many types on unusual graphs
-        yield Skipped("int8-dynamic", "quantize", f"ONNX Runtime's quantizer failed: {exc}")
+    yield _dynamic(model, source, q, common)
     chosen = methods or q.methods or (("minmax",) if ctx.fast else CALIBRATION_METHODS)
     raw_nodes = quantizable_nodes(onnx.load_from_string(model))
     for method in chosen:
@@ -207,6 +199,33 @@ def quantize_candidates(model: bytes, ctx: TuneContext,
                                     f"the quantizer failed ({first})"})
         except Exception as exc:
             yield Skipped(name, "quantize", f"static quantization failed: {str(exc)[:200]}")
+
+
+def _dynamic(model: bytes, source: bytes, q: QuantizationOptions,
+             common: dict[str, Any]) -> Candidate | Skipped:
+    """Dynamic int8 of the pre-processed graph, else of the graph as registered: ONNX Runtime's
+    dynamic quantizer cannot type the tensors that pre-processing fuses out of some graphs
+    (a scikit-learn StandardScaler folded into Mul/Add before an MLP), as its static one can't."""
+    per_channel = bool(q.per_channel) if q.per_channel is not None else False
+
+    def make(data: bytes, extra: dict[str, Any]) -> Candidate:
+        return Candidate("int8-dynamic", "quantize",
+                         dynamic_int8(data, per_channel=per_channel, reduce_range=q.reduce_range),
+                         recipe={"method": "dynamic", "per_channel": per_channel, **extra},
+                         note="int8 weights, activations quantized per call")
+
+    try:
+        return make(source, common)
+    except Exception as exc:  # the quantizer raises many types on unusual graphs
+        if source is model:
+            return Skipped("int8-dynamic", "quantize", f"ONNX Runtime's quantizer failed: {exc}")
+        first = str(exc)[:120]
+    try:
+        return make(model, {**common, "preprocessed": False,
+                            "preprocess_note": f"quantized as registered: on the pre-processed "
+                                               f"graph the quantizer failed ({first})"})
+    except Exception as exc:
+        return Skipped("int8-dynamic", "quantize", f"ONNX Runtime's quantizer failed: {exc}")
 
 
 def _static_within_tolerance(model: bytes, ctx: TuneContext, nodes: list[str], method: str,
