@@ -74,6 +74,25 @@ def test_optimize_registers_the_chosen_candidate(digits_repo, digits_npz, train_
     assert report["chosen"] in out and "registered as" in out
 
 
+def test_a_ci_log_shows_progress_lines_and_a_table_that_fits(digits_repo, digits_npz,
+                                                            train_npz, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # stdout and stderr are not terminals here, as in CI
+    code, out, err = run_cli(
+        ["optimize", "digits", "--data", digits_npz, "-r", digits_repo.root, "--train-data",
+         train_npz, "--techniques", "quantize", "--calibration-methods", "minmax",
+         "--no-register", "--passes", "2", "--bootstrap", "100", *FAST], capsys)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert any("building candidates 1/1: quantize: int8-dynamic" in line for line in lines)
+    assert any("evaluating (one model at a time)" in line and line.endswith(": original")
+               for line in lines)
+    timed = [line for line in lines if "measuring latency" in line and "pass " in line]
+    assert len(timed) == 2 * 3  # every model in every pass: original and two int8 candidates
+    assert any(line.endswith("pass 2/2: int8-dynamic") for line in timed)
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "int8-dynamic" in out and "Every column is in the Markdown" in " ".join(out.split())
+
+
 def test_optimize_as_fallback_and_csv_data(digits_repo, digits, train_npz, tmp_path, capsys):
     csv = tmp_path / "val.csv"
     header = ",".join([f"f{i}" for i in range(64)] + ["digit"])

@@ -225,6 +225,54 @@ def test_candidate_names_are_whole_in_a_ci_log(small_report, capsys):
         assert r.name in text
 
 
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_table_fits_the_screen_and_shows_the_figures_behind_each_status(small_report,
+                                                                              width):
+    from rich.console import Console
+
+    from redline.optimize.report import _change, print_report
+
+    console = Console(file=io.StringIO(), width=width)
+    print_report(small_report, console=console)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert max(len(line) for line in text.splitlines()) <= width
+    table = text[:text.index("Rows:")]
+    for r in small_report.results:
+        assert r.name in table
+        # the status is decided on the choice rows: their figures stand beside it
+        assert _change(r.choice.loss, r.choice.interval, 1, compact=True) in table
+    assert "choice" in table and "verdict" in table
+    assert "choice rows decide each candidate's status" in " ".join(text.split())
+    if width < 200:
+        assert "Every column is in the Markdown (--markdown) and JSON" in " ".join(text.split())
+
+
+def test_the_markdown_report_labels_which_rows_each_figure_comes_from(small_report):
+    from redline.optimize.report import _headers
+
+    heads = _headers(small_report)
+    assert "accuracy change, choice rows (verdict), higher is better [95% CI]" in heads
+    assert "accuracy change, evaluation rows, higher is better [95% CI]" in heads
+    assert "accuracy, evaluation rows [95% CI]" in heads
+
+
+def test_a_log_gets_a_line_per_step_while_optimize_runs():
+    from redline.optimize.report import LineProgress
+
+    log, now = io.StringIO(), iter([0.0, 1.0, 2.5, 3.0, 4.0, 5.0])
+    with LineProgress(log, clock=lambda: next(now)) as progress:
+        progress.stage("evaluating (one model at a time)", 2)
+        progress.advance(detail="original")
+        progress.advance(detail="int8-dynamic: rejected")
+        progress.stage("measuring latency (one session at a time)", 4)
+    assert log.getvalue().splitlines() == [
+        "[   1.0s] evaluating (one model at a time) (2 steps)",
+        "[   2.5s] evaluating (one model at a time) 1/2: original",
+        "[   3.0s] evaluating (one model at a time) 2/2: int8-dynamic: rejected",
+        "[   4.0s] measuring latency (one session at a time) (4 steps)",
+    ]
+
+
 def test_user_eval_function_and_guard_metric_through_the_cli(repo, digits, digits_mlp, tmp_path,
                                                              capsys, monkeypatch):
     module = tmp_path / "my_metrics.py"

@@ -105,9 +105,11 @@ def _load_data(path: str, label: str, feature_names: list[str] | None,
 @click.option("--rounds", type=int, default=None,
               help="Timed calls per candidate and batch size (default: optimize.rounds, 300).")
 @click.option("--passes", type=int, default=None,
-              help="Interleaved passes; each loads, warms and times one session at a time "
-                   "and is one paired observation of every speed-up, so at least 2 give an "
-                   "interval (default: optimize.passes, 5).")
+              help="Interleaved passes; each loads every model in turn (one session at a "
+                   "time, in an order drawn at random and mirrored in the next pass), warms it "
+                   "until its timings settle and times it, and is one paired observation of "
+                   "every speed-up, so at least 2 give an interval (default: optimize.passes, "
+                   "5).")
 @click.option("--bootstrap", type=int, default=None,
               help="Bootstrap resamples behind each 95% interval (default: 500).")
 @click.option("--max-seconds", type=float, default=30.0, show_default=True,
@@ -151,14 +153,16 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
     quantization (dynamic, and static QDQ with MinMax/Entropy/Percentile calibration, leaving
     accuracy-critical nodes in float), fp16 (GPU only), structured and magnitude pruning of
     MLPs, fewer trees for forests and boosted models, and a distilled MLP student. Techniques
-    learn on the fit rows, the pick is made on the choice rows, every reported figure comes from
-    the evaluation rows with a 95% bootstrap interval. Latency is timed one session at a time
-    over interleaved passes, and each speed-up carries a 95% interval paired pass by pass; the
-    winner must clear --min-speedup by its interval's lower end, and candidates within noise of
-    each other are reported as tied. A candidate must keep the original's contract (inputs,
-    outputs, missing-value policy); one with a NaN weight or answer, or the same bytes run the
-    same way, is not a candidate. The winner is registered as a new version that serves only
-    once promoted (redline gate --promote production, or redline models promote).
+    learn on the fit rows, the pick is made on the choice rows (the table shows those figures
+    beside the status they decide), the evaluation rows confirm it and give every other figure,
+    each with a 95% bootstrap interval. Latency is timed one session at a time over interleaved
+    passes, each session warmed until its timings settle, and each speed-up carries a 95%
+    interval paired pass by pass; the winner must clear --min-speedup by its interval's lower
+    end, and candidates within noise of each other are reported as tied. A candidate must keep
+    the original's contract (inputs, outputs, missing-value policy); one with a NaN weight or
+    answer, or the same bytes run the same way, is not a candidate. The winner is registered as
+    a new version that serves only once promoted (redline gate --promote production, or
+    redline models promote).
 
     \b
     Examples:
@@ -175,7 +179,7 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
     from redline.optimize import optimize as run_optimize
     from redline.optimize.candidates import QuantizationOptions
     from redline.optimize.register import link_fallback
-    from redline.optimize.report import RichProgress, print_report, to_json, write_reports
+    from redline.optimize.report import print_report, stderr_progress, to_json, write_reports
     from redline.optimize.user_metric import load_user_metric
 
     model = _model_name(model_arg, model_opt)
@@ -216,7 +220,7 @@ def optimize(model_arg: str | None, model_opt: str | None, data_path: str, label
                + (" (production)" if serving == meta.version else
                   f" (named; production is v{serving})" if serving else
                   " (serving by default: no production alias)"), err=True)
-    with RichProgress() as progress:
+    with stderr_progress() as progress:  # a bar on a terminal, a line per step in a log
         report = run_optimize(
             data, x, y, task=meta.task, class_labels=meta.class_labels, options=options,
             base_settings=settings.runtime, name=model, version=meta.version, tune=tune,
@@ -256,7 +260,7 @@ def _model_name(argument: str | None, option: str | None) -> str:
 def _stderr_console() -> Any:
     from rich.console import Console
 
-    return Console(stderr=True, width=240)
+    return Console(stderr=True)
 
 
 @click.command(context_settings={"max_content_width": 100})

@@ -6,9 +6,10 @@ optimizer picks a candidate, and *evaluation* rows that give every reported figu
 the pick. Every metric carries a 95% bootstrap interval, and "within tolerance" means the
 interval's worse end is within tolerance. Candidates with a non-finite weight or answer are
 rejected before anything is measured. Latency is timed with one session alive at a time over
-interleaved passes, so a large model's siblings cannot evict it from cache and inflate figures;
-every speed-up carries an interval paired pass by pass, and only its lower end can clear the
-threshold. A candidate keeps the original's contract or is not one.
+interleaved passes, so a large model's siblings cannot evict it from cache and inflate figures,
+and each session is warmed until its timings settle, so a small model is never timed against a
+large one still warming; every speed-up carries an interval paired pass by pass, and only its
+lower end can clear the threshold. A candidate keeps the original's contract or is not one.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from redline.optimize.graph import graph_candidates
 from redline.optimize.profile import (
     METRIC_DIRECTION,
     PROPER_SCORES,
+    SETTLE,
+    WARM_SECONDS,
     Latency,
     ModelRunner,
     Outputs,
@@ -79,15 +82,18 @@ TECHNIQUES: dict[str, Technique] = {
 
 
 class Progress(Protocol):
+    """Where a run reports what it is doing: a stage (with its number of steps, if known) and
+    each step as it finishes, with what it was (a candidate's name) for logs."""
+
     def stage(self, label: str, total: int | None = None) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
+    def advance(self, n: int = 1, detail: str = "") -> None: ...
 
 
 class _Silent:
     def stage(self, label: str, total: int | None = None) -> None:
         pass
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int = 1, detail: str = "") -> None:
         pass
 
 
@@ -356,6 +362,7 @@ def optimize(
     bar.stage("building candidates", len(opts.techniques))
     for technique in opts.techniques:
         bar.stage(f"building: {technique}")
+        built, before = len(candidates), len(skipped)
         try:
             for item in TECHNIQUES[technique](model, ctx):
                 if isinstance(item, Skipped):
@@ -371,7 +378,9 @@ def optimize(
             skipped.append(Skipped(technique, technique, exc.message))
         except Exception as exc:  # one broken technique must not sink the whole run
             skipped.append(Skipped(technique, technique, f"{type(exc).__name__}: {exc}"))
-        bar.advance()
+        bar.advance(detail=f"{technique}: "
+                    + (", ".join(c.name for c in candidates[built:]) or "no candidate")
+                    + (f" ({len(skipped) - before} skipped)" if len(skipped) > before else ""))
     del original, ctx  # the teacher's session too: from here on, one session at a time
 
     allowed_bad, _ = nonfinite_weights(model)
@@ -384,23 +393,21 @@ def optimize(
                                  settings=cand.runtime_settings(base), name=cand.name)
         except RedlineError as exc:
             skipped.append(Skipped(cand.name, cand.technique, exc.message))
+            bar.advance(detail=f"{cand.name}: skipped, it does not load")
             continue
         pair = (runner.predict(x_choice), runner.predict(x_eval))
         broken = None if cand.name == "original" else contract_breaks(contract, runner, probe,
                                                                       answered)
         del runner
-        if broken:
-            rejected.append(Skipped(cand.name, cand.technique,
-                                    f"rejected: breaks the original's contract: {broken}"))
+        why = f"breaks the original's contract: {broken}" if broken else (
+            None if cand.name == "original" else
+            _why_rejected(cand, allowed_bad, outputs["original"], pair))
+        if why:
+            rejected.append(Skipped(cand.name, cand.technique, f"rejected: {why}"))
+            bar.advance(detail=f"{cand.name}: rejected")
             continue
-        if cand.name != "original":
-            ref = outputs["original"]
-            why = _why_rejected(cand, allowed_bad, ref, pair)
-            if why:
-                rejected.append(Skipped(cand.name, cand.technique, f"rejected: {why}"))
-                continue
         outputs[cand.name] = pair
-        bar.advance()
+        bar.advance(detail=cand.name)
     kept = [c for c in candidates if c.name in outputs]
 
     scorers = [_Scorer(task, yy, class_labels, user, Resamples(len(yy), opts.bootstrap, seed=k))
@@ -413,11 +420,9 @@ def optimize(
     bar.stage("measuring latency (one session at a time)", opts.passes * len(kept))
     latency = measure_latency(
         {c.name: _factory(c, task, class_labels, base) for c in kept}, x_eval, batch_sizes,
-        rounds=opts.rounds, passes=opts.passes, max_seconds=opts.max_seconds,
-        on_round=bar.advance)
-    measurement = (f"one ONNX Runtime session alive at a time; {opts.passes} interleaved passes "
-                   f"in rotating order, each loading, warming and timing one model "
-                   f"({per_pass} calls per batch size) before releasing it")
+        rounds=opts.rounds, passes=opts.passes, max_seconds=opts.max_seconds, seed=opts.seed,
+        on_round=lambda name, p: bar.advance(detail=f"pass {p + 1}/{opts.passes}: {name}"))
+    measurement = _measurement(opts, per_pass, latency)
 
     results = []
     speed = {c.name: {b: latency_ratio(latency["original"][b], latency[c.name][b])
@@ -450,6 +455,23 @@ def optimize(
         contract=contract, metric_direction=_direction(metric, user))
     choose(report, opts)
     return report
+
+
+def _measurement(opts: OptimizeOptions, per_pass: int,
+                 latency: dict[str, dict[int, Latency]]) -> str:
+    """How latency was measured, in a sentence for the reports."""
+    blocks = [lat for by_batch in latency.values() for lat in by_batch.values()]
+    calls = np.concatenate([b.warmup_calls for b in blocks if b.warmup_calls is not None])
+    capped = sum(b.unsettled for b in blocks)
+    passes = max((len(np.unique(b.passes)) for b in blocks if b.passes is not None),
+                 default=opts.passes)
+    return (f"one ONNX Runtime session alive at a time; {passes} interleaved passes, the order "
+            f"drawn at random and mirrored in the next pass; each pass loads every model in "
+            f"turn, warms it until the median of its latest calls moves by less than "
+            f"{SETTLE:.0%} (at most {WARM_SECONDS:g} s; here {int(calls.min())} to "
+            f"{int(calls.max())} calls"
+            + (f", {capped} of {calls.size} warm-ups stopped by that limit" if capped else "")
+            + f"), times {per_pass} calls per batch size and releases it")
 
 
 def _runs_as_original(cand: Candidate, model: bytes, base: RuntimeSettings) -> bool:

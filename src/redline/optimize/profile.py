@@ -1,17 +1,18 @@
 """Measure models side by side: latency (interleaved, so every model sees the same machine),
 task metrics on validation data, and how far each model's outputs move from a reference.
 
-Latency is measured in interleaved passes: in every pass each model is loaded, timed and
-released in turn, in an order that rotates, and every sample remembers its pass, so ratios
-between models can be paired pass by pass (``speed.latency_ratio``).
+Latency is measured in interleaved passes: in every pass each model is loaded, warmed until its
+timings settle, timed and released in turn, in an order drawn at random and mirrored in the next
+pass, and every sample remembers its pass, so ratios between models can be paired pass by pass
+(``speed.latency_ratio``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -239,6 +240,14 @@ def answer_difference(reference: np.ndarray, scores: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ latency
+# Warm-up ends when the median of the latest calls moves by at most this share...
+SETTLE = 0.03
+# ...but not before this long (a fade slower than the checks' windows looks flat in them)...
+WARM_MIN_SECONDS = 0.02
+# ...and never longer than this, per session and batch size.
+WARM_SECONDS = 1.0
+
+
 @dataclass
 class Latency:
     """Per-call latency samples at one batch size, in microseconds."""
@@ -247,6 +256,9 @@ class Latency:
     samples_us: np.ndarray = field(repr=False)
     # the interleaved pass each sample was timed in: speed-ups are paired pass by pass
     passes: np.ndarray | None = field(default=None, repr=False)
+    # warm-up calls before each timed block, and how many blocks began before timings settled
+    warmup_calls: np.ndarray | None = field(default=None, repr=False)
+    unsettled: int = 0
 
     def per_pass(self, q: float) -> np.ndarray:
         """The ``q``-th percentile of each pass's samples, in pass order."""
@@ -268,16 +280,66 @@ class Latency:
         return self.p50_us / self.batch_size
 
     def to_dict(self) -> dict[str, float]:
-        return {"batch_size": self.batch_size, "p50_us": round(self.p50_us, 2),
-                "p99_us": round(self.p99_us, 2), "per_row_us": round(self.per_row_us, 3),
-                "samples": int(self.samples_us.size)}
+        d = {"batch_size": self.batch_size, "p50_us": round(self.p50_us, 2),
+             "p99_us": round(self.p99_us, 2), "per_row_us": round(self.per_row_us, 3),
+             "samples": int(self.samples_us.size)}
+        if self.warmup_calls is not None and self.warmup_calls.size:
+            d["warmup_calls_median"] = int(np.median(self.warmup_calls))
+            d["warmup_unsettled"] = self.unsettled
+        return d
 
 
-RunnerFactory = Callable[[], ModelRunner]
+class Timed(Protocol):
+    """What latency is measured on: a ``ModelRunner``, or anything that runs prepared feeds."""
+
+    def feed(self, x: np.ndarray) -> Any: ...
+
+    def run_feed(self, feed: Any) -> Any: ...
+
+
+RunnerFactory = Callable[[], Timed]
+Clock = Callable[[], int]  # nanoseconds
+
+
+def warm_until_stable(model: Timed, feeds: list[Any], *, min_calls: int = 10,
+                      settle: float = SETTLE, min_ns: float = WARM_MIN_SECONDS * 1e9,
+                      max_ns: float = WARM_SECONDS * 1e9,
+                      clock: Clock = time.perf_counter_ns) -> tuple[int, bool]:
+    """Run ``model`` until its latency stops moving; return (calls made, whether it settled).
+
+    Calls run in doubling chunks. Once ``min_ns`` has passed, after each chunk the median of
+    the latest half of all the warm-up calls is compared with the median of the quarter before
+    it, and the timings have settled when two checks in a row find them within ``settle`` of
+    each other. The windows grow, so each check is steadier than the last and reaches further
+    back: a slowly fading warm-up (a large tree ensemble fills the caches with its node tables
+    a path at a time) looks flat over a few calls, but not over twice as many, so it is not
+    taken for stable while it still fades.
+    """
+    times: list[int] = []
+    start = clock()
+    chunk, steady = max(min_calls, 8), 0
+    while True:
+        for _ in range(chunk):
+            t0 = clock()
+            model.run_feed(feeds[len(times) % len(feeds)])
+            t1 = clock()
+            times.append(t1 - t0)
+            if t1 - start >= max_ns:
+                break
+        n, spent = len(times), clock() - start
+        if spent >= min_ns:
+            latest = float(np.median(times[n // 2:]))
+            before = float(np.median(times[n // 4:n // 2])) if n >= 4 else 0.0
+            steady = steady + 1 if before > 0 and abs(latest / before - 1) <= settle else 0
+            if steady == 2:
+                return n, True
+        if spent >= max_ns:
+            return n, False
+        chunk = n
 
 
 def measure_latency(
-    models: dict[str, RunnerFactory] | dict[str, ModelRunner],
+    models: Mapping[str, RunnerFactory | Timed],
     x: np.ndarray,
     batch_sizes: list[int],
     *,
@@ -285,20 +347,32 @@ def measure_latency(
     passes: int = 5,
     warmup: int = 10,
     max_seconds: float | None = None,
-    on_round: Callable[[], None] | None = None,
+    on_round: Callable[[str, int], None] | None = None,
+    settle: float = SETTLE,
+    warm_seconds: float = WARM_SECONDS,
+    seed: int = 0,
+    clock: Clock = time.perf_counter_ns,
 ) -> dict[str, dict[int, Latency]]:
     """Latency of every model at every batch size, one session alive at a time.
 
-    Each of ``passes`` passes visits every model in a rotating order: the model's session is
-    created, warmed up and timed for ``rounds / passes`` calls per batch size, then released
-    before the next model's session exists. So no model is timed while another model's weights
-    compete for the same caches (four sessions of a 64 MB forest evict each other and inflate
-    every figure), and machine noise still falls on all models alike, pass after pass.
+    In each of ``passes`` passes every model's session is created, warmed until its timings
+    stop moving (``warm_until_stable``, at least ``warmup`` calls, at most ``warm_seconds``),
+    timed for ``rounds / passes`` calls per batch size, and released before the next model's
+    session exists. So no model is timed while another model's weights compete for the same
+    caches (four sessions of a 64 MB forest evict each other and inflate every figure), and
+    a small model that warms in a few calls is not timed against a large one still warming.
+
+    The order of the models is drawn at random for every other pass and reversed for the pass
+    after it: a drift of the machine's speed during a pair of passes falls on every model
+    alike, and whatever running after a particular model does to the next one changes from
+    pass to pass, so it shows in the spread of the paired ratios (``speed.latency_ratio``)
+    instead of biasing them.
 
     ``models`` maps names to factories that build a fresh ``ModelRunner`` (the honest way);
     ready runners are accepted too and are then shared across passes (tests, tiny models).
-    ``max_seconds`` bounds the wall time per batch size: passes stop early (every model keeps
-    the same number of samples) so a slow model cannot stall a CI job.
+    ``max_seconds`` bounds the wall time per batch size: passes stop early, after a whole pair
+    (every model keeps the same number of samples), so a slow model cannot stall a CI job.
+    ``on_round`` is called with a model's name and the pass after each of its timed blocks.
     """
     if len(x) == 0:
         raise InvalidInput("no rows to measure latency on")
@@ -306,21 +380,28 @@ def measure_latency(
     per_pass = max(1, -(-rounds // max(1, passes)))
     samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in names}
     pass_of: dict[str, dict[int, list[int]]] = {n: {b: [] for b in batch_sizes} for n in names}
+    warmed: dict[str, dict[int, list[int]]] = {n: {b: [] for b in batch_sizes} for n in names}
+    unsettled = {n: dict.fromkeys(batch_sizes, 0) for n in names}
     blocks = {size: [np.take(x, np.arange(start, start + size) % len(x), axis=0)
                      for start in range(0, max(len(x), size), max(size, 1))][:16]
               for size in batch_sizes}
-    clock = time.perf_counter_ns
-    budget = max_seconds * len(batch_sizes) if max_seconds else None
-    started = time.monotonic()
+    budget_ns = max_seconds * len(batch_sizes) * 1e9 if max_seconds else None
+    rng = np.random.default_rng(seed)
+    order = names
+    started = clock()
     for p in range(max(1, passes)):
-        shift = p % len(names)
-        for name in names[shift:] + names[:shift]:
+        order = [names[i] for i in rng.permutation(len(names))] if p % 2 == 0 else order[::-1]
+        for name in order:
             source = models[name]
-            runner = source if isinstance(source, ModelRunner) else source()
+            runner: Timed = source() if callable(source) else source
             for size in batch_sizes:
                 feeds = [runner.feed(b) for b in blocks[size]]
-                for i in range(warmup):
-                    runner.run_feed(feeds[i % len(feeds)])
+                calls, settled = warm_until_stable(runner, feeds, min_calls=warmup,
+                                                   settle=settle, max_ns=warm_seconds * 1e9,
+                                                   min_ns=min(WARM_MIN_SECONDS, warm_seconds)
+                                                   * 1e9, clock=clock)
+                warmed[name][size].append(calls)
+                unsettled[name][size] += not settled
                 out = samples[name][size]
                 for r in range(per_pass):
                     feed = feeds[(p * per_pass + r) % len(feeds)]
@@ -330,9 +411,10 @@ def measure_latency(
                 pass_of[name][size].extend([p] * per_pass)
             del runner  # released before the next model's session is created
             if on_round is not None:
-                on_round()
-        if budget is not None and p >= 1 and time.monotonic() - started > budget:
+                on_round(name, p)
+        if budget_ns is not None and p % 2 == 1 and clock() - started > budget_ns:
             break
     return {name: {size: Latency(size, np.asarray(samples[name][size][:rounds]),
-                                 np.asarray(pass_of[name][size][:rounds]))
+                                 np.asarray(pass_of[name][size][:rounds]),
+                                 np.asarray(warmed[name][size]), unsettled[name][size])
                    for size in batch_sizes} for name in names}
