@@ -222,6 +222,16 @@ def _ingest(args: argparse.Namespace, command: list[str], runs: list[dict]) -> O
                      spread([r[f"throughput_{name}"]["vs_floor"] for r in runs]) + "x"])
         targets.append(Target(f"ingest, {label}, one process", ">=", bound,
                               statistics.median(rate), unit=" ev/s", spread=_range(rate)))
+    kinesis = [r for r in runs if "throughput_kinesis_1_view_6_features" in r]
+    if kinesis:  # kinesalite installed (tools/services.d): Kinesis beside its own floor
+        floor = [r["floor_kinesis_get_records_decode"]["events_per_s"] for r in kinesis]
+        rows.append(["floor: boto3 `GetRecords` + orjson decode, kinesalite, 4 shards",
+                     spread(floor), "—"])
+        rows.append(["redline, Kinesis (kinesalite), 1 view, 1 process",
+                     spread([r["throughput_kinesis_1_view_6_features"]["events_per_s"]
+                             for r in kinesis]),
+                     spread([r["throughput_kinesis_1_view_6_features"]["vs_floor"]
+                             for r in kinesis]) + "x of its floor"])
     lines = [_stamp(args, command, rounds=len(runs)), "",
              *table(["case (median, min–max over rounds)", "events/s", "vs the raw `HSET` floor"],
                     rows), "", *targets_table(targets)]

@@ -6,6 +6,11 @@
 * throughput: a stream pre-filled with N events is drained by one StreamConsumer (consumer
   group, exactly-once Lua apply + XACK per batch); events/s = N / drain time; against the raw
   write floor in the same run (a redis-py pipeline of plain HSETs, one per tile update).
+* Kinesis: the same events put to a 4-shard stream of kinesalite (Kinesis's API, installed by
+  tools/services.d; skipped when it is not there) are drained by one ``KinesisSource``
+  (GetRecords, decode, exactly-once Lua apply with sequence-number marks, checkpoints), against
+  its floor in the same run: boto3 GetRecords of the same records, decoded with orjson and
+  discarded. kinesalite is a test double, not AWS: its rate is the ceiling a local run can show.
 * freshness: a producer process XADDs at each of --rates events/s (event time = send time) while the
   consumer runs; freshness = time the batch became visible in Redis - event time, p50/p99.
 """
@@ -91,6 +96,64 @@ def drain(defs: FeatureDefinitions, url: str, stream: str, n: int, batch: int) -
     return time.perf_counter() - t0
 
 
+def kinesis(url: str, n: int, batch: int) -> dict[str, object]:
+    """Kinesis throughput of one process (1 view) and its floor, on kinesalite; {} without it."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from redline.features.ingest.kinesis import KinesisSource
+    from tests.features.kinesalite import REGION, Kinesalite, available
+
+    if available() is not None:
+        return {}
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    server = Kinesalite(Path(tempfile.mkdtemp())).start()
+    try:
+        server.create_stream("bench", 4)
+        client = server.client()
+        now = int(time.time() * 1000)
+        for start in range(0, n, 500):
+            records = [{"Data": payload(i, now), "PartitionKey": f"c{i % 10000}"}
+                       for i in range(start, min(n, start + 500))]
+            while records:
+                got = client.put_records(StreamName="bench", Records=records)
+                records = [r for r, res in zip(records, got["Records"], strict=True)
+                           if "ErrorCode" in res]
+        # floor: every shard read to its end, each record decoded and dropped
+        t0 = time.perf_counter()
+        seen = 0
+        for shard in client.list_shards(StreamName="bench")["Shards"]:
+            it = client.get_shard_iterator(StreamName="bench", ShardId=shard["ShardId"],
+                                           ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+            while True:
+                page = client.get_records(ShardIterator=it, Limit=batch)
+                for r in page["Records"]:
+                    orjson.loads(r["Data"])
+                seen += len(page["Records"])
+                if not page["Records"]:
+                    break
+                it = page["NextShardIterator"]
+        floor = time.perf_counter() - t0
+        src = KinesisSource(one_view(), RedisStore(url, timeout_ms=5000), stream="bench",
+                            region=REGION, endpoint_url=server.endpoint, batch=batch)
+        settle_heap()
+        t0 = time.perf_counter()
+        done = 0
+        while done < n:
+            done += src.poll()
+        dt = time.perf_counter() - t0
+        src.close()
+        return {"floor_kinesis_get_records_decode": {"events": seen, "seconds": round(floor, 2),
+                                                     "events_per_s": round(seen / floor)},
+                "throughput_kinesis_1_view_6_features": {
+                    "events": n, "seconds": round(dt, 2), "events_per_s": round(n / dt),
+                    "vs_floor": round(floor / dt, 3)}}
+    finally:
+        server.kill()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=200_000)
@@ -98,6 +161,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--no-freshness", action="store_true", help="throughput and floors only")
+    ap.add_argument("--no-kinesis", action="store_true", help="leave the Kinesis source out")
     args = ap.parse_args()
     proc, url = start_redis()
     results: dict[str, object] = {}
@@ -115,6 +179,8 @@ def main() -> None:
                                              "tile_updates_per_event": ops,
                                              "vs_floor": round(args.events / dt
                                                                / floor["events_per_s"], 3)}
+        if not args.no_kinesis:
+            results.update(kinesis(url, args.events, args.batch))
         # freshness at paced rates, single view
         for rate in [] if args.no_freshness else [int(r) for r in args.rates.split(",")]:
             stream = f"bench:fresh:{rate}"

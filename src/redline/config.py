@@ -364,6 +364,11 @@ class FeatureSettings:
     kafka_group: str = "redline-ingest"  # consumer group of `redline ingest kafka`
     # any librdkafka setting, e.g. security.protocol, sasl.mechanism, sasl.username, ssl.ca.location
     kafka_config: dict[str, str] = field(default_factory=dict)
+    # `redline ingest kinesis` (redline[kinesis]): records keyed by entity id, JSON data;
+    # AWS credentials as the AWS CLI finds them (environment, profile, role)
+    kinesis_stream: str = "redline-events"  # the stream `redline ingest kinesis` reads
+    kinesis_region: str | None = None  # its AWS region (unset: the AWS_REGION variable)
+    kinesis_endpoint_url: str | None = None  # a Kinesis-compatible endpoint (unset: AWS's)
 
     RULES: ClassVar[Rules] = {
         "store": OneOf(("memory", "redis")), "redis_timeout_ms": POSITIVE,

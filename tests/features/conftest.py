@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.features.kinesalite import kinesalite  # noqa: F401 - the Kinesis tests' stream
 
 
 class KafkaBroker:

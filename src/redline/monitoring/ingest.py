@@ -1,4 +1,5 @@
-"""Prometheus metrics for an ingest process: events, dead letters, freshness, consumer lag.
+"""Prometheus metrics for an ingest process: events, dead letters, freshness, consumer lag
+(Kinesis: how far each shard's reader is behind the stream's tip).
 
 Ingest runs in its own processes (``redline ingest ...``). :class:`MeteredSource` wraps any
 ingest source (the ``Source`` protocol of ``features/ingest/loop.py``) and, at most once a
@@ -38,6 +39,10 @@ class IngestMetrics:
                          "messages (Kafka: high watermark - position) not yet consumed.",
                          ["source", "stream_or_topic", "partition"], registry=reg,
                          multiprocess_mode="livemax")
+        self.behind = Gauge("redline_ingest_behind_latest_seconds", "How far the last record "
+                            "read from a shard is behind the tip of the stream (Kinesis "
+                            "MillisBehindLatest).", ["source", "stream_or_topic", "partition"],
+                            registry=reg, multiprocess_mode="livemax")
         self._last: dict[str, float] = {}
 
     def update(self, stats: dict[str, Any]) -> None:
@@ -58,6 +63,11 @@ class IngestMetrics:
         for name, partition, lag in lags:
             self.lag.labels(kind, name, partition).set(float(lag))
 
+    def update_behind(self, kind: str, behind: list[tuple[str, str, int]]) -> None:
+        """Set the behind-latest gauge from a source's ``behind_latest()`` (milliseconds)."""
+        for name, shard, ms in behind:
+            self.behind.labels(kind, name, shard).set(ms / 1000.0)
+
     def _count(self, child: Any, key: str, total: float) -> None:
         last = self._last.get(key, 0.0)
         if total > last:
@@ -72,7 +82,8 @@ class MeteredSource:
         self.inner = source
         self.metrics = metrics
         self.every_s = every_s
-        self.kind = "kafka" if hasattr(source, "topic") else "redis-stream"
+        self.kind = getattr(source, "source_kind", None) or (
+            "kafka" if hasattr(source, "topic") else "redis-stream")
         self._next = 0.0
 
     def poll(self) -> int:
@@ -97,6 +108,9 @@ class MeteredSource:
                 self.metrics.update_lag(self.kind, lag())
             except Exception as exc:  # noqa: BLE001 - metrics never stop ingest
                 log.debug("consumer lag not sampled: %s", exc)
+        behind = getattr(self.inner, "behind_latest", None)
+        if behind is not None:
+            self.metrics.update_behind(self.kind, behind())
 
     def reset(self) -> None:
         self.inner.reset()

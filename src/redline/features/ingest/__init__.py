@@ -4,6 +4,7 @@
 * :mod:`.loop` — the :class:`Source` interface and :func:`run_source`, the one loop.
 * :mod:`.redis_streams` — Redis Streams consumer groups (:class:`StreamConsumer`).
 * :mod:`.kafka` — Kafka consumer groups (``redline[kafka]``; imported on use).
+* :mod:`.kinesis` — every shard of a Kinesis stream (``redline[kinesis]``; imported on use).
 * :mod:`.files` — JSONL/CSV/Parquet replay (:func:`replay_file`).
 * :mod:`.http` — ``POST /v1/events`` (:func:`handle_events`, :func:`events_asgi_app`).
 """

@@ -2,7 +2,7 @@
 
 A source reads a batch from its log, decodes it with the shared decoder and hands it to the store
 together with its log positions, so that the tiles and the positions change in one atomic step
-(exactly-once effect). Adding another log (Kinesis, Pulsar, NATS JetStream) is one module with the
+(exactly-once effect). Adding another log (Pulsar, NATS JetStream) is one module with the
 five methods of :class:`Source`; see docs/features.md, "Adding a source".
 """
 

@@ -404,6 +404,37 @@ def positioned_call(topic: str, positions: Sequence[tuple[int, int]], batch: Upd
     return keys, [*head, *tail]
 
 
+SEQUENCE_DIGITS = 129  # a Kinesis sequence number: 0|([1-9][0-9]{0,128}) (its API reference)
+
+
+def sequence_digits(seq: str) -> str:
+    """A sequence number as the write script compares and stores it: 129 decimal digits,
+    zero-padded, so the order of the strings is the order of the numbers, exactly."""
+    if not seq.isdigit() or not seq.isascii() or len(seq) > SEQUENCE_DIGITS:
+        raise ValueError(f"a sequence number is up to {SEQUENCE_DIGITS} decimal digits, got "
+                         f"{seq[:40]!r}")
+    return seq.rjust(SEQUENCE_DIGITS, "0")
+
+
+def sequenced_head(stream: str, positions: Sequence[tuple[str, str]]) -> list[Any]:
+    """The head of the write script's mode 4 (a sharded log whose positions are decimal numbers
+    beyond 2^53, such as Kinesis): ``positions[tag]`` is event ``tag``'s (shard id, sequence
+    number as its decimal string)."""
+    shards: dict[str, int] = {}
+    index = [str(shards.setdefault(shard, len(shards))) for shard, _ in positions]
+    digits = "".join([sequence_digits(seq) for _, seq in positions])
+    return ["4", stream, ",".join(index), digits, ",".join(shards)]
+
+
+def sequenced_call(stream: str, positions: Sequence[tuple[str, str]], batch: UpdateBatch
+                   ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the write script applying events of a sharded log exactly once (mode 4;
+    see :func:`sequenced_head`)."""
+    head = sequenced_head(stream, positions)
+    keys, tail = write_call(batch, head)
+    return keys, [*head, *tail]
+
+
 class SentCommand:
     """A command sent on a connection of its own, its reply read later (:meth:`result`)."""
 
@@ -561,6 +592,19 @@ class RedisStore:
             self.send(*positioned_call(topic, positions, batch)).result()
             return
         head = ["2", topic, array("d", chain.from_iterable(positions)).tobytes()]
+        guarded(self.url, lambda: self._cluster_write(batch, head))
+
+    def write_sequenced(self, stream: str, positions: Sequence[tuple[str, str]],
+                        batch: UpdateBatch) -> None:
+        """Exactly-once apply of events from a sharded log whose positions are decimal strings
+        (Kinesis): ``positions[tag]`` is event ``tag``'s (shard id, sequence number). As
+        :meth:`write_positioned`, with the highest sequence number per shard kept exactly."""
+        if not batch.ops:
+            return
+        if not self.cluster:
+            self.send(*sequenced_call(stream, positions, batch)).result()
+            return
+        head = sequenced_head(stream, positions)
         guarded(self.url, lambda: self._cluster_write(batch, head))
 
     def write_stream_entries(self, ids: Sequence[bytes | str], batch: UpdateBatch,

@@ -11,7 +11,8 @@ batch's write touches it once per entity for all views and a read gets them with
 field ``pack('<dI', group tag, slot)`` (12 bytes; group tag = ``events.view_tag`` + tile group)
 holds one tile: ``pack('<dd', group tag, tile)`` followed by eleven doubles (n, sum,
 compensation, running mean, m2, min, max, last ts, last arrival, last stable id, last value) or
-256 HyperLogLog registers; fields ``@o:<topic>:<partition>`` hold Kafka positions (8 bytes).
+256 HyperLogLog registers; fields ``@o:<topic>:<partition>`` hold Kafka positions (8 bytes),
+fields ``@k:<stream>:<shard>`` Kinesis sequence numbers (129 decimal digits).
 Reads send back one packed string of doubles per entity, so the reply stays small however many
 tiles were merged (measured against a pipeline of HMGETs in ``benchmarks/features``).
 """

@@ -15,6 +15,31 @@ if mode == 2 then
   topic, positions = ARGV[2], ARGV[3]
   p = 4
 end
+-- mode 4 (a sharded log such as Kinesis, whose positions are decimal numbers of up to 129 digits,
+-- far beyond a double's 2^53): ARGV[2] the stream, ARGV[3] each event's shard (an index into
+-- ARGV[5], the comma-separated shard ids), comma-separated by tag, and ARGV[4] each event's
+-- sequence number as 129 decimal digits (zero-padded), by tag. As in mode 2 each key keeps, per
+-- shard, the highest sequence number applied to it (field '@k:<stream>:<shard>': those 129
+-- digits, exact; a length no tile has) and skips an update whose number is not above it.
+local SEQ = 129
+local sharded, sshard, seqs = false, {}, nil
+if mode == 4 then
+  topic, sharded, seqs = ARGV[2], true, ARGV[4]
+  local ids = {}
+  for s in string.gmatch(ARGV[5], '[^,]+') do ids[#ids + 1] = s end
+  for i in string.gmatch(ARGV[3], '%d+') do sshard[#sshard + 1] = ids[tonumber(i) + 1] end
+  p = 6
+end
+-- a <= b for two sequence numbers of SEQ digits, compared 15 digits at a time (exact in a
+-- double, and free of the string collation Redis sets from its locale)
+local function seq_le(a, b)
+  if a == b then return true end
+  for i = 1, SEQ, 15 do
+    local x, y = tonumber(string.sub(a, i, i + 14)), tonumber(string.sub(b, i, i + 14))
+    if x ~= y then return x < y end
+  end
+  return true
+end
 -- mode 3 (Redis Streams on a cluster, where the stream and the tiles live on different shards):
 -- ARGV[2] a window in ms, ARGV[3] each event's stream entry id (ms, seq) as packed doubles by tag.
 -- Each key remembers the entry ids applied to it (the sorted set of event ids, scored by entry
@@ -134,14 +159,24 @@ for r = 1, #runs, 16 do
         names[#names + 1] = '@o:' .. topic .. ':' .. part
         pmark[part] = #names
       end
+    elseif sharded then
+      local part = sshard[unpack_('<I', ops, q + 31) + 1]
+      if pmark[part] == nil then
+        names[#names + 1] = '@k:' .. topic .. ':' .. part
+        pmark[part] = #names
+      end
     end
   end
   local st = chunked('HMGET', key, names)
   local dirty = {}
   local w, mark = {}, {}  -- mode 2: per partition, the stored and the new highest offset
   for part, mi in pairs(pmark) do
-    w[part] = -1
-    if st[mi] then w[part] = unpack_('<d', st[mi]) end
+    if sharded then
+      w[part] = st[mi]  -- false: nothing of this shard applied to the key yet
+    else
+      w[part] = -1
+      if st[mi] then w[part] = unpack_('<d', st[mi]) end
+    end
   end
   local started = false
   local o = 0
@@ -155,6 +190,13 @@ for r = 1, #runs, 16 do
       if off <= w[part] then
         apply = false
       elseif mark[part] == nil or mark[part] < off then
+        mark[part] = off
+      end
+    elseif sharded then
+      local part, off = sshard[tag + 1], ssub(seqs, tag * SEQ + 1, tag * SEQ + SEQ)
+      if w[part] and seq_le(off, w[part]) then
+        apply = false
+      elseif mark[part] == nil or not seq_le(off, mark[part]) then
         mark[part] = off
       end
     end
@@ -238,8 +280,13 @@ for r = 1, #runs, 16 do
     set[#set + 1] = st[fi]
   end
   for part, off in pairs(mark) do
-    set[#set + 1] = '@o:' .. topic .. ':' .. part
-    set[#set + 1] = pack('<d', off)
+    if sharded then
+      set[#set + 1] = '@k:' .. topic .. ':' .. part
+      set[#set + 1] = off
+    else
+      set[#set + 1] = '@o:' .. topic .. ':' .. part
+      set[#set + 1] = pack('<d', off)
+    end
   end
   if #set > 0 then chunked('HSET', key, set) end
   if next(dirty) ~= nil then
