@@ -82,7 +82,9 @@ def cache_root() -> Path:
 
 def oldest_venv() -> Path:
     """The venv for this pyproject.toml: built under a lock (one builder at a time, the others
-    wait and reuse it), marked complete only when pip succeeded; older ones are removed."""
+    wait and reuse it), marked complete only when pip succeeded. Each use touches the mark;
+    venvs of other pyproject.tomls unused for a day are removed (another checkout may be
+    using one right now)."""
     reqs = requirements()
     key = hashlib.sha256(PYPROJECT.read_bytes() + "\n".join(reqs).encode()).hexdigest()[:16]
     root = cache_root()
@@ -91,9 +93,14 @@ def oldest_venv() -> Path:
     with (root / "oldest-protobuf.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (venv / "complete").exists():
+            (venv / "complete").touch()
             return venv
         for old in root.glob("oldest-protobuf-*"):
-            shutil.rmtree(old, ignore_errors=True)
+            mark = old / "complete"
+            used = mark.stat().st_mtime if mark.exists() else old.stat().st_mtime
+            if old != venv and time.time() - used > 86400:
+                shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)  # a build that did not finish
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         pip = subprocess.run(
             [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
