@@ -389,6 +389,10 @@ class MonitoringSettings:
     # where spans go over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces (needs [otel]);
     # unset: no export
     otlp_endpoint: str | None = None
+    # otlp (to otlp_endpoint) | zipkin: the same spans as Zipkin v2 JSON to zipkin_endpoint
+    trace_exporter: str = "otlp"
+    # where Zipkin v2 JSON goes, e.g. http://127.0.0.1:9411/api/v2/spans (trace_exporter: zipkin)
+    zipkin_endpoint: str | None = None
     trace_sample_ratio: float = 0.01  # head sampling; a sampled traceparent is always kept
     trace_slow_ms: float | None = None  # tail keep: slower than this (default: the model's SLO)
     trace_queue_size: int = 2048  # records waiting for export; beyond it they are dropped, counted
@@ -420,7 +424,8 @@ class MonitoringSettings:
     alert_max_interval_s: float = 3600.0  # longest wait between repeats (doubling from the first)
 
     RULES: ClassVar[Rules] = {
-        "tick_s": POSITIVE, "trace_sample_ratio": SHARE, "trace_slow_ms": POSITIVE,
+        "tick_s": POSITIVE, "trace_sample_ratio": SHARE,
+        "trace_exporter": OneOf(("otlp", "zipkin")), "trace_slow_ms": POSITIVE,
         "trace_queue_size": AT_LEAST_1, "slow_log_size": AT_LEAST_1,
         "drift_window_rows": AT_LEAST_1, "drift_min_rows": AT_LEAST_1,
         "window_rows_per_s": AT_LEAST_0,  # 0 = every row

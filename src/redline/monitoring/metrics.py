@@ -461,7 +461,8 @@ class PrometheusExport:
                               "the join|duplicate: its prediction had a label already).",
                               ["outcome"], registry=reg)
         self.trace_dropped = Counter("redline_trace_spans_dropped", "Requests whose spans were "
-                                     "dropped because the export queue was full.", registry=reg)
+                                     "dropped: the export queue was full, or the trace endpoint "
+                                     "refused them or did not answer.", registry=reg)
         self.review_queued = Counter("redline_review_queued", "Requests sampled into the review "
                                      "queue, by reason.", ["model", "reason"], registry=reg)
         self.rollbacks = Counter("redline_rollout_rollbacks", "Rollouts this process rolled "

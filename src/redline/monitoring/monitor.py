@@ -140,10 +140,10 @@ class ServerMonitor:
                                     folder=self._version_folder)
         self.export = PrometheusExport(self.buckets, self._objective_s)
         self.tracing: Any = None
-        if trace_exporter is None and mon.otlp_endpoint:
-            from redline.monitoring.tracing import otlp_exporter
+        if trace_exporter is None:
+            from redline.monitoring.tracing import span_sink
 
-            trace_exporter = otlp_exporter(mon.otlp_endpoint)
+            trace_exporter = span_sink(mon)  # OTLP or Zipkin, as configured; None: off
         if trace_exporter is not None:
             self.use_trace_exporter(trace_exporter)
         self.alerts: Any = None

@@ -19,8 +19,11 @@ is full the record is dropped and counted: export never blocks a request.
 
 The parent of a request's span is the caller's ``traceparent`` (HTTP header or gRPC metadata),
 so redline's spans join the caller's trace. Spans go over OTLP/HTTP (protobuf) when
-``monitoring.otlp_endpoint`` is set (``pip install 'redline[otel]'``); nothing is exported by
-default.
+``monitoring.otlp_endpoint`` is set (``pip install 'redline[otel]'``), or as Zipkin v2 JSON to
+``monitoring.zipkin_endpoint`` with ``monitoring.trace_exporter: zipkin`` (no extra needed: the
+same spans, ids and attributes, as Zipkin's span model says them); nothing is exported by
+default. A batch the endpoint refuses or never answers is dropped and counted (one warning line
+per outage), never retried: serving does not wait for it.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def sampled_flag(traceparent: str | None) -> bool:
 
 class SpanSink(Protocol):
     """Where encoded spans go: ``send`` one OTLP ``ExportTraceServiceRequest`` (protobuf
-    bytes); raising means the batch was not delivered (counted, never retried)."""
+    bytes), or what the sink's own ``encode(records, service)`` makes when it has one (Zipkin
+    JSON); raising means the batch was not delivered (dropped and counted, never retried)."""
 
     def send(self, payload: bytes) -> None: ...
 
@@ -90,6 +94,9 @@ class TraceExport:
                  slow_ms: Callable[[str], float] | float = 100.0,
                  queue_size: int = 2048, service: str = "redline") -> None:
         self.sink = sink
+        # the sink's wire format: OTLP protobuf unless it encodes spans its own way (Zipkin)
+        self._encode: Callable[[list[RequestRecord], str], bytes] = (
+            getattr(sink, "encode", None) or encode_spans)
         self.sample_ratio = sample_ratio
         self.service = service
         self._slow_ms = slow_ms
@@ -203,11 +210,12 @@ class TraceExport:
             while queue:
                 batch = [queue.popleft() for _ in range(min(BATCH, len(queue)))]
                 try:
-                    self.sink.send(encode_spans(batch, self.service))
+                    self.sink.send(self._encode(batch, self.service))
                     self.exported += len(batch)
                 except Exception as exc:  # noqa: BLE001 - an outage must not kill the thread
                     self.failed_exports += len(batch)
-                    self._outage.failed(exc, f"for {len(batch)} requests")
+                    self.dropped += len(batch)  # not delivered, as a full queue's are not
+                    self._outage.failed(exc, f"for {len(batch)} requests, dropped")
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far is exported (tests, shutdown)."""
@@ -307,18 +315,24 @@ class OtlpHttpSink:
     """Posts OTLP/HTTP protobuf to a collector (``monitoring.otlp_endpoint``), on one kept-alive
     connection; a failed post is reported to the caller and the connection made again."""
 
+    setting = "monitoring.otlp_endpoint"
+    example = "http://127.0.0.1:4318/v1/traces"
+    content_type = "application/x-protobuf"
+    receiver = "the OTLP collector"
+
     def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
         url = urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             from redline.errors import ConfigError
 
-            raise ConfigError(f"monitoring.otlp_endpoint must be an http(s) URL, got "
-                              f"{endpoint!r} (e.g. http://127.0.0.1:4318/v1/traces)")
+            raise ConfigError(f"{self.setting} must be an http(s) URL, got "
+                              f"{endpoint!r} (e.g. {self.example})")
         self.endpoint = endpoint
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port
-        self._path = (url.path or "/v1/traces") + (f"?{url.query}" if url.query else "")
+        self._path = (url.path or urlsplit(self.example).path) + (
+            f"?{url.query}" if url.query else "")
         self._timeout = timeout_s
         self._conn: Any = None
 
@@ -330,14 +344,14 @@ class OtlpHttpSink:
             self._conn = kind(self._host, self._port, timeout=self._timeout)
         try:
             self._conn.request("POST", self._path, payload,
-                               {"content-type": "application/x-protobuf"})
+                               {"content-type": self.content_type})
             response = self._conn.getresponse()
             response.read()
         except Exception:
             self.close()
             raise
         if not 200 <= response.status < 300:
-            raise RuntimeError(f"the OTLP collector answered {response.status} "
+            raise RuntimeError(f"{self.receiver} answered {response.status} "
                                f"{response.reason} at {self.endpoint}")
 
     def close(self) -> None:
@@ -357,3 +371,79 @@ def otlp_exporter(endpoint: str) -> OtlpHttpSink:
         raise ConfigError("monitoring.otlp_endpoint is set but the OTLP protobuf messages are "
                           "not installed: pip install 'redline[otel]'") from None
     return OtlpHttpSink(endpoint)
+
+
+class ZipkinHttpSink(OtlpHttpSink):
+    """Posts Zipkin v2 JSON (``POST /api/v2/spans``) to ``monitoring.zipkin_endpoint``: Zipkin
+    itself, Jaeger's or the OpenTelemetry Collector's Zipkin receiver, Datadog's Agent."""
+
+    setting = "monitoring.zipkin_endpoint"
+    example = "http://127.0.0.1:9411/api/v2/spans"
+    content_type = "application/json"
+    receiver = "the Zipkin endpoint"
+
+    @staticmethod
+    def encode(records: list[RequestRecord], service: str = "redline") -> bytes:
+        return encode_zipkin(records, service)
+
+
+def _micros(ns: int) -> int:
+    return ns // 1000
+
+
+def encode_zipkin(records: list[RequestRecord], service: str = "redline") -> bytes:
+    """Kept records as one Zipkin v2 ``ListOfSpans`` (JSON): the spans :func:`encode_spans`
+    makes, in Zipkin's model — lowercase hex ids, ``parentId`` for nesting, epoch microseconds
+    and durations of at least 1 µs, ``localEndpoint.serviceName``, the attributes as string
+    tags, and ``error`` (the status) on a failed request's server span."""
+    import orjson
+
+    spans: list[dict[str, Any]] = []
+    endpoint = {"serviceName": service.lower()}
+    for r in records:
+        caller = r.traceparent
+        parent = parse_traceparent(caller) if caller is not None else None
+        trace = r.trace_id or (parent[0] if parent is not None else os.urandom(16).hex())
+        ids = os.urandom(8 * (len(r.spans) + 1)).hex()
+        root_id = r.span_id or ids[-16:]
+        base = r.wall_ns - r.start_ns
+        start = r.wall_ns
+        tags = {"redline.api": r.api, "redline.transport": r.transport,
+                "redline.model": r.model, "redline.model_version": r.version,
+                "redline.path": r.path, "redline.status": r.status, "redline.rows": str(r.rows)}
+        if r.request_id:
+            tags["redline.request_id"] = r.request_id
+        if r.status != "ok":
+            tags["error"] = r.status
+        root: dict[str, Any] = {
+            "traceId": trace, "id": root_id, "name": f"redline {r.api} {r.model}".lower(),
+            "kind": "SERVER", "timestamp": _micros(start),
+            "duration": max(1, _micros((r.end_ns or r.start_ns) - r.start_ns)),
+            "localEndpoint": endpoint, "tags": tags}
+        if parent is not None and caller is not None:
+            root["parentId"] = caller[36:52]
+        spans.append(root)
+        for i, (stage, begin, stop) in enumerate(r.spans):
+            spans.append({"traceId": trace, "id": ids[16 * i: 16 * i + 16], "parentId": root_id,
+                          "name": stage.lower(), "timestamp": _micros(base + begin),
+                          "duration": max(1, _micros(stop - begin)),
+                          "localEndpoint": endpoint})
+    return orjson.dumps(spans)
+
+
+def span_sink(monitoring: Any) -> OtlpHttpSink | None:
+    """The span sink ``monitoring`` settings ask for (``trace_exporter``: otlp, with
+    ``otlp_endpoint``, or zipkin, with ``zipkin_endpoint``); None: tracing is off."""
+    from redline.errors import ConfigError
+
+    kind = getattr(monitoring, "trace_exporter", "otlp")
+    if kind == "zipkin":
+        endpoint = getattr(monitoring, "zipkin_endpoint", None)
+        if not endpoint:
+            raise ConfigError("monitoring.trace_exporter is zipkin but monitoring.zipkin_endpoint "
+                              "is not set: set it to the Zipkin collector's URL (e.g. "
+                              f"{ZipkinHttpSink.example})")
+        return ZipkinHttpSink(endpoint)
+    if monitoring.otlp_endpoint:
+        return otlp_exporter(monitoring.otlp_endpoint)
+    return None
