@@ -148,6 +148,8 @@ class RedlineHttpProtocol(HttpToolsProtocol):
         self._deadline = _UNSET  # loop time by which the phase must end
         self._head_bytes = 0  # bytes received since the last head ended (the next head's)
         self._head_size = 0  # the current head's header fields, in bytes
+        self._max_head = self.limits.max_header_bytes  # (read per header field: kept here)
+        self._max_fields = self.limits.max_headers
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -195,7 +197,7 @@ class RedlineHttpProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        if self._phase != _IN_BODY and self._head_bytes > self.limits.max_header_bytes:
+        if self._phase != _IN_BODY and self._head_bytes > self._max_head:
             self._refuse(self._head_too_large())  # one huge header (or URL) still arriving
 
     def _malformed(self) -> None:
@@ -277,13 +279,12 @@ class RedlineHttpProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # uvicorn's on_header, with the head's size and its number of fields bounded
         headers = self.headers
-        limits = self.limits
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size + len(self.url) > limits.max_header_bytes:
+        size = self._head_size = self._head_size + len(name) + len(value) + 4
+        if size + len(self.url) > self._max_head:
             raise self._head_too_large()
-        if len(headers) >= limits.max_headers:
+        if len(headers) >= self._max_fields:
             raise _Refusal(431, "header_too_large", (
-                f"the request has more than {limits.max_headers} header fields "
+                f"the request has more than {self._max_fields} header fields "
                 "(server.max_headers); send fewer or raise the limit"))
         name = name.lower()
         # llhttp keeps trailing whitespace, which is not part of the value (RFC 9110, 5.5)
