@@ -29,7 +29,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,8 +257,8 @@ class KinesisSource:
             if not token:
                 break
             kwargs = {"NextToken": token}
-        marks = {k.decode(): v.decode() for k, v in
-                 self.store.client.hgetall(checkpoint_key(self.stream)).items()}
+        stored = self._redis(lambda c: c.hgetall(checkpoint_key(self.stream)))
+        marks = {k.decode(): v.decode() for k, v in stored.items()}
         for sid, parents in listed.items():
             if sid not in self.shards:
                 shard = self.shards[sid] = Shard(sid, parents)
@@ -334,21 +334,20 @@ class KinesisSource:
         batch = self.decoder.decode([r["Data"] for _, r in records], arrivals)
         hand_off_sessions(batch, self.sessions)  # before the write their positions follow
         self.store.write_sequenced(self.stream, positions, batch)
-        client = self.store.client
         if batch.rejected:
             fields = {}
             for rej in batch.rejected:
                 sid, seq = positions[rej.tag]
                 fields[f"{sid}:{seq}"] = orjson.dumps(
                     {"reason": rej.reason, "event": rej.raw.decode(errors="replace")})
-            client.hset(dead_letter_key(self.stream), mapping=fields)
+            self._redis(lambda c: c.hset(dead_letter_key(self.stream), mapping=fields))
         self.freshness.record(batch.event_ts, time.time_ns())
         self.counts.add(len(batch.accepted), batch.rejected)
         last: dict[str, str] = {}
         for shard, r in records:
             shard.records += 1
             last[shard.id] = shard.applied = r["SequenceNumber"]
-        client.hset(checkpoint_key(self.stream), mapping=last)
+        self._redis(lambda c: c.hset(checkpoint_key(self.stream), mapping=last))
         return len(records)
 
     def _end_drained(self, shards: list[Shard]) -> None:
@@ -357,12 +356,19 @@ class KinesisSource:
         ended = [s for s in shards if s.closed and not s.pending and s.state == "reading"]
         if not ended:
             return
-        self.store.client.hset(checkpoint_key(self.stream),
-                               mapping={s.id: SHARD_END for s in ended})
+        self._redis(lambda c: c.hset(checkpoint_key(self.stream),
+                                     mapping={s.id: SHARD_END for s in ended}))
         for s in ended:
             s.state = "ended"
             s.behind_ms = 0
         self._relist = True
+
+    def _redis(self, call: Callable[[Any], Any]) -> Any:
+        """A call on the store's client; an outage becomes ``StoreUnavailable`` (the loop waits
+        it out and resumes from the checkpoints)."""
+        from redline.features.online.redis import guarded
+
+        return guarded(self.store.url, lambda: call(self.store.client))
 
     def _sleep_until_due(self) -> None:
         reading = [s.due for s in self.shards.values() if s.state == "reading"]
