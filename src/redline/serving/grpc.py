@@ -38,7 +38,7 @@ from redline.serving.edge import (
 from redline.serving.grpc_wire import infer_response, serialize
 from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata
-from redline.serving.protocol import decode_grpc
+from redline.serving.protocol import InferRequest, decode_grpc
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers, RequestRecord, V2End, perf_ns
 
@@ -126,9 +126,10 @@ class InferenceServicer:
         serializer passes on. While someone observes, monitoring is one call at the end
         (``stages.V2End``), from the clock reads taken on the way: the REST path's steps."""
         start_ns = perf_ns()
-        observed = bool(self.observers)
+        observed = self.observers.observed
         handle: ModelHandle | None = None
         record: RequestRecord | None = None
+        decoded: InferRequest | None = None
         traceparent: str | None = None
         rid = ""
         rows = decoded_ns = 0
@@ -151,7 +152,6 @@ class InferenceServicer:
                                       FROM_GRPC_DEADLINE, default_ms=handle.slo_ms,
                                       start=start_ns * 1e-9)
             priority = parse_priority(meta.get(PRIORITY_KEY, decoded.parameters.get("priority")))
-            rows = decoded.rows  # what a request refused by the checks counts as
             inputs, rows = handle.prepare(decoded.inputs, decoded.datatypes)
             if observed:
                 decoded_ns = perf_ns()
@@ -173,6 +173,8 @@ class InferenceServicer:
                 error = RedlineError(f"internal error: {type(exc).__name__}")
             traced = None
             if observed or record is not None:
+                if not rows and decoded is not None:
+                    rows = decoded.rows  # a request refused by the checks counts what it sent
                 traced = self._end.failed(error.code, start_ns, traceparent, handle, rid, rows,
                                           decoded_ns, record)
             await grpc_abort(context, error, _trailers(traced))

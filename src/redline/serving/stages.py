@@ -249,7 +249,7 @@ class FlatTimes(FlatSeries):
         return False
 
 
-class V2End:
+class V2End(FlatSeries):
     """How a V2 edge (REST or gRPC) ends a request, in one call, from the clock reads it took:
     ``start`` (arrival), ``decoded`` (inputs checked, about to run), ``inferred`` and ``end``.
 
@@ -262,11 +262,10 @@ class V2End:
     it; ``failed(...)`` ends a request with its error's code. Each returns the W3C
     ``traceparent`` the answer carries (None: none). Called only while someone observes."""
 
-    __slots__ = ("_transport", "_flat", "_end")
+    __slots__ = ("_end",)
 
     def __init__(self, observers: Observers, transport: str) -> None:
-        self._transport = transport  # "rest" | "grpc"
-        self._flat = FlatSeries(observers, "v2", transport)
+        super().__init__(observers, "v2", transport)
         self._end = RequestEnd(observers, "v2", transport)
 
     def record(self, handle: VersionRef, request_id: str, traceparent: str | None, rows: int,
@@ -285,10 +284,13 @@ class V2End:
                  end_ns: int, record: RequestRecord | None = None) -> str | None:
         if record is None:  # run at once
             draw: bool | None = None
-            if not (request_id or traceparent is not None or handle.shadowed):
-                times = self._flat.series(handle.key)
+            if (self._observers.stage_times is not None
+                    and not (request_id or traceparent is not None or handle.shadowed)):
+                times = self._series.get(handle.key)  # (``series``, without its call)
+                if times is None:
+                    times = self.series(handle.key)
                 if times is not None:
-                    draw = self._flat.draw(times, end_ns - start_ns)
+                    draw = self.draw(times, end_ns - start_ns)
                     if draw is None:  # a common request: its row, no record
                         if (handle.keep_io and decoded_ns >= handle.io_next_ns
                                 and handle.sample_due(decoded_ns)):
@@ -391,11 +393,13 @@ class Observers:
     ``finished(record)`` and ``traceparent(record)`` are the one observer's own methods when
     there is one (the monitor's feed: no loop and no extra call per request); so is
     ``stage_times`` when that one observer keeps them (else None: every request gets a record,
-    as every observer then sees each request)."""
+    as every observer then sees each request). ``observed`` is ``bool(observers)`` as a plain
+    attribute, for the request paths (no call)."""
 
-    __slots__ = ("_items", "_tracers", "finished", "traceparent", "stage_times")
+    __slots__ = ("_items", "_tracers", "finished", "traceparent", "stage_times", "observed")
 
     def __init__(self, items: list[RequestObserver] | None = None) -> None:
+        self.observed = False
         self._items: tuple[RequestObserver, ...] = ()
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
         self.finished: Callable[[RequestRecord], None] = self._finished_all
@@ -412,6 +416,7 @@ class Observers:
         names responses' ``traceparent``, a :class:`StageTimesObserver` (alone) keeps the
         common requests' stage times instead of their records."""
         self._items = (*self._items, observer)
+        self.observed = True
         self.finished = (observer.request_finished if len(self._items) == 1
                          else self._finished_all)
         self.stage_times = (getattr(observer, "stage_times", None) if len(self._items) == 1
@@ -426,6 +431,7 @@ class Observers:
         added alone, so the monitor alone gets its flat stage times back."""
         rest = [o for o in self._items if o is not observer]
         self._items, self._tracers = (), ()
+        self.observed = False
         self.finished, self.traceparent = self._finished_all, _no_traceparent
         self.stage_times = None
         for kept in rest:

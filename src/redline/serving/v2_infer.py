@@ -174,12 +174,13 @@ class V2Infer:
         """Decode, admit and, when the model can run at once, run and encode one request; a
         :class:`Queued` when it has to wait for its model."""
         name, version, header_length, budget, priority, traceparent = head
-        observed = bool(self.observers)
+        observed = self.observers.observed
         handle: ModelHandle | None = None
+        request: InferRequest | None = None
         rid: str | None = None
         rows = decoded_ns = 0
         try:
-            fast = request = None
+            fast = None
             if header_length is None:
                 try:
                     handle = self.registry.get(name, version)
@@ -206,7 +207,6 @@ class V2Infer:
                 if priority is None and request.parameters:
                     priority = request.parameters.get("priority")
                 level = parse_priority(priority)
-                rows = request.rows  # what a request refused by the checks counts as
                 inputs, rows = handle.prepare(request.inputs, request.datatypes)
             if observed:
                 decoded_ns = perf_ns()
@@ -219,6 +219,8 @@ class V2Infer:
             inferred_ns = perf_ns() if observed else 0
             answer = _encode(handle, outputs, fast, request, rid)
         except Exception as exc:  # noqa: BLE001 - the one error mapping
+            if not rows and request is not None:
+                rows = request.rows  # a request refused by the checks counts what it sent
             return self.failed(exc, path, start_ns, traceparent, handle, rid or "", rows,
                                decoded_ns)
         if not observed:
@@ -251,7 +253,7 @@ class V2Infer:
         """The answer to a request that raised ``exc`` (``asgi.error_answer``), its monitoring
         ended with the error's code (on ``record`` when it queued, else on what was known)."""
         answer, code = error_answer(exc, "POST", path)
-        if record is None and not self.observers:
+        if record is None and not self.observers.observed:
             return answer
         traced = self._end.failed(code, start_ns, traceparent, handle, rid, rows, decoded_ns,
                                   record)
