@@ -375,7 +375,7 @@ def otlp_exporter(endpoint: str) -> OtlpHttpSink:
 
 class ZipkinHttpSink(OtlpHttpSink):
     """Posts Zipkin v2 JSON (``POST /api/v2/spans``) to ``monitoring.zipkin_endpoint``: Zipkin
-    itself, Jaeger's or the OpenTelemetry Collector's Zipkin receiver, Datadog's Agent."""
+    itself, Jaeger's or the OpenTelemetry Collector's Zipkin receiver."""
 
     setting = "monitoring.zipkin_endpoint"
     example = "http://127.0.0.1:9411/api/v2/spans"
