@@ -1,7 +1,7 @@
-"""The offline builder's column path (``asof.py``) equals its event-by-event replay through the
-decoder and a memory store, on the inputs that make them differ if anything does: late, future,
-duplicate (with and without event ids), tied and malformed events, typed and untyped columns,
-JSON lines, CSV text and DataFrames of every dtype the decoder meets."""
+"""The offline builder's column path (``features/training/``) equals its event-by-event replay
+through the decoder and a memory store, on the inputs that make them differ if anything does:
+late, future, duplicate (with and without event ids), tied and malformed events, typed and
+untyped columns, JSON lines, CSV text and DataFrames of every dtype the decoder meets."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import pandas as pd
 import pytest
 
 from redline.errors import InvalidInput
-from redline.features import Aggregation, FeatureDefinitions, FeatureView, asof, last
+from redline.features import Aggregation, FeatureDefinitions, FeatureView, last
 from redline.features.offline import EventLog, build_training_set, read_events
+from redline.features.training import keyed, values
+from redline.features.training import last as last_values
 from tests.features.test_training_serving import DEFS, IDS, IDS_DEFS, T0, TX, _stream, _view, ev
 
 EXACT = ("count", "min", "max", "last", "distinct")
@@ -166,9 +168,9 @@ def test_views_of_only_last_take_the_short_path_and_equal_the_replay(
     """A window read only by ``last`` finds one position per row, stepping back over events not
     yet arrived (and gathering the rest after ``steps`` steps): equal to the replay."""
     calls: list[int] = []
-    real = asof._last_arrived
-    monkeypatch.setattr(asof, "_last_arrived", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(asof, "LAST_STEPS", steps)
+    real = values.last_arrived
+    monkeypatch.setattr(values, "last_arrived", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(last_values, "LAST_STEPS", steps)
     defs = _last_only(IDS if ids else TX)
     events, arrivals, _ = _stream(41 + steps, n=600)
     if ids:  # every 7th event re-sent with its id, some beyond the window
@@ -204,7 +206,7 @@ def test_bisection_inside_entities_equals_the_replay(monkeypatch: pytest.MonkeyP
                                                      ids: bool) -> None:
     """The searches inside each entity's events (taken where entities have few events, as in
     snapshot tables) give the whole-array search's answer: forced on the hostile stream."""
-    monkeypatch.setattr(asof, "SMALL_GROUPS", 10**9)
+    monkeypatch.setattr(keyed, "SMALL_GROUPS", 10**9)
     defs = IDS_DEFS if ids else DEFS
     events, arrivals, _ = _stream(51, n=600)
     if ids:
@@ -219,7 +221,7 @@ def test_bisection_inside_entities_equals_the_replay(monkeypatch: pytest.MonkeyP
 def test_snapshot_tables_equal_the_replay(monkeypatch: pytest.MonkeyPatch, small: int) -> None:
     """One or two events per entity (a snapshot table, Feast's shape): bisecting inside the
     entities (the default) and searching the whole array both equal the replay."""
-    monkeypatch.setattr(asof, "SMALL_GROUPS", small)
+    monkeypatch.setattr(keyed, "SMALL_GROUPS", small)
     rng = random.Random(7)
     rows = []
     for k in range(600):
@@ -252,8 +254,8 @@ def test_one_event_per_integer_entity_equals_the_replay(
     when not, label ids of any dtype naming the same entities; late, future, missing and
     unnamed entities included. Equal to the replay on every value."""
     calls: list[int] = []
-    real = asof._SnapshotRows
-    monkeypatch.setattr(asof, "_SnapshotRows", lambda *a: calls.append(1) or real(*a))
+    real = values.SnapshotRows
+    monkeypatch.setattr(values, "SnapshotRows", lambda *a: calls.append(1) or real(*a))
     rng = random.Random(5)
     rows = []
     for k in range(500):

@@ -51,7 +51,7 @@ def read_events(path: str | Path) -> EventLog:
         if suffix in (".parquet", ".pq"):
             import pandas as pd
 
-            from redline.features.offline import frame_events
+            from redline.features.frames import frame_events  # pandas, only for Parquet
 
             return EventLog(frame_events(pd.read_parquet(p)))
     except (ValueError, OSError) as exc:

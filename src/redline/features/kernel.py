@@ -49,9 +49,9 @@ import numpy as np
 import pandas as pd
 
 from redline.errors import InvalidInput
-from redline.features.asof import LabelIds, as_int64, factorize_ints
 from redline.features.definitions import FeatureDefinitions, FeatureView
 from redline.features.eventfile import EventLog
+from redline.features.training.ids import LabelIds, as_int64, factorize_ints
 
 SEQ = "_seq"
 # Epoch seconds between 2000 and 2100 are epoch milliseconds in the first weeks of 1970: a time

@@ -39,6 +39,7 @@ from redline.features.eventfile import (  # noqa: F401 - public here too
     text_log,
 )
 from redline.features.events import EventDecoder
+from redline.features.frames import frame_events  # noqa: F401 - public here too
 from redline.features.online.memory import MemoryStore
 
 
@@ -72,22 +73,6 @@ def read_event_table(path: str | Path) -> pd.DataFrame | EventLog:
 def label_keys(defs: FeatureDefinitions) -> list[str]:
     """The entity id columns label rows may carry: read as text from CSV, like event ids."""
     return sorted({v.entity.join_key for v in defs.views.values()})
-
-
-def frame_events(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """DataFrame rows as event dicts: a missing cell (NaN/None/NaT) is an absent field, numpy
-    scalars become Python ones (the decoder then applies the schema types)."""
-    from redline.features.asof import frame_value
-
-    out = []
-    for rec in df.to_dict("records"):
-        ev = {}
-        for k, v in rec.items():
-            v = frame_value(v)
-            if v is not None:
-                ev[str(k)] = v
-        out.append(ev)
-    return out
 
 
 def _as_log(events: pd.DataFrame | EventLog | Sequence[Any]) -> EventLog:
@@ -148,7 +133,8 @@ def point_in_time(defs: FeatureDefinitions, views: Sequence[FeatureView],
     if method not in ("auto", "columns", "replay"):
         raise InvalidInput(f"unknown method {method!r} (use auto, columns or replay)")
     if method != "replay" and len({v.source.name for v in views}) == 1:
-        from redline.features.asof import Decoded, view_values
+        from redline.features.training.decoded import Decoded
+        from redline.features.training.values import view_values
 
         dec = Decoded(EventDecoder(defs, views[0].source.name, views), events)
         if dec.ready:
