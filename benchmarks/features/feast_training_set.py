@@ -132,8 +132,8 @@ def definitions():  # type: ignore[no-untyped-def]
 
 def redline_side(repo: Path, labels: pd.DataFrame) -> tuple[float, float, pd.DataFrame]:
     """(wall s, CPU s, table) of one build from the feature files and the label frame."""
-    import redline.features.asof
-    import redline.features.kernel  # noqa: F401 - imported before the clock starts, as Feast's
+    # the whole builder (offline imports the kernel, the kernel the rest of training/) is
+    # imported before the clock starts, as Feast's
     from redline.features.offline import build_training_set
 
     defs = definitions()

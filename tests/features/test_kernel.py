@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from redline.errors import InvalidInput
-from redline.features.kernel import SEQ, build_partition
 from redline.features.offline import build_training_set
+from redline.features.training.kernel import SEQ, build_partition
 from tests.features.test_asof import _labels
 from tests.features.test_training_serving import DEFS, IDS_DEFS, _stream
 

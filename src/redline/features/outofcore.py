@@ -10,10 +10,10 @@ Layout (a temporary directory, removed at the end whatever happens):
 * ``out/<source>/<chunk>/<p>.pkl`` — the kernel's feature columns for partition ``p``, split by
   label chunk.
 
-Each (source, partition) is built by :func:`redline.features.kernel.build_partition` in a pool of
-processes; then each label chunk gets its columns back by ``_row`` and is appended to the output,
-which is written to a temporary file renamed onto ``--out`` only when complete. Memory holds one
-input chunk while partitioning, one partition per worker while building, one label chunk while
+Each (source, partition) is built by :func:`redline.features.training.kernel.build_partition` in a
+pool of processes; then each label chunk gets its columns back by ``_row`` and is appended to the
+output, which is written to a temporary file renamed onto ``--out`` only when complete. Memory holds
+one input chunk while partitioning, one partition per worker while building, one label chunk while
 assembling.
 """
 
@@ -37,7 +37,7 @@ from redline.errors import InvalidInput
 from redline.features.definitions import FeatureDefinitions
 from redline.features.eventfile import text_log
 from redline.features.events import entity_id_of
-from redline.features.kernel import (
+from redline.features.training.kernel import (
     _label_id,
     apply_transforms,
     build_partition,

@@ -39,7 +39,7 @@ def _is_time(t: Any) -> bool:
 def check_inputs(defs: FeatureDefinitions, features: list[str] | None, events_path: str,
                  labels_path: str, time_column: str) -> None:
     """Refuse Parquet columns of a type no event or label row could use."""
-    from redline.features.kernel import feature_plan
+    from redline.features.training.kernel import feature_plan
 
     _, view_refs, _ = feature_plan(defs, features)
     views = [defs.view(n) for n in view_refs]

@@ -1,11 +1,12 @@
 """Point-in-time training sets on Apache Spark, for event logs no single machine holds.
 
-The engine runs the one per-partition kernel (``kernel.build_partition``) on each partition, so a
-Spark training set answers what the online store answered, by construction: events and label rows
-are hashed by entity id into buckets (``groupBy(bucket).cogroup(...).applyInPandas``, Arrow
-batches), and every bucket holds all the events and label rows of its entities. The point-in-time
-join never looks across entities (an event counts only for its own entity; the event-id window is
-per entity), so the rows of a bucket are exactly the rows the whole log would give.
+The engine runs the one per-partition kernel (``training.kernel.build_partition``) on each
+partition, so a Spark training set answers what the online store answered, by construction: events
+and label rows are hashed by entity id into buckets (``groupBy(bucket).cogroup(...).applyInPandas``,
+Arrow batches), and every bucket holds all the events and label rows of its entities. The
+point-in-time join never looks across entities (an event counts only for its own entity; the
+event-id window is per entity), so the rows of a bucket are exactly the rows the whole log would
+give.
 
 Views of another entity (a merchant's next to a card's) are another pass keyed by their join key;
 the passes meet on a row id, then the request transforms run on the joined rows.
@@ -32,7 +33,8 @@ import pandas as pd
 
 from redline.errors import ConfigError, InvalidInput
 from redline.features.definitions import FeatureDefinitions, FeatureView
-from redline.features.kernel import SEQ, apply_transforms, build_partition, feature_plan
+from redline.features.eventfile import EventLog, text_log
+from redline.features.training.kernel import SEQ, apply_transforms, build_partition, feature_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -140,8 +142,8 @@ def training_set(defs: FeatureDefinitions, events: DataFrame, labels: DataFrame,
                  features: Sequence[str] | None = None, *, time_column: str = "ts",
                  events_as: str = "frame", buckets: int | None = None) -> DataFrame:
     """``labels`` + one double column per feature / transform, point-in-time correct: the rows
-    :func:`redline.features.kernel.build_partition` gives on the whole input, in no particular
-    order.
+    :func:`redline.features.training.kernel.build_partition` gives on the whole input, in no
+    particular order.
 
     ``events``: typed columns (``events_as="frame"``), or one column ``value`` of JSON text
     (``"json"``) or all-text columns (``"text"``), see :func:`read_events`. ``buckets``: entity
@@ -220,8 +222,6 @@ def _pass(defs: FeatureDefinitions, events: DataFrame, events_as: str, labels: D
 def _as_events(evs: pd.DataFrame, events_as: str) -> Any:
     """One bucket's events as the kernel takes them (see :func:`read_events`): a frame keeps its
     log position column (the kernel restores the order), a log is put in order here."""
-    from redline.features.offline import EventLog, text_log
-
     if events_as != "frame":
         evs = evs.sort_values(SEQ, kind="stable").drop(columns=[SEQ])
     if events_as == "json":

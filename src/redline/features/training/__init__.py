@@ -1,5 +1,5 @@
-"""Point-in-time training sets by columns: the online replay computed over whole columns instead
-of event by event, and the one per-partition kernel every engine runs.
+"""Point-in-time training sets: the online replay computed over whole columns instead of event by
+event, and the one per-partition kernel every engine (in memory, out of core, Spark) runs.
 
 A memory store fed the events in arrival order and read at ``t`` answers, for an entity and a
 window, the aggregate of the events that (a) the decoder admits, (b) are not a redelivery its
@@ -25,7 +25,9 @@ Modules, each importing only those above it::
     keyed       a view's events sorted by (entity, time) or found per entity; gathered per row
     last        ``last`` outputs: the last arrived event's value per row
     aggregates  count, sum, mean, stddev, min, max and distinct of each row's events
-    values      a view's values at the label rows' times
+    replay      the reference: events one by one through the decoder and a memory store
+    values      views' values at the label rows' times: by columns, else by the replay
+    kernel      one partition of entities (events, label rows) to its training rows
 
 This package imports no engine (``offline``, ``outofcore``, ``spark``): the engines import it
 (``.importlinter`` holds that).

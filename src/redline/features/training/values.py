@@ -1,21 +1,27 @@
-"""A view's values at the label rows' times, by columns: its windows' events found per row by
-``searchsorted`` over the sorted events (``keyed``), the arrival condition as a filter, then
-``last`` picked (``last``) or aggregated (``aggregates``).
+"""Views' values at the label rows' times: by columns where the input allows (each window's
+events found per row by ``searchsorted`` over the sorted events of ``keyed``, the arrival
+condition as a filter, then ``last`` picked by ``last`` or aggregated by ``aggregates``), else by
+the event-by-event replay of ``replay``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from redline.features.definitions import FeatureView
+from redline.errors import InvalidInput
+from redline.features.definitions import FeatureDefinitions, FeatureView
+from redline.features.eventfile import EventLog
+from redline.features.events import EventDecoder
 from redline.features.training.aggregates import aggregate, hll_positions
 from redline.features.training.decoded import Decoded, fresh_events
 from redline.features.training.ids import LabelIds
 from redline.features.training.keyed import gathered, keyed_events, snapshot_events
 from redline.features.training.last import SnapshotRows, last_arrived, pick_last, put_last
+from redline.features.training.replay import as_log, replay_values
 
 
 def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequence[str]
@@ -78,3 +84,21 @@ def view_values(dec: Decoded, view: FeatureView, times: np.ndarray, ids: Sequenc
                 out[np.ix_(place, cols)] = aggregate([o for _, o in outs], len(place), seg,
                                                      pos, x, hll)
     return out
+
+
+def point_in_time(defs: FeatureDefinitions, views: Sequence[FeatureView],
+                  events: pd.DataFrame | EventLog | Sequence[Any], times: np.ndarray,
+                  ids: Mapping[str, Sequence[str]], method: str = "auto"
+                  ) -> dict[str, np.ndarray]:
+    """Per view, (rows, outputs) float64 values at ``times`` for ``ids`` (see ``method`` of
+    :func:`kernel.build_partition`)."""
+    if method not in ("auto", "columns", "replay"):
+        raise InvalidInput(f"unknown method {method!r} (use auto, columns or replay)")
+    if method != "replay" and len({v.source.name for v in views}) == 1:
+        dec = Decoded(EventDecoder(defs, views[0].source.name, views), events)
+        if dec.ready:
+            return {v.name: view_values(dec, v, times, ids[v.name]) for v in views}
+    if method == "columns":
+        raise InvalidInput("these events need the event-by-event replay (several sources, "
+                           "nested or Redis Stream entries): use method='replay' or 'auto'")
+    return replay_values(defs, views, as_log(events), times, ids)
