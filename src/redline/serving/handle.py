@@ -108,8 +108,8 @@ class ModelHandle:
         """Run every warm-up batch size, then seed the cost model from timed runs.
 
         The runs happen on this version's own worker thread, where batches run: ONNX Runtime's
-        first run on a thread costs 0.2-3 ms more than later ones (its per-thread state), which
-        the first batch would otherwise pay. (The first inline run on the event loop's thread
+        first run on a thread costs milliseconds more than later ones (its per-thread state;
+        ``benchmarks/first_request``), which the first batch would otherwise pay. (The first inline run on the event loop's thread
         is paid by the request-path warm-up, ``serving/warmup.py``.)"""
         self._executor.submit(self._warm_runs).result()
 

@@ -144,7 +144,8 @@ _NUMBER_TYPES = frozenset((float, int))
 
 def _all_numbers(data: Any) -> bool:
     """Whether ``data`` is a (nested) list whose every leaf is a JSON number (not a bool, a
-    string or null). ``map(type, ...)`` keeps the scan in C: ~15 ns a value."""
+    string or null). ``map(type, ...)`` keeps the scan in C, a small share of a Python loop's
+    cost."""
     if type(data) is not list:
         return type(data) in _NUMBER_TYPES
     if not data:
@@ -408,7 +409,8 @@ def encode_rest(
 def decode_grpc(req: Any) -> InferRequest:
     """Decode a ``ModelInferRequest`` (raw_input_contents or typed contents).
 
-    Each protobuf field is read once (a repeated field's access costs ~0.15 µs on upb)."""
+    Each protobuf field is read once: on upb a repeated field's access is a new wrapper each
+    time (``benchmarks/serving/grpc_inprocess.py`` measures the servicer)."""
     tensors = req.inputs
     if not tensors:
         raise InvalidInput("request needs at least one input tensor")

@@ -183,7 +183,7 @@ class RedlineServer:
         self.phases.done("request path warm")
         # What startup made (modules, models, settings) lives as long as the process: freeze it
         # out of the collector so a full collection costs microseconds instead of stalling every
-        # in-flight request for ~10 ms (measured on the /v1 path).
+        # in-flight request for milliseconds (benchmarks/pipeline/gc_probe, gc_summary.py).
         gc.collect()
         gc.freeze()
         loop = asyncio.get_running_loop()

@@ -55,8 +55,8 @@ def open_store(settings: Settings, defs: FeatureDefinitions) -> OnlineStore:
         from redline.features.online.redis import RedisStore
 
         assert isinstance(store, RedisStore)
-        # No retries on the request path (redis-py retries a refused connection with backoff:
-        # 6 ms instead of 1 ms per request, measured): a failed read degrades at once and the
+        # No retries on the request path (redis-py retries a refused connection with backoff,
+        # several times what the failed read costs): a failed read degrades at once and the
         # circuit breaker decides when to try the store again. ``set_retry`` is redis-py's
         # public API for this.
         store.client.set_retry(Retry(NoBackoff(), 0))
