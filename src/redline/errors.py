@@ -131,6 +131,14 @@ class ModelFailed(RedlineError):
     grpc_status = "INTERNAL"
 
 
+class ModelError(ModelFailed):
+    """A Python model (``model.py``) failed: its code cannot be imported or loaded, its
+    ``predict`` raised, or it answered outside its declared signature (dtype, shape, NaN).
+    The client gets a 500 with the model's message; the log gets the traceback once."""
+
+    code = "model_error"
+
+
 class Overloaded(RedlineError):
     """Admission refused the request: the queue is full or the budget cannot be met."""
 

@@ -41,6 +41,7 @@ from redline.models.onnxfile import inspect_onnx
 from redline.models.policy import VersionPolicy
 
 MODEL_FILE = "model.onnx"
+PYTHON_FILE = "model.py"  # in place of model.onnx: a Python model (models/python/)
 METADATA_FILE = "metadata.json"
 ALIASES_FILE = "aliases.json"
 POLICY_FILE = "policy.json"
@@ -157,7 +158,16 @@ class ModelRepository:
         return self.root / name / str(version)
 
     def model_path(self, name: str, version: int) -> Path:
-        return self.version_dir(name, self.resolve(name, version)) / MODEL_FILE
+        """The version's ONNX file; a Python model (``model.py``) has none, and says so."""
+        folder = self.version_dir(name, self.resolve(name, version))
+        if not (folder / MODEL_FILE).is_file() and (folder / PYTHON_FILE).is_file():
+            raise InvalidInput(f"version {folder.name} of model '{name}' is a Python model "
+                               f"({PYTHON_FILE}): it has no ONNX file to work on")
+        return folder / MODEL_FILE
+
+    def is_python(self, name: str, version: int) -> bool:
+        """Whether the version is a Python model: its folder holds ``model.py``."""
+        return (self.version_dir(name, version) / PYTHON_FILE).is_file()
 
     def metadata(self, name: str, version: int | str | None = None) -> ModelMetadata:
         number = self.resolve(name, version)
@@ -173,6 +183,11 @@ class ModelRepository:
     def verify(self, name: str, version: int | str | None = None) -> ModelMetadata:
         """Check the model file against the sha256 recorded at ``add``."""
         meta = self.metadata(name, version)
+        if self.is_python(name, meta.version):
+            from redline.models.python.session import verify_files
+
+            verify_files(meta, self.version_dir(name, meta.version))
+            return meta
         path = self.version_dir(name, meta.version) / MODEL_FILE
         if not path.is_file():
             raise CorruptModel(f"model file {path} is missing")
@@ -411,8 +426,24 @@ class ModelRepository:
             )
             return self._write_version(name, data, meta, version, files)
 
+    def add_python(self, name: str, source: str | os.PathLike[str], sample: Any,
+                   **kwargs: Any) -> ModelMetadata:
+        """Check a Python model (``model.py``, or a folder holding one) on ``sample`` in a worker
+        process and store it as a new version, atomically (``models/python/add.py``)."""
+        from redline.models.python.add import add_python
+
+        return add_python(self, name, source, sample, **kwargs)
+
+    def write_files(self, name: str, meta: ModelMetadata, version: int | None,
+                    folder: Path) -> ModelMetadata:
+        """Store every file under ``folder`` as a new version described by ``meta``,
+        atomically (a checked Python model's files)."""
+        files = {p.relative_to(folder).as_posix(): p
+                 for p in sorted(folder.rglob("*")) if p.is_file()}
+        return self._write_version(name, None, meta, version, files)
+
     def _write_version(
-        self, name: str, data: bytes, meta: ModelMetadata, version: int | None,
+        self, name: str, data: bytes | None, meta: ModelMetadata, version: int | None,
         files: dict[str, Path] | None = None,
     ) -> ModelMetadata:
         folder = self.root / name
@@ -421,8 +452,10 @@ class ModelRepository:
         tmp = folder / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir()
-            _write_durably(tmp / MODEL_FILE, data)
+            if data is not None:
+                _write_durably(tmp / MODEL_FILE, data)
             for file_name, path in (files or {}).items():
+                (tmp / file_name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, tmp / file_name)
             for _attempt in range(100):
                 number = version if version is not None else max(self.versions(name), default=0) + 1

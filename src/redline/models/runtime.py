@@ -13,16 +13,15 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from redline.config import RuntimeSettings
-from redline.errors import ConfigError, CorruptModel, InvalidInput, ProviderUnavailable
-from redline.models.datatypes import FLOAT_TYPES, INT_TYPES, V2_TO_NUMPY
-from redline.models.metadata import ModelMetadata, TensorSpec
+from redline.errors import ConfigError, CorruptModel, ProviderUnavailable
+from redline.models.metadata import ModelMetadata
 from redline.models.repository import MODEL_FILE, ModelRepository
+from redline.models.runner import ModelRunner
 
 log = logging.getLogger("redline.models")
 
@@ -36,8 +35,6 @@ _EXEC_MODES = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
     "parallel": ort.ExecutionMode.ORT_PARALLEL,
 }
-# Largest integer magnitude a float type holds exactly: beyond it an int -> float cast loses data.
-_EXACT_INT = {"FP16": 2**11, "FP32": 2**24, "FP64": 2**53}
 
 
 def session_options(
@@ -166,7 +163,7 @@ def choose_providers(requested: list[str]) -> list[str]:
     return list(requested) or ["CPUExecutionProvider"]
 
 
-class InferenceSession:
+class InferenceSession(ModelRunner):
     """A loaded, checked model version and its ONNX Runtime session."""
 
     def __init__(
@@ -176,12 +173,7 @@ class InferenceSession:
         settings: RuntimeSettings | None = None,
         origin: str = "model",
     ) -> None:
-        self.settings = settings or RuntimeSettings()
-        self.metadata = metadata
-        self.inputs: list[TensorSpec] = metadata.inputs
-        self.outputs: list[TensorSpec] = metadata.outputs
-        self.output_names = [o.name for o in self.outputs]
-        self.allow_missing = metadata.missing_values == "allow"
+        super().__init__(metadata, settings)
         optimized = None
         if self.settings.optimized_model_dir:
             folder = Path(self.settings.optimized_model_dir)
@@ -205,7 +197,6 @@ class InferenceSession:
         # One RunOptions for every run: given none, ONNX Runtime builds a default one per call
         # (measured, one row of the demo forest: 4.72 -> 4.22 µs a run).
         self._run_options = ort.RunOptions()
-        self._dtypes = {t.name: V2_TO_NUMPY[t.datatype] for t in self.inputs}
 
     @classmethod
     def load(
@@ -259,141 +250,6 @@ class InferenceSession:
         names = output_names or self.output_names
         return dict(zip(names, self._run(names, inputs, self._run_options), strict=True))
 
-    # ------------------------------------------------------------------ checked path
-    def validate(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Check names, dtypes (safe casts), shapes and the NaN policy; return arrays to run."""
-        expected = {t.name for t in self.inputs}
-        unknown = sorted(set(inputs) - expected)
-        if unknown:
-            raise InvalidInput(
-                f"unknown input(s) {unknown} for model '{self.metadata.name}'; "
-                f"expected {sorted(expected)}"
-            )
-        result: dict[str, np.ndarray] = {}
-        batch: int | None = None
-        for spec in self.inputs:
-            if spec.name not in inputs:
-                raise InvalidInput(
-                    f"missing input '{spec.name}' for model '{self.metadata.name}' "
-                    f"(expected {spec.datatype} with shape {spec.shape})"
-                )
-            array = self._coerce(spec, inputs[spec.name])
-            self._check_shape(spec, array)
-            if array.ndim and spec.shape and spec.shape[0] == -1:
-                if batch is not None and array.shape[0] != batch:
-                    raise InvalidInput(
-                        f"input '{spec.name}' has {array.shape[0]} rows but other inputs have "
-                        f"{batch}; every input needs the same batch size"
-                    )
-                batch = array.shape[0]
-            result[spec.name] = array
-        return result
-
-    def _coerce(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        target = self._dtypes[spec.name]
-        if spec.datatype == "BYTES":
-            array = np.asarray(value, dtype=object)
-            return array
-        try:
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        except (ValueError, TypeError) as exc:
-            raise InvalidInput(
-                f"input '{spec.name}' is not a rectangular array of numbers ({exc}); "
-                f"expected {spec.datatype} with shape {spec.shape}"
-            ) from exc
-        if array.dtype == target:
-            return self._check_finite(spec, array)
-        kind = array.dtype.kind
-        if kind in "USO":
-            raise InvalidInput(
-                f"input '{spec.name}' holds strings/objects but the model expects "
-                f"{spec.datatype}; send numbers"
-            )
-        if kind == "b" and spec.datatype != "BOOL":
-            raise InvalidInput(
-                f"input '{spec.name}' holds booleans; the model expects {spec.datatype}"
-            )
-        if spec.datatype in FLOAT_TYPES:
-            if kind in "iu":
-                limit = _EXACT_INT[spec.datatype]
-                if array.size and np.abs(array).max() > limit:
-                    raise InvalidInput(
-                        f"input '{spec.name}' has integers above {limit}, which "
-                        f"{spec.datatype} cannot hold exactly; send floats or scale them"
-                    )
-            elif kind == "f" and array.dtype.itemsize > target.itemsize:
-                finite = array[np.isfinite(array)]
-                if finite.size and np.abs(finite).max() > np.finfo(target).max:
-                    raise InvalidInput(
-                        f"input '{spec.name}' has values beyond the range of {spec.datatype}"
-                    )
-            return self._check_finite(spec, array.astype(target))
-        if spec.datatype in INT_TYPES and kind in "iu":
-            info = np.iinfo(target)
-            if array.size and (array.min() < info.min or array.max() > info.max):
-                raise InvalidInput(
-                    f"input '{spec.name}' has values outside the range of {spec.datatype} "
-                    f"[{info.min}, {info.max}]"
-                )
-            return array.astype(target)
-        if np.can_cast(array.dtype, target, casting="safe"):
-            return array.astype(target)
-        raise InvalidInput(
-            f"input '{spec.name}' has dtype {array.dtype} which cannot be safely cast to "
-            f"{spec.datatype}; send {spec.datatype} data"
-        )
-
-    def _check_finite(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
-        if self.allow_missing or array.dtype.kind != "f":
-            return array
-        bad = ~np.isfinite(array)
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise InvalidInput(
-                f"input '{spec.name}' contains NaN or infinity (first at index {list(where)}); "
-                f"model '{self.metadata.name}' does not handle missing values — impute them, or "
-                "register a model that does (missing_values='allow')"
-            )
-        return array
-
-    def _check_shape(self, spec: TensorSpec, array: np.ndarray) -> None:
-        if array.ndim != len(spec.shape):
-            raise InvalidInput(
-                f"input '{spec.name}' has shape {list(array.shape)} but the model expects "
-                f"{spec.shape} (-1 = any size)"
-            )
-        for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
-            if want != -1 and got != want:
-                raise InvalidInput(
-                    f"input '{spec.name}' has {got} along axis {axis} but the model expects "
-                    f"{want} (shape {spec.shape}, -1 = any size)"
-                )
-
-    # ------------------------------------------------------------------ lifecycle
-    def example_inputs(self, batch_size: int) -> dict[str, np.ndarray]:
-        """Zero-valued inputs of a given batch size (for warm-up and profiling)."""
-        example = {}
-        for spec in self.inputs:
-            shape = [
-                batch_size if i == 0 and d == -1 else (d if d > 0 else 1)
-                for i, d in enumerate(spec.shape)
-            ]
-            dtype = self._dtypes[spec.name]
-            if spec.datatype == "BYTES":
-                example[spec.name] = np.full(shape, "", dtype=object)
-            else:
-                example[spec.name] = np.zeros(shape, dtype=dtype)
-        return example
-
-    def warmup(self, batch_sizes: list[int] | None = None, runs: int | None = None) -> None:
-        """Run each batch size a few times so the first real request pays no allocation cost."""
-        sizes = batch_sizes or self.settings.warmup_batch_sizes
-        dynamic = bool(self.inputs) and all(s.shape and s.shape[0] == -1 for s in self.inputs)
-        for size in sizes if dynamic else [1]:
-            example = self.example_inputs(size)
-            for _ in range(runs or self.settings.warmup_runs):
-                self.run(example)
-
     @property
     def session_options(self) -> ort.SessionOptions:
         """The options ONNX Runtime built this session with (threads, graph level)."""
@@ -402,12 +258,3 @@ class InferenceSession:
     @property
     def providers(self) -> list[str]:
         return list(self._session.get_providers())
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.metadata.name,
-            "version": self.metadata.version,
-            "providers": self.providers,
-            "inputs": [t.to_dict() for t in self.inputs],
-            "outputs": [t.to_dict() for t in self.outputs],
-        }
