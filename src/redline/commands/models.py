@@ -38,6 +38,7 @@ def models() -> None:
       redline models add -m breast_cancer .redline/demo/breast_cancer.onnx --labels 0,1
       redline models add -m bc .redline/demo/forest.joblib --from-pickle --trust-pickle \\
           --sample .redline/demo/val.npz
+      redline models add -m fraud fraud.keras --sample val.npz --labels 0,1
       redline models list
       redline models promote -m breast_cancer --version 2   # alias production -> version 2
       redline models rollback -m breast_cancer              # back to the previous production
@@ -57,7 +58,8 @@ def models() -> None:
     "--sample",
     type=click.Path(dir_okay=False),
     help="Inputs (.npz with X, .npy, .csv, .parquet) for the conversion parity check and "
-    "the input profile kept for drift detection.",
+    "the input profile kept for drift detection; for a TensorFlow model with several inputs, "
+    "an .npz with one array per input name.",
 )
 @click.option(
     "--tolerance",
@@ -96,15 +98,19 @@ def add(
     repository: str | None,
     config_path: str | None,
 ) -> None:
-    """Add SOURCE (an .onnx file, or a pickled estimator) as a new version of model NAME.
+    """Add SOURCE (an .onnx file, a pickled estimator, a Keras .keras file, a TensorFlow
+    SavedModel folder, or a graph folder) as a new version of model NAME.
 
     \b
     Examples:
       redline models add -m breast_cancer .redline/demo/breast_cancer.onnx --labels 0,1
       redline models add -m bc .redline/demo/forest.joblib --from-pickle --trust-pickle \\
           --sample .redline/demo/val.npz
+      redline models add -m fraud fraud.keras --sample val.npz --labels 0,1
+      redline models add -m fraud export/fraud/1 --sample inputs.npz   # a SavedModel folder
     """
     from redline.models import ModelRepository
+    from redline.models.convert import is_saved_model
     from redline.models.repository import RegistrationWarning
 
     usage = "redline models add -m NAME SOURCE"
@@ -116,8 +122,9 @@ def add(
             f"one SOURCE file, got {' '.join(rest)} (the model's name goes after -m, not "
             f"before the file): `{usage}`")
     source = rest[0]
-    is_graph = Path(source).is_dir()
-    if not is_graph and not Path(source).is_file():
+    saved_model = is_saved_model(source)
+    is_graph = Path(source).is_dir() and not saved_model
+    if not is_graph and not saved_model and not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")
     number: int | None = None
     if version is not None:
@@ -137,7 +144,8 @@ def add(
     names = [s.strip() for s in feature_names.split(",")] if feature_names else None
     if names is not None and (missing_values or "reject") == "reject":
         _check_defaults(name, names, "reject", settings)  # before any conversion work
-    x = load_table(sample)[0] if sample else None
+    tensorflow = saved_model or Path(source).suffix == ".keras"
+    x = (_named_sample(sample) if tensorflow else load_table(sample)[0]) if sample else None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", RegistrationWarning)
         meta = _add_file(repo, name, source, from_pickle, trust_pickle, x, tolerance, task,
@@ -166,7 +174,23 @@ def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle
               x: Any, tolerance: float, task: str | None, labels: str | None,
               names: list[str] | None, missing_values: str | None, number: int | None,
               description: str) -> Any:
-    """Convert a pickled estimator (parity-checked on ``x``) or take an ONNX file; add it."""
+    """Convert a pickled estimator or a Keras/TensorFlow model (parity-checked on ``x``) or take
+    an ONNX file; add it."""
+    from redline.models.convert import is_saved_model
+
+    label_list: list[Any] | None = None
+    if labels:
+        label_list = [
+            int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in labels.split(",")
+        ]
+    if Path(source).suffix == ".keras" or is_saved_model(source):
+        if x is None:
+            raise click.UsageError(
+                "converting a Keras or TensorFlow model needs --sample for the parity check")
+        return repo.add_estimator(
+            name, source, x, tolerance=tolerance, feature_names=names, version=number,
+            description=description, task=task, class_labels=label_list,
+            missing_values=missing_values or "reject")
     if from_pickle or Path(source).suffix in (".pkl", ".pickle", ".joblib"):
         if not trust_pickle:
             raise click.UsageError(
@@ -189,11 +213,6 @@ def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle
             **({"missing_values": missing_values} if missing_values else {}),
         )
     else:
-        label_list: list[Any] | None = None
-        if labels:
-            label_list = [
-                int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in labels.split(",")
-            ]
         meta = repo.add_onnx(
             name,
             source,
@@ -206,6 +225,18 @@ def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle
             missing_values=missing_values or "reject",
         )
     return meta
+
+
+def _named_sample(path: str) -> Any:
+    """A TensorFlow model's sample: an .npz's arrays by input name (``X`` alone is the rows of
+    a one-input model; ``y``, the labels, is left out), else the rows of the table."""
+    if Path(path).suffix.lower() != ".npz" or not Path(path).is_file():
+        return load_table(path)[0]
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files if key != "y"}
+    return arrays["X"] if set(arrays) == {"X"} else arrays
 
 
 def _check_defaults(model: str, names: list[str], missing_values: str, settings: Any) -> None:

@@ -335,24 +335,34 @@ class ModelRepository:
         feature_names: list[str] | None = None,
         **kwargs: Any,
     ) -> ModelMetadata:
-        """Convert a framework model to ONNX (parity-checked on ``sample``) and add it."""
+        """Convert a framework model to ONNX (parity-checked on ``sample``) and add it.
+
+        A Keras model may be its ``.keras`` path, a TensorFlow SavedModel its folder; the sample
+        of a model with several inputs maps each input's name to its rows. ``task`` and
+        ``class_labels`` override what the conversion found (a Keras classifier does not say)."""
+        from collections.abc import Mapping
+
         import numpy as np
 
         from redline.models.convert import convert
 
-        x = np.asarray(sample, dtype=np.float32)
+        x: Any = sample if isinstance(sample, Mapping) else np.asarray(sample, dtype=np.float32)
         converted = convert(estimator, x, tolerance=tolerance)
         if feature_names is None:
             raw = getattr(estimator, "feature_names_in_", None)
             feature_names = [str(f) for f in raw] if raw is not None else None
         kwargs.setdefault("missing_values", "allow" if converted.handles_missing else "reject")
+        labels = kwargs.pop("class_labels", None) or converted.class_labels
+        task = kwargs.pop("task", None) or ("classification" if labels else converted.task)
+        if isinstance(x, Mapping):  # the drift profile reads one table: a one-input model's
+            x = next(iter(x.values())) if len(x) == 1 else None
         extra = dict(kwargs.pop("extra", None) or {})
         extra["conversion_max_abs_diff"] = converted.max_abs_diff
         return self.add_onnx(
             name,
             converted.onnx_bytes,
-            task=converted.task,
-            class_labels=converted.class_labels,
+            task=task,
+            class_labels=labels,
             feature_names=feature_names,
             framework=converted.framework,
             framework_version=converted.framework_version,
@@ -384,7 +394,8 @@ class ModelRepository:
         src = Path(folder)
         spec_path = src / g.GRAPH_FILE
         if not spec_path.is_file():
-            raise InvalidInput(f"{src} has no {g.GRAPH_FILE}: a graph folder needs one")
+            raise InvalidInput(f"{src} has no {g.GRAPH_FILE}: a graph folder needs one (a "
+                               "TensorFlow SavedModel folder has saved_model.pb)")
         try:
             doc = yaml.safe_load(spec_path.read_text())
         except yaml.YAMLError as exc:

@@ -8,20 +8,26 @@ without the ``convert``/``torch`` extras still imports the converters; a missing
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from typing import Any
 
 from redline.errors import ConversionError
 
-SUPPORTED_FRAMEWORKS = ("scikit-learn", "lightgbm", "xgboost", "pytorch", "onnx")
+SUPPORTED_FRAMEWORKS = ("scikit-learn", "lightgbm", "xgboost", "pytorch", "keras", "tensorflow",
+                        "onnx")
 
 
 def detect_framework(model: Any) -> str:
     """Name the framework ``model`` comes from, or raise ``ConversionError`` if unsupported.
 
-    Detection looks at the class's module (and its bases) so no framework is imported for it.
+    Detection looks at the class's module (and its bases) so no framework is imported for it. A
+    path is a Keras ``.keras`` file or a TensorFlow SavedModel folder.
     """
     if isinstance(model, (bytes, bytearray)) or module_root(type(model)) == "onnx":
         return "onnx"
+    if isinstance(model, (str, os.PathLike)):
+        return _file_framework(Path(model))
     for klass in type(model).__mro__:
         root = module_root(klass)
         if root == "sklearn":
@@ -32,12 +38,36 @@ def detect_framework(model: Any) -> str:
             return "xgboost"
         if root == "torch":
             return "pytorch"
+        if root == "keras":
+            return "keras"
+        if root == "tensorflow" and hasattr(model, "signatures"):  # tf.saved_model.load(...)
+            return "tensorflow"
     raise ConversionError(
         f"cannot convert a {type(model).__module__}.{type(model).__qualname__}: supported "
         f"frameworks are {', '.join(SUPPORTED_FRAMEWORKS)} (scikit-learn estimators and "
-        "Pipelines, LightGBM, XGBoost, PyTorch nn.Module, or an ONNX model). Convert it to ONNX "
-        "yourself and add the .onnx file instead.",
+        "Pipelines, LightGBM, XGBoost, PyTorch nn.Module, a Keras model or .keras file, a "
+        "TensorFlow SavedModel folder, or an ONNX model). Convert it to ONNX yourself and add "
+        "the .onnx file instead.",
         model_type=type(model).__qualname__,
+    )
+
+
+def is_saved_model(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a TensorFlow SavedModel folder (what TF Serving serves)."""
+    folder = Path(path)
+    return (folder / "saved_model.pb").is_file() or (folder / "saved_model.pbtxt").is_file()
+
+
+def _file_framework(path: Path) -> str:
+    if path.suffix == ".keras" and path.is_file():
+        return "keras"
+    if is_saved_model(path):
+        return "tensorflow"
+    raise ConversionError(
+        f"cannot convert {path}: a model file to convert is a Keras .keras file or a TensorFlow "
+        "SavedModel folder (one with saved_model.pb); pass other models as objects, or add an "
+        ".onnx file as it is.",
+        model_type="path",
     )
 
 

@@ -27,21 +27,35 @@ def check_parity(model: Any, converted: ConvertedModel, x: np.ndarray, tolerance
         raise ConversionError(f"the converted ONNX model fails on the sample: {exc}") from exc
     actual = dict(zip([o.name for o in session.get_outputs()], got, strict=True))
     score_name = converted.output_names[-1]  # probabilities / variable / output
-    ref = np.asarray(expected[score_name], dtype=np.float64).reshape(len(x), -1)
-    out = np.asarray(actual[score_name], dtype=np.float64).reshape(len(x), -1)
+    max_abs_diff = compare_output(score_name, expected[score_name], actual[score_name], tolerance)
+    if converted.task == "classification" and "label" in expected:
+        check_labels(expected["label"], actual["label"], _rows(expected[score_name]), tolerance)
+    return max_abs_diff
+
+
+def compare_output(name: str, original: Any, onnx_out: Any, tolerance: float) -> float:
+    """The largest absolute difference between one output of both sides, row by row; a
+    ``ConversionError`` naming the row and column when one differs by more than ``tolerance``."""
+    ref = _rows(original)
+    try:
+        out = np.asarray(onnx_out, dtype=np.float64).reshape(ref.shape[0], -1)
+    except ValueError:
+        out = np.asarray(onnx_out, dtype=np.float64)
     if ref.shape != out.shape:
         raise ConversionError(
-            f"the converted model's '{score_name}' has shape {out.shape[1:]} per row but the "
+            f"the converted model's '{name}' has shape {out.shape[1:]} per row but the "
             f"original gives {ref.shape[1:]}; the model cannot be converted faithfully."
         )
     abs_diff = np.abs(out - ref)
     abs_diff[np.isnan(out) & np.isnan(ref)] = 0.0
     abs_diff[np.isnan(abs_diff)] = np.inf  # NaN on one side only is a total disagreement
+    if not abs_diff.size:
+        return 0.0
     scaled = abs_diff / np.maximum(1.0, np.abs(np.nan_to_num(ref)))
     row, col = np.unravel_index(int(np.argmax(scaled)), scaled.shape)
     if scaled[row, col] > tolerance:
         raise ConversionError(
-            f"conversion refused: the ONNX model's '{score_name}' differs from the original by "
+            f"conversion refused: the ONNX model's '{name}' differs from the original by "
             f"{abs_diff[row, col]:.3g} (relative {scaled[row, col]:.3g}) at sample row {row}, "
             f"column {col} (original {ref[row, col]:.9g}, ONNX {out[row, col]:.9g}); the "
             f"tolerance is {tolerance:g}. If the difference is float32 rounding, pass a larger "
@@ -50,9 +64,13 @@ def check_parity(model: Any, converted: ConvertedModel, x: np.ndarray, tolerance
             row=int(row),
             tolerance=tolerance,
         )
-    if converted.task == "classification" and "label" in expected:
-        check_labels(expected["label"], actual["label"], ref, tolerance)
-    return float(abs_diff.max()) if abs_diff.size else 0.0
+    return float(abs_diff.max())
+
+
+def _rows(values: Any) -> np.ndarray:
+    """``values`` as float64 rows, one per sample row (a scalar output is one row)."""
+    ref = np.asarray(values, dtype=np.float64)
+    return ref.reshape(ref.shape[0] if ref.ndim else 1, -1)
 
 
 def check_labels(ref_labels: Any, onnx_labels: Any, proba: np.ndarray, tolerance: float) -> None:
