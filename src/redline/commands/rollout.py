@@ -2,7 +2,7 @@
 
 The commands only edit the rollout file (``scaling.rollout_file``, default
 ``<project>/rollout.json``) and the repository's aliases; every server sharing the project
-folder follows them within a second (``scaling/rollout.py``).
+folder follows them within a second (``scaling/rollout/``).
 """
 
 from __future__ import annotations
