@@ -159,8 +159,16 @@ class ModelSettings:
     # the versions kept loaded, as latest:N, all or specific:1,3 (unset: the repository's
     # policy.json)
     version_policy: str | None = None
+    # a Python model's predict: thread (in the server process) or process (worker processes,
+    # for Python that holds the GIL); unset: what `models add --runtime` recorded, else thread
+    runtime: str | None = None
+    # threads (runtime thread: the spares take over from hung runs) or worker processes
+    # (runtime process: each runs a batch at once) of a Python model; unset: 4 threads, 2
+    # processes
+    workers: int | None = None
 
-    RULES: ClassVar[Rules] = {"slo_ms": POSITIVE}
+    RULES: ClassVar[Rules] = {"slo_ms": POSITIVE, "runtime": OneOf(("thread", "process")),
+                              "workers": AT_LEAST_1}
 
 
 @dataclass

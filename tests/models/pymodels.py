@@ -16,25 +16,41 @@ import numpy as np
 
 '''
 
-# OUTPUT0 = row sums of a [n, 16] FP32 input; counts its predict calls and rows (a file beside
-# the model, when COUNT_FILE is set, so a test sees calls made in a worker process too).
-ROW_SUM = '''
+# OUTPUT0 = row sums of a [n, 16] FP32 input. With REDLINE_TEST_COUNT_DIR set, each predict
+# call appends its row count to <dir>/<model>-<version>.txt, so a test sees how requests were
+# batched, whichever process the model runs in.
+_ROW_SUM = '''
 class Model:
     inputs = {"INPUT0": ("FP32", [-1, 16])}
     outputs = {"OUTPUT0": ("FP32", [-1])}
 
     def load(self, folder):
-        self.calls = []
+        counts = os.environ.get("REDLINE_TEST_COUNT_DIR")
+        self.count = f"{counts}/{folder.parent.name}-{folder.name}.txt" if counts else None
 
     def predict(self, inputs):
         x = inputs["INPUT0"]
-        self.calls.append(len(x))
-        path = os.environ.get("REDLINE_TEST_COUNT_FILE")
-        if path:
-            with open(path, "a") as f:
+        if self.count:
+            with open(self.count, "a") as f:
                 f.write(f"{len(x)}\\n")
-        return {"OUTPUT0": x.sum(axis=1)}
+        time.sleep(SLEEP_S)
+        return {"OUTPUT0": x.sum(axis=1) * FACTOR}
 '''
+
+
+def row_sum(sleep_s: float = 0.0, factor: float = 1.0) -> str:
+    """``ROW_SUM``, each call taking ``sleep_s`` and answering ``factor`` times the sums."""
+    return f"SLEEP_S = {sleep_s!r}\nFACTOR = np.float32({factor!r})\n" + _ROW_SUM
+
+
+ROW_SUM = row_sum()
+
+
+def counted(count_dir: Path, model: str, version: int = 1) -> list[int]:
+    """The row counts of the predict calls of a model version so far."""
+    path = count_dir / f"{model}-{version}.txt"
+    return [int(n) for n in path.read_text().split()] if path.is_file() else []
+
 
 # Rows whose first value is 13 make predict raise; 7 gives NaN; 99 sleeps (a hang); -5 exits
 # the process (a crash); the rest are row sums.

@@ -207,7 +207,7 @@ def test_a_changed_file_is_refused_at_load(repo, tmp_path):
 
 def test_two_versions_loaded_side_by_side_keep_their_own_code(repo, tmp_path):
     add(repo, tmp_path, pm.ROW_SUM)
-    add(repo, tmp_path, pm.ROW_SUM.replace("x.sum(axis=1)", "x.sum(axis=1) * 2"), name="m2")
+    add(repo, tmp_path, pm.row_sum(factor=2), name="m2")
     src = tmp_path / "src-m2" / "model.py"
     repo.add_python("m", src, pm.rows(), trust_code=True)
     one, two = load_runner(repo, "m", 1), load_runner(repo, "m", 2)

@@ -36,6 +36,9 @@ class ModelRunner:
     concurrent_runs: int = 1
     # Why the version runs without a provider that was asked for (ONNX Runtime), else None.
     provider_fallback: str | None = None
+    # What V2 metadata and Triton's model configuration call the engine.
+    platform: str = ""
+    backend: str = ""
 
     def __init__(self, metadata: ModelMetadata, settings: RuntimeSettings | None = None) -> None:
         self.settings = settings or RuntimeSettings()

@@ -166,6 +166,9 @@ def choose_providers(requested: list[str]) -> list[str]:
 class InferenceSession(ModelRunner):
     """A loaded, checked model version and its ONNX Runtime session."""
 
+    platform = "onnxruntime_onnx"
+    backend = "onnxruntime"
+
     def __init__(
         self,
         model_bytes: bytes,

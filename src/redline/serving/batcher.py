@@ -15,6 +15,12 @@ or a loop round trip costs more than batching saves. Longer runs go to the model
 thread (ONNX Runtime releases the GIL), so the loop keeps answering health checks and metadata
 and keeps accepting requests, which queue and ride the next batch.
 
+A model that runs the user's own Python (``model.py``; the runner's ``user_code``) never runs on
+the loop, since it may hold the GIL or hang; and while its batch runs, each request is answered
+at its own deadline (``DeadlineExceeded``) rather than when the run ends. A run that every request
+has given up on is abandoned: the runner is told (``abandon``: a worker process is stopped) and
+the next batch starts on another thread of the version's pool.
+
 Options (``BatchingSettings``): ``max_batch_size`` rows per run; ``max_queue_size`` requests
 waiting (beyond it: 429); ``max_queue_delay_us`` how long to hold a partial batch for more rows,
 applied only once concurrency has been seen (so a lone client never waits); ``adaptive`` grows
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -44,7 +51,7 @@ from redline.errors import (
     RedlineError,
     describe,
 )
-from redline.serving.deadline import HIGH, AdmissionStats, CostModel, now
+from redline.serving.deadline import HIGH, TIMER_SLACK_S, AdmissionStats, CostModel, now
 
 log = logging.getLogger("redline.serving")
 Inputs = dict[str, np.ndarray]
@@ -53,6 +60,20 @@ Outputs = dict[str, np.ndarray]
 # when its prediction is within PROBE_RANGE times ``inline_max_us`` (see ``run_now``).
 PROBE_EVERY = 16
 PROBE_RANGE = 4.0
+
+
+class _Run:
+    """A batch on a worker thread: its requests, and (with ``cut_late``) the timer that answers
+    them at their deadlines."""
+
+    __slots__ = ("batch", "rows", "thread", "timer", "abandoned")
+
+    def __init__(self, batch: list[_Entry], rows: int) -> None:
+        self.batch = batch
+        self.rows = rows
+        self.thread: int | None = None  # the worker thread's id, once the run starts
+        self.timer: asyncio.TimerHandle | None = None
+        self.abandoned = False
 
 
 class _Entry:
@@ -75,6 +96,9 @@ class Batcher:
 
     ``run`` is the model's hot path (``InferenceSession.run``); ``batchable`` says whether every
     input and output has a dynamic first (batch) dimension, so requests can be concatenated.
+    ``inline=False`` keeps every run off the event loop; ``cut_late`` answers a running batch's
+    requests at their deadlines and abandons the run (calling ``abandon(thread_id)``) once none
+    waits; ``max_running`` batches may run at once (a Python model's worker processes).
     """
 
     def __init__(
@@ -88,6 +112,10 @@ class Batcher:
         cost: CostModel | None = None,
         stats: AdmissionStats | None = None,
         name: str = "model",
+        inline: bool = True,
+        cut_late: bool = False,
+        max_running: int = 1,
+        abandon: Callable[[int], None] | None = None,
     ) -> None:
         self._run = run
         self._executor = executor
@@ -100,14 +128,20 @@ class Batcher:
         self.cost = cost or CostModel()
         self.stats = stats or AdmissionStats()
         self.name = name
-        self._inline_max_s = settings.inline_max_us / 1e6
+        # -1: no run is ever predicted short enough for the loop
+        self._inline_max_s = settings.inline_max_us / 1e6 if inline else -1.0
+        self._cut_late = cut_late
+        self._max_running = max(1, max_running)
+        self._abandon = abandon
+        self.abandoned = 0  # runs given up on, past every request's deadline
+        self._warned_abandoned = -math.inf
         self._delay_s = settings.max_queue_delay_us / 1e6
         self._queues: tuple[deque[_Entry], deque[_Entry]] = (deque(), deque())
         self._queued = 0
         self._queued_rows = 0
         self._scheduled = False  # a _flush is pending on the loop
-        self._busy = False  # a batch runs on the worker thread
-        self._busy_until = 0.0  # predicted end of the running batch
+        self._running = 0  # batches on worker threads that requests still wait for
+        self._busy_until = 0.0  # predicted end of the latest running batch
         self._concurrent = False  # the last batch held more than one request
         self._closed = False
         self._tick = 0  # fast-path runs, for sampling their timing
@@ -127,7 +161,7 @@ class Batcher:
         run would save less than they cost. Requests still batch whenever they find work
         queued or running.
         """
-        if self._queued or self._busy or self._scheduled or self._closed:
+        if self._queued or self._running or self._scheduled or self._closed:
             return None
         cost = self.cost
         predicted = cost.fixed_s + cost.per_row_s * rows
@@ -175,7 +209,7 @@ class Batcher:
                 retry_after_s=self._drain_estimate(),
             )
         t = now()
-        if deadline is not None and (self._queued or self._busy):
+        if deadline is not None and (self._queued or self._running):
             finish = self._finish_estimate(t, rows)
             if finish > deadline:
                 self.stats.shed_budget += 1
@@ -195,15 +229,15 @@ class Batcher:
         self._queued += 1
         self._queued_rows += rows
         self.stats.admitted += 1
-        if not self._scheduled and not self._busy:
+        if not self._scheduled and self._running < self._max_running:
             self._scheduled = True
             loop.call_soon(self._flush)
         return future
 
     def _finish_estimate(self, t: float, rows: int) -> float:
         ahead = self._queued_rows + rows
-        runs = math.ceil(ahead / self.cap)
-        start = max(t, self._busy_until) if self._busy else t
+        runs = math.ceil(ahead / (self.cap * self._max_running))
+        start = max(t, self._busy_until) if self._running >= self._max_running else t
         return start + runs * self.cost.predict(min(ahead, self.cap))
 
     def _drain_estimate(self) -> float:
@@ -213,7 +247,7 @@ class Batcher:
     # ------------------------------------------------------------------ flush
     def _flush(self) -> None:
         self._scheduled = False
-        if self._busy or not self._queued:
+        if self._running >= self._max_running or not self._queued:
             return
         # Hold a partial batch for more rows, only once concurrency has been seen.
         if self._delay_s and self._concurrent and self._queued_rows < self.cap:
@@ -246,27 +280,77 @@ class Batcher:
                 self._deliver(batch, rows, outputs, now() - t0)
             self._schedule_next()
             return
-        # Case: a long run — on the worker thread, the loop stays responsive.
-        self._busy = True
+        # Case: a long run (or the user's code) — on a worker thread, the loop stays responsive.
+        self._running += 1
         self._busy_until = now() + predicted
         loop = self._loop
         assert loop is not None
-        work = self._executor.submit(self._timed_run, merged)
+        run = _Run(batch, rows)
+        work = self._executor.submit(self._timed_run, merged, run)
 
         def done(f: ThreadFuture[tuple[Outputs, float]]) -> None:
-            loop.call_soon_threadsafe(self._on_thread_done, batch, rows, f)
+            loop.call_soon_threadsafe(self._on_thread_done, run, f)
 
         work.add_done_callback(done)
+        if self._cut_late:
+            self._arm(run)
+        if self._queued and self._running < self._max_running and not self._scheduled:
+            self._scheduled = True  # another batch may run beside this one
+            loop.call_soon(self._flush)
 
-    def _timed_run(self, merged: Inputs) -> tuple[Outputs, float]:
+    def _timed_run(self, merged: Inputs, run: _Run) -> tuple[Outputs, float]:
+        run.thread = threading.get_ident()
         t0 = now()
         outputs = self._run(merged)
         return outputs, now() - t0
 
-    def _on_thread_done(
-        self, batch: list[_Entry], rows: int, work: ThreadFuture[tuple[Outputs, float]]
-    ) -> None:
-        self._busy = False
+    def _arm(self, run: _Run) -> None:
+        """Wake at the earliest deadline of the run's requests still waiting."""
+        deadlines = [e.deadline for e in run.batch
+                     if e.deadline is not None and not e.future.done()]
+        if deadlines and self._loop is not None:
+            run.timer = self._loop.call_later(max(0.0, min(deadlines) - now()), self._cut, run)
+
+    def _cut(self, run: _Run) -> None:
+        """Answer the run's requests whose budget is spent; abandon the run once none waits."""
+        run.timer = None
+        t = now()
+        waiting = 0
+        for entry in run.batch:
+            if entry.future.done():
+                continue
+            if entry.deadline is not None and entry.deadline <= t + TIMER_SLACK_S:
+                self.stats.expired += 1
+                entry.future.set_exception(DeadlineExceeded(
+                    f"model '{self.name}' did not answer within the request's budget: its run "
+                    f"had taken {(t - entry.arrival) * 1e3:.0f} ms and is still going; raise "
+                    "x-redline-budget-ms if the model is that slow, or fix a predict that hangs"
+                ))
+            else:
+                waiting += 1
+        if waiting:
+            self._arm(run)
+            return
+        # Case: nobody waits for this run any more — give its slot to the next batch.
+        run.abandoned = True
+        self._running -= 1
+        self.abandoned += 1
+        if t - self._warned_abandoned >= 60.0:
+            self._warned_abandoned = t
+            log.warning("model '%s': a run outlived the budget of every request in it and was "
+                        "abandoned (%d so far); the next batch runs on another thread",
+                        self.name, self.abandoned)
+        if self._abandon is not None and run.thread is not None:
+            self._abandon(run.thread)
+        self._schedule_next()
+
+    def _on_thread_done(self, run: _Run, work: ThreadFuture[tuple[Outputs, float]]) -> None:
+        if run.abandoned:
+            return  # its requests were answered at their deadlines
+        if run.timer is not None:
+            run.timer.cancel()
+        self._running -= 1
+        batch, rows = run.batch, run.rows
         exc = work.exception()
         if exc is not None:
             self._fail(batch, exc)
@@ -375,7 +459,7 @@ class Batcher:
 
     @property
     def idle(self) -> bool:
-        return not self._queued and not self._busy
+        return not self._queued and not self._running
 
     def _notify_idle(self) -> None:
         if self._idle is not None and self.idle:

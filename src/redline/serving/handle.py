@@ -20,13 +20,14 @@ import copy
 import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
 from redline.config import Settings
 from redline.errors import InvalidInput, RedlineError
 from redline.models.datatypes import V2_TO_NUMPY
-from redline.models.runtime import InferenceSession
+from redline.models.runner import ModelRunner
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, AdmissionStats, Budget, CostModel, now
 from redline.serving.fastjson import JsonFastPath
@@ -38,9 +39,13 @@ warnings.filterwarnings("ignore", "invalid value encountered in dot", RuntimeWar
 
 
 class ModelHandle:
-    """A model version ready to serve: its session, batcher, worker thread and counters."""
+    """A model version ready to serve: its session, batcher, worker thread and counters.
 
-    def __init__(self, session: InferenceSession, settings: Settings) -> None:
+    ``session`` is any ``ModelRunner``: ONNX Runtime's session or a Python model's; the runner
+    says how many worker threads it needs and whether its runs may leave the event loop's
+    thread (``user_code``), and everything else is the same for both."""
+
+    def __init__(self, session: ModelRunner, settings: Settings) -> None:
         self.session = session
         self.metadata = session.metadata
         self.name = self.metadata.name
@@ -60,7 +65,8 @@ class ModelHandle:
         )
         self.stats = AdmissionStats()
         self.cost = CostModel()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"ort-{self.name}-{self.version}")
+        self._executor = ThreadPoolExecutor(
+            session.worker_threads, thread_name_prefix=f"run-{self.name}-{self.version}")
         self.batcher = Batcher(
             # The public run: ONNX Runtime's compiled ``_sess.run`` skips the Python-side
             # checks but saves well under 1% of a one-row request's server CPU (the demo
@@ -73,6 +79,7 @@ class ModelHandle:
             cost=self.cost,
             stats=self.stats,
             name=f"{self.name}:{self.version}",
+            **self._run_options(session),
         )
         self._runtime = settings.runtime
         # Keep requests' inputs and outputs on their records. Monitoring's drift, quality and
@@ -104,13 +111,20 @@ class ModelHandle:
                 bool(spec.shape) and spec.shape[0] == -1,
             )
 
+    @staticmethod
+    def _run_options(session: ModelRunner) -> dict[str, Any]:
+        """How the batcher runs this engine: user code never on the loop, cut at deadlines."""
+        return {"inline": not session.user_code, "cut_late": session.user_code,
+                "max_running": session.concurrent_runs, "abandon": session.abandon}
+
     def warm(self) -> None:
         """Run every warm-up batch size, then seed the cost model from timed runs.
 
         The runs happen on this version's own worker thread, where batches run: ONNX Runtime's
         first run on a thread costs milliseconds more than later ones (its per-thread state;
-        ``benchmarks/first_request``), which the first batch would otherwise pay. (The first inline run on the event loop's thread
-        is paid by the request-path warm-up, ``serving/warmup.py``.)"""
+        ``benchmarks/first_request``), which the first batch would otherwise pay. (The first
+        inline run on the event loop's thread is paid by the request-path warm-up,
+        ``serving/warmup.py``.)"""
         self._executor.submit(self._warm_runs).result()
 
     def _warm_runs(self) -> None:
@@ -141,7 +155,8 @@ class ModelHandle:
         old = self.batcher
         twin.batcher = Batcher(self.session.run, old.settings, executor=self._executor,
                                batchable=old.batchable, slo_s=old.slo_s, cost=twin.cost,
-                               stats=twin.stats, name=old.name)
+                               stats=twin.stats, name=old.name,
+                               **self._run_options(self.session))
         return twin
 
     # ------------------------------------------------------------------ requests
@@ -303,6 +318,8 @@ class ModelHandle:
 
     # ------------------------------------------------------------------ lifecycle
     async def retire(self, timeout_s: float) -> None:
-        """Finish queued and running requests, then release the worker thread."""
+        """Finish queued and running requests, then release the worker thread and what the
+        runner holds (a Python model's worker processes)."""
         await self.batcher.drain(timeout_s)
         self._executor.shutdown(wait=False)
+        self.session.close()

@@ -19,7 +19,7 @@ def model_metadata(registry: ModelRegistry, params: dict[str, str]) -> dict[str,
         # The versions a request can be served by: loaded and warm (not broken, not unloaded,
         # not outside the version policy; the admin index lists those with their state).
         "versions": [str(h.version) for h in registry.loaded(handle.name)],
-        "platform": "onnxruntime_onnx",
+        "platform": handle.session.platform,
         "inputs": [t.to_dict() for t in handle.session.inputs],
         "outputs": [t.to_dict() for t in handle.session.outputs],
     }
@@ -36,8 +36,8 @@ def triton_config(handle: ModelHandle) -> dict[str, Any]:
 
     return {
         "name": handle.name,
-        "platform": "onnxruntime_onnx",
-        "backend": "onnxruntime",
+        "platform": handle.session.platform,
+        "backend": handle.session.backend,
         "max_batch_size": handle.batcher.max_batch if batched else 0,
         "input": tensors(handle.session.inputs),
         "output": tensors(handle.session.outputs),

@@ -27,9 +27,8 @@ from typing import Any, NoReturn, Protocol
 
 from redline.config import Settings
 from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
-from redline.models import ModelRepository, VersionPolicy
+from redline.models import ModelRepository, VersionPolicy, load_runner
 from redline.models.repository import check_name
-from redline.models.runtime import InferenceSession
 from redline.serving.handle import ModelHandle
 
 log = logging.getLogger("redline.serving")
@@ -328,18 +327,24 @@ class ModelRegistry:
 
     async def _load(self, name: str, version: int) -> ModelHandle | None:
         def build() -> ModelHandle:
-            session = InferenceSession.load(self.repository, name, version, self.settings.runtime)
-            handle = ModelHandle(session, self.settings)
-            if self.checks is None:
-                handle.warm()
-                return handle
-            self.checks.admit(handle)
+            model = self.settings.for_model(name)
+            session = load_runner(self.repository, name, version, self.settings.runtime,
+                                  python_runtime=model.runtime, python_workers=model.workers)
             try:
-                handle.warm()
+                handle = ModelHandle(session, self.settings)
+                if self.checks is None:
+                    handle.warm()
+                    return handle
+                self.checks.admit(handle)
+                try:
+                    handle.warm()
+                except BaseException:
+                    self.checks.retired(handle)
+                    raise
+                return handle
             except BaseException:
-                self.checks.retired(handle)
+                session.close()  # a Python model's worker processes, when it has them
                 raise
-            return handle
 
         try:
             handle = await asyncio.to_thread(build)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from redline.config import RuntimeSettings
-from redline.errors import ConfigError, CorruptModel, ModelError
+from redline.errors import ConfigError, CorruptModel, ModelError, ModelNotReady
 from redline.models.metadata import ModelMetadata
 from redline.models.python.code import (
     ENTRY_FILE,
@@ -84,6 +84,7 @@ class PythonSession(ModelRunner):
     """A loaded ``model.py`` version, run in this process (threads) or in worker processes."""
 
     user_code = True
+    platform = backend = "python"  # as Triton names its Python backend
 
     def __init__(
         self,
@@ -141,6 +142,9 @@ class PythonSession(ModelRunner):
         try:
             outputs = self._call(inputs)
         except WorkerFailed as exc:
+            if exc.closing:
+                raise ModelNotReady(f"{self.label} is unloading; retry to reach its "
+                                    "successor") from None
             reason = exc.message if exc.lost else f"predict raised {exc.message}"
             raise self._failed(exc.key, reason, exc.traceback) from None
         except Exception as exc:  # noqa: BLE001 - the user's predict may raise anything

@@ -10,10 +10,10 @@ written by the worker and copied out by the server (the block is reused by the n
 block that is too small is replaced by a larger one, named in the next message. Control messages
 (which tensor is where) go over a socket pair as small pickles.
 
-Workers are started with ``python -m`` (``_worker.py``) rather than ``multiprocessing``: spawning through
-multiprocessing re-imports the caller's ``__main__``, which fails in a script that adds a model
-without an ``if __name__ == "__main__"`` guard. A worker exits when its socket closes, and when
-the server's process is gone (it checks its parent once a second).
+Workers are started with ``python -m`` (``_worker.py``) rather than ``multiprocessing``:
+spawning through multiprocessing re-imports the caller's ``__main__``, which fails in a script
+that adds a model without an ``if __name__ == "__main__"`` guard. A worker exits when its socket
+closes, and when the server's process is gone (it checks its parent once a second).
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ class WorkerFailed(Exception):
     or did not answer in time (``lost``: it was stopped, and is replaced)."""
 
     def __init__(self, message: str, traceback: str = "", key: str = "",
-                 lost: bool = False) -> None:
+                 lost: bool = False, closing: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.traceback = traceback
         self.key = key or message
         self.lost = lost
+        self.closing = closing  # the pool is closing: no failure of the model's
 
 
 class WorkerStartFailed(Exception):
@@ -221,6 +222,7 @@ class WorkerPool:
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._starting = 0  # replacements being started
         started = [_Worker(folder, label) for _ in range(max(1, count))]
         try:
             for worker in started:
@@ -243,10 +245,10 @@ class WorkerPool:
                 worker.thread = None
                 self._idle.put(worker)
                 raise
-            self._replace(worker)
+            self._replace_soon(worker)
             raise
         except BaseException:
-            self._replace(worker)  # a half-done exchange leaves the socket out of step
+            self._replace_soon(worker)  # a half-done exchange leaves the socket out of step
             raise
         worker.thread = None
         self._idle.put(worker)
@@ -255,17 +257,33 @@ class WorkerPool:
     def _take(self) -> _Worker:
         while True:
             with self._lock:
-                if self._closed or not self._workers:
+                if self._closed:
+                    raise WorkerFailed("the model is unloading", lost=True, closing=True)
+                if not (self._workers or self._starting):
                     raise WorkerFailed("the model has no worker process left (each failed to "
-                                       "start again; see the log)" if not self._closed else
-                                       "the model is unloading", lost=True)
+                                       "start again; see the log)", lost=True)
             try:
                 return self._idle.get(timeout=1.0)
             except queue.Empty:
                 continue
 
+    def _replace_soon(self, worker: _Worker) -> None:
+        """Replace ``worker`` on a thread of its own: the failed call answers at once, and the
+        other workers serve while the new one loads the model."""
+        with self._lock:
+            self._starting += 1
+        threading.Thread(target=self._replace, args=(worker,), daemon=True,
+                         name=f"replace-{self.label}").start()
+
     def _replace(self, worker: _Worker) -> None:
-        """Stop ``worker`` and start one in its place (on the calling thread, off the loop)."""
+        """Stop ``worker`` and start one in its place."""
+        try:
+            self._start_in_place_of(worker)
+        finally:
+            with self._lock:
+                self._starting -= 1
+
+    def _start_in_place_of(self, worker: _Worker) -> None:
         worker.close()
         with self._lock:
             self._workers.discard(worker)
@@ -297,7 +315,7 @@ class WorkerPool:
         with self._lock:
             running = [w for w in self._workers if w.thread == thread_id]
         for worker in running:
-            worker.kill()
+            worker.process.kill()  # only the signal: the waiting thread replaces it
 
     def close(self) -> None:
         with self._lock:
