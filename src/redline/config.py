@@ -335,9 +335,17 @@ class FeatureSettings:
     # python module or file that declares entities/sources/views
     definitions: str | None = field(default=None, metadata={"path": "module-or-file"})
     store: str = "memory"  # the online store: in this process, or Redis shared by replicas
-    redis_url: str = "redis://127.0.0.1:6379/0"  # the Redis of the online store (store: redis)
+    # the Redis of the online store (store: redis): redis:// or rediss://host:port/db, or a
+    # Sentinel service, redis+sentinel://host:port[,host:port...]/service[/db], whose clients
+    # follow a failover
+    redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout_ms: float = 50.0  # a request's Redis read gives up after this (ingest: longer)
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster
+    # ingest writes wait (Redis WAIT) until this many replicas hold them before the source's
+    # position moves on: no failover can drop them, for a replica's round trip a batch; 0: off
+    redis_wait_replicas: int = 0
+    # how long a write waits for redis_wait_replicas; then it counts as failed and is sent again
+    redis_wait_timeout_ms: float = 100.0
     # The store lost its data (restarted empty, flushed): the share of /v1 rows whose entity
     # is missing over the last entity_loss_window_s is entity_loss_jump above its baseline
     # (a moving average, half-life entity_loss_baseline_half_life_s) over at least
@@ -380,6 +388,7 @@ class FeatureSettings:
 
     RULES: ClassVar[Rules] = {
         "store": OneOf(("memory", "redis")), "redis_timeout_ms": POSITIVE,
+        "redis_wait_replicas": AT_LEAST_0, "redis_wait_timeout_ms": POSITIVE,
         "entity_loss_window_s": POSITIVE, "entity_loss_jump": Range(0, 1, above=True),
         "entity_loss_min_rows": AT_LEAST_1, "entity_loss_baseline_half_life_s": POSITIVE,
         "redis_spin_us": AT_LEAST_0, "ingest_batch": AT_LEAST_1, "claim_idle_ms": AT_LEAST_1,

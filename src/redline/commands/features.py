@@ -399,11 +399,13 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
           --stream events --group ingest
     """
     from redline.features.ingest import StreamConsumer
+    from redline.features.online import open_online_store
     from redline.features.online.redis import RedisStore
 
     fs, defs = _settings(config_path, definitions, "redis", redis_url,
                          sessions_only=True)
-    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
                           group=group or fs.consumer_group, consumer=consumer,
@@ -468,6 +470,7 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
         --kafka-option sasl.mechanism=PLAIN --kafka-option sasl.username=me
     """
     from redline.features.ingest.kafka import KafkaSource
+    from redline.features.online import open_online_store
     from redline.features.online.redis import RedisStore
 
     fs, defs = _settings(config_path, definitions, "redis", redis_url,
@@ -478,7 +481,8 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
         if not sep or not key:
             raise InvalidInput(f"--kafka-option must be KEY=VALUE, got {opt!r}")
         config[key] = value
-    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     src = KafkaSource(defs, store, topic=topic or fs.kafka_topic,
                       bootstrap=bootstrap_servers or fs.kafka_bootstrap_servers,
@@ -517,11 +521,13 @@ def ingest_kinesis(config_path: str | None, definitions: str | None, redis_url: 
       redline ingest kinesis --stream card-events --endpoint-url http://127.0.0.1:4567
     """
     from redline.features.ingest.kinesis import KinesisSource
+    from redline.features.online import open_online_store
     from redline.features.online.redis import RedisStore
 
     fs, defs = _settings(config_path, definitions, "redis", redis_url,
                          sessions_only=True)
-    store = RedisStore(fs.redis_url, cluster=fs.redis_cluster, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     src = KinesisSource(defs, store, stream=stream or fs.kinesis_stream,
                         region=region or fs.kinesis_region,

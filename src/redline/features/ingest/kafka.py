@@ -9,6 +9,11 @@ Exactly once, step by step (docs/features.md has the full argument):
    is skipped. On a cluster each call covers one slot (one entity's keys), so it stays atomic.
 3. Only then are the offsets committed to Kafka (asynchronously; synchronously when partitions
    are revoked). A crash before the commit replays the batch, and step 2 skips what was applied.
+4. The same script raises the group's *position* per partition in the store (on a cluster, per
+   primary after its scripts returned; ``online.redis_failover``). A partition starts from the
+   lower of the committed offset and that position + 1 — when it is assigned, and after every
+   store outage — so a Redis failover that dropped writes the old primary had acknowledged
+   (asynchronous replication) replays them instead of losing them.
 
 Messages are partitioned by entity key (the producer's message key), so one partition holds an
 entity's events in order; the marks are per partition, so other producers' keying still works.
@@ -18,6 +23,7 @@ exactly as the first delivery was.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -32,7 +38,10 @@ from redline.features.definitions import FeatureDefinitions
 from redline.features.events import EventDecoder, UpdateBatch
 from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
 from redline.features.online.base import now_ms
+from redline.features.online.redis_failover import position_key, start_offsets
 from redline.features.sessions import SessionSink
+
+log = logging.getLogger("redline.ingest")
 
 
 def _consumer_class() -> Any:
@@ -80,7 +89,12 @@ class KafkaSource:
         }
         conf.update(config or {})
         self.consumer = _consumer_class()(conf)
-        self.consumer.subscribe([topic], on_revoke=self._on_revoke)
+        self._cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
+        # partitions must be placed from the store's positions before anything is applied (a
+        # rebalance assigned them while the store could not be read, or the store was down)
+        self._rewind = False
+        self.replayed = 0  # messages read again because the store was behind (a failover)
+        self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
         # the write in flight: call it to wait for it
         self._inflight: Callable[[], tuple[int, dict[int, int]]] | None = None
         self._ready: Callable[[], bool] | None = None  # whether its reply is there
@@ -101,16 +115,20 @@ class KafkaSource:
 
     def poll(self) -> int:
         """Read a batch, decode it, start its write (the previous one finishes first)."""
+        if self._rewind:
+            self._rewind_now()  # a store still down raises, and the loop waits it out
         # what the client holds already, up to a batch, without waiting: batches are as large as
         # the backlog (small when caught up, so nothing waits for a batch to fill)
         msgs = self.consumer.consume(self.batch, 0)
+        if self._rewind:  # a rebalance inside consume() could not place its partitions
+            return 0  # what came is read again after the rewind
         if not msgs:
             # caught up: finish the write in flight first (its events become visible and its
             # offsets are committed now, not after the next message), then wait for one message
             # and take what came with it
             done = self.flush()
             msgs = self.consumer.consume(1, self.block_s)
-            if not msgs:
+            if not msgs or self._rewind:
                 return done
             if self.batch > 1:
                 msgs += self.consumer.consume(self.batch - 1, 0)
@@ -165,7 +183,9 @@ class KafkaSource:
 
     def reset(self) -> None:
         """After a store outage: the batch in flight was applied or not (its offsets are not
-        committed either way); rewind every assigned partition to its committed offset."""
+        committed either way); rewind every assigned partition to the lower of its committed
+        offset and the store's position + 1 (a failover may have dropped acknowledged writes).
+        Nothing is applied before that rewind has been made (:meth:`poll` makes it first)."""
         wait, self._inflight = self._inflight, None
         self._ready = None
         if wait is not None:
@@ -173,13 +193,53 @@ class KafkaSource:
                 wait()
             except Exception:  # noqa: BLE001 - the outage itself
                 pass
+        self._rewind = True
+        self._rewind_now()
+
+    def _starts(self, partitions: Sequence[int]) -> dict[int, int]:
+        """Where each of ``partitions`` starts (``redis_failover.start_offsets``); a partition
+        where the store is behind the committed offset is logged and counted."""
+        from confluent_kafka import TopicPartition
+
+        committed = {tp.partition: tp.offset for tp in self.consumer.committed(
+            [TopicPartition(self.topic, p) for p in partitions], timeout=10)}
+        stored = self.store.source_positions(self.topic, self.group)
+        starts, behind = start_offsets(committed, stored, partitions)
+        for part, n in sorted(behind.items()):
+            self.replayed += n
+            log.warning("ingest: the store's position in %s partition %d is %d behind the "
+                        "group's committed offset %d (a Redis failover dropped writes the old "
+                        "primary had acknowledged): reading them again", self.topic, part, n,
+                        committed[part])
+        return starts
+
+    def _rewind_now(self) -> None:
+        """Seek every assigned partition to where :meth:`_starts` says (raises
+        ``StoreUnavailable`` while the store cannot be read; the rewind stays due)."""
         from confluent_kafka import TopicPartition
 
         assigned = self.consumer.assignment()
         if assigned:
-            for tp in self.consumer.committed(assigned, timeout=10):
-                offset = tp.offset if tp.offset >= 0 else 0  # none committed: the beginning
-                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            starts = self._starts([tp.partition for tp in assigned])
+            for tp in assigned:
+                offset = starts.get(tp.partition, 0)  # none committed or stored: the beginning
+                self.consumer.seek(TopicPartition(self.topic, tp.partition, offset))
+        self._rewind = False
+
+    def _on_assign(self, consumer: Any, partitions: Any) -> None:
+        """Place newly assigned partitions where :meth:`_starts` says; when the store cannot
+        be read now, assign them as they are and let :meth:`poll` rewind before it applies."""
+        try:
+            starts = self._starts([tp.partition for tp in partitions])
+            for tp in partitions:
+                if tp.partition in starts:
+                    tp.offset = starts[tp.partition]
+        except Exception:  # noqa: BLE001 - the store (or broker) is down: rewind later
+            self._rewind = True
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
 
     def consumer_lag(self, timeout_s: float = 1.0) -> list[tuple[str, str, int]]:
         """[(topic, partition, messages not yet applied)] for the partitions this member owns.
@@ -219,7 +279,7 @@ class KafkaSource:
                 "partitions": self._owned(),
                 "accepted": self.counts.accepted, "dead": self.counts.dead,
                 "dead_by_reason": dict(self.counts.by_reason), "errors": self.errors,
-                "freshness": self.freshness.summary()}
+                "replayed": self.replayed, "freshness": self.freshness.summary()}
 
     def _owned(self) -> list[int]:
         """The partitions the group gives this member now (none while it rebalances)."""
@@ -252,7 +312,8 @@ class KafkaSource:
             return start_cluster
         from redline.features.online.redis import positioned_call
 
-        keys, args = positioned_call(self.topic, positions, batch)
+        keys, args = positioned_call(self.topic, positions, batch,
+                                     position_key(self.topic, self.group))
 
         def start() -> Callable[[], tuple[int, dict[int, int]]]:
             sent = self.store.send(keys, args)
@@ -266,7 +327,7 @@ class KafkaSource:
 
     def _write(self, positions: Sequence[tuple[int, int]], batch: UpdateBatch
                ) -> tuple[int, dict[int, int]]:
-        self.store.write_positioned(self.topic, positions, batch)
+        self.store.write_positioned(self.topic, positions, batch, self.group)
         return self._after(positions, batch)
 
     def _after(self, positions: Sequence[tuple[int, int]], batch: UpdateBatch

@@ -20,7 +20,9 @@ def open_online_store(settings: Any, timeout_ms: float | None = None) -> OnlineS
         from redline.features.online.redis import RedisStore
 
         return RedisStore(settings.redis_url, cluster=settings.redis_cluster,
-                          timeout_ms=timeout_ms or settings.redis_timeout_ms)
+                          timeout_ms=timeout_ms or settings.redis_timeout_ms,
+                          wait_replicas=settings.redis_wait_replicas,
+                          wait_timeout_ms=settings.redis_wait_timeout_ms)
     raise ConfigError(f"features.store must be 'memory' or 'redis', got {settings.store!r}")
 
 

@@ -35,7 +35,17 @@ from redline.errors import ConfigError, StoreUnavailable
 from redline.features.definitions import FeatureView
 from redline.features.events import UpdateBatch, store_key
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
+from redline.features.online.redis_failover import (
+    ClusterPositions,
+    SlotMapRefresh,
+    batch_tops,
+    check_replicas,
+    position_key,
+    read_positions,
+    tops_blob,
+)
 from redline.features.online.redis_lua import WRITE_SCRIPT, read_script, source_groups
+from redline.features.online.redis_sentinel import is_sentinel_url, sentinel_client
 
 T = TypeVar("T")
 _ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.cluster.ClusterDownError,
@@ -44,9 +54,16 @@ _ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.cluster.ClusterDownE
 
 
 def connect(url: str, *, cluster: bool = False, timeout_ms: float = 50.0) -> Any:
-    """A redis-py client (or cluster client) for ``url``; the factory sessions reuse too."""
+    """A redis-py client (or cluster client) for ``url``; the factory sessions reuse too. A
+    ``redis+sentinel://`` URL gives a client of the service's current primary, which follows a
+    failover (``redis_sentinel``)."""
     timeout = timeout_ms / 1000.0
     kw = dict(socket_timeout=timeout, socket_connect_timeout=max(timeout, 0.5))
+    if is_sentinel_url(url):
+        if cluster:
+            raise ConfigError(f"{url} names a Sentinel service (one primary and its replicas); "
+                              "set features.redis_cluster: false, or name a Cluster node instead")
+        return sentinel_client(url, **kw)
     if cluster:
         return redis.RedisCluster.from_url(url, **kw)
     return redis.Redis.from_url(url, **kw)
@@ -163,7 +180,14 @@ class RedisReader:
         if self.store.cluster:
             now = now_ms() if now is None else now
             n, cols = self.plan.ids_per_view(ids)
-            flat = guarded(self.store.url, lambda: self.cluster.read(n, cols, now))
+            slot_map = self.store.slot_map
+            assert slot_map is not None
+            slot_map.before_call()  # after a failed call: the replica may own its slots now
+            try:
+                flat = guarded(self.store.url, lambda: self.cluster.read(n, cols, now))
+            except StoreUnavailable:
+                slot_map.failed()
+                raise
             return self._split(flat, dtype)
         n, keys, args = self.command(ids, now)
         reply = guarded(self.store.url, lambda: self.script(keys=keys, args=args))
@@ -395,13 +419,20 @@ def stream_call(stream: str, group: str, consumer: str, ids: Sequence[bytes | st
     return keys, ["1", group, consumer, len(ids), ids[0], ids[-1], *ids, *tail]
 
 
-def positioned_call(topic: str, positions: Sequence[tuple[int, int]], batch: UpdateBatch
-                    ) -> tuple[list[str], list[Any]]:
+def positioned_call(topic: str, positions: Sequence[tuple[int, int]], batch: UpdateBatch,
+                    position_key: str | None = None) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the write script applying events of a partitioned log exactly once
-    (mode 2; ``positions[tag]`` is event ``tag``'s (partition, offset))."""
-    head = ["2", topic, array("d", chain.from_iterable(positions)).tobytes()]
+    (mode 2; ``positions[tag]`` is event ``tag``'s (partition, offset)); with ``position_key``
+    (mode 5, one Redis) the batch's highest offset per partition is raised in that hash in the
+    same step (``redis_failover``)."""
+    blob = array("d", chain.from_iterable(positions)).tobytes()
+    if position_key is None:
+        head = ["2", topic, blob]
+        keys, tail = write_call(batch, head)
+        return keys, [*head, *tail]
+    head = ["5", topic, blob, tops_blob(batch_tops(positions))]
     keys, tail = write_call(batch, head)
-    return keys, [*head, *tail]
+    return [position_key, *keys], [*head, *tail]
 
 
 SEQUENCE_DIGITS = 129  # a Kinesis sequence number: 0|([1-9][0-9]{0,128}) (its API reference)
@@ -436,14 +467,22 @@ def sequenced_call(stream: str, positions: Sequence[tuple[str, str]], batch: Upd
 
 
 class SentCommand:
-    """A command sent on a connection of its own, its reply read later (:meth:`result`)."""
+    """A command sent on a connection of its own, its reply read later (:meth:`result`);
+    ``then``: commands sent right behind it on the same connection (``WAIT``), their replies
+    read by :meth:`result` too (``self.then_replies``)."""
 
-    def __init__(self, store: RedisStore, *args: Any) -> None:
+    def __init__(self, store: RedisStore, *args: Any,
+                 then: Sequence[Sequence[Any]] = ()) -> None:
         self.store = store
         self.pool = store.client.connection_pool
+        self.then = len(then)
+        self.then_replies: list[Any] = []
         self.conn: Any = self.pool.get_connection()
         try:
-            self.conn.send_command(*args)
+            if then:
+                self.conn.send_packed_command(self.conn.pack_commands([args, *then]))
+            else:
+                self.conn.send_command(*args)
         except BaseException:
             self._release(broken=True)
             raise
@@ -475,6 +514,8 @@ class SentCommand:
             raise RuntimeError("the reply of this command was read already")
         try:
             reply = guarded(self.store.url, self.conn.read_response)
+            self.then_replies = [guarded(self.store.url, self.conn.read_response)
+                                 for _ in range(self.then)]
         except BaseException:
             self._release(broken=True)
             raise
@@ -492,16 +533,22 @@ class SentWrite(SentCommand):
 
     def __init__(self, store: RedisStore, keys: list[str], args: list[Any]) -> None:
         self.keys, self.args = keys, args
-        super().__init__(store, "EVALSHA", store.writer.sha, len(keys), *keys, *args)
+        wait = store.wait
+        super().__init__(store, "EVALSHA", store.writer.sha, len(keys), *keys, *args,
+                         then=[("WAIT", wait[0], int(wait[1]))] if wait else ())
 
     def result(self) -> Any:
         """The script's reply; a lost script (Redis restarted) is loaded and the call made again
-        — nothing ran, the reply was the NOSCRIPT error."""
+        — nothing ran, the reply was the NOSCRIPT error. With ``features.redis_wait_replicas``
+        too few replicas acknowledging it raises ``StoreUnavailable`` (see ``redis_failover``)."""
         try:
-            return super().result()
+            reply = super().result()
         except redis.exceptions.NoScriptError:
-            return guarded(self.store.url,
-                           lambda: self.store.writer(keys=self.keys, args=self.args))
+            guarded(self.store.url, lambda: self.store.client.script_load(WRITE_SCRIPT))
+            return SentWrite(self.store, self.keys, self.args).result()
+        if self.store.wait:
+            check_replicas(self.then_replies[0], self.store.wait, self.store.url)
+        return reply
 
     def counts(self) -> tuple[int, int, int]:
         """:meth:`result` of a stream write: (entries acked, events accepted, dead-lettered)."""
@@ -514,13 +561,31 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, url: str, *, cluster: bool = False, timeout_ms: float = 50.0) -> None:
+    def __init__(self, url: str, *, cluster: bool = False, timeout_ms: float = 50.0,
+                 wait_replicas: int = 0, wait_timeout_ms: float = 100.0) -> None:
         self.url = url
         self.cluster = cluster
         # a cluster client connects (to learn the slot map) when it is made
         self.client = guarded(url, lambda: connect(url, cluster=cluster, timeout_ms=timeout_ms))
         self.writer = self.client.register_script(WRITE_SCRIPT)
         self._threads: ThreadPoolExecutor | None = None
+        # writes wait until this many replicas hold them (``WAIT``; None: they do not wait)
+        self.wait: tuple[int, float] | None = (
+            (wait_replicas, wait_timeout_ms) if wait_replicas > 0 else None)
+        self.slot_map = SlotMapRefresh(self.client) if cluster else None
+        self._positions: ClusterPositions | None = None
+
+    @property
+    def cluster_positions(self) -> ClusterPositions:
+        """Per-primary position hashes (a cluster store; see ``redis_failover``)."""
+        if self._positions is None:
+            self._positions = ClusterPositions(self.client)
+        return self._positions
+
+    def source_positions(self, topic: str, group: str) -> dict[int, int]:
+        """Per partition the highest offset of ``topic`` that ``group`` has applied to the store
+        as it is now (after a failover: as the promoted replica has it)."""
+        return read_positions(self, topic, group)
 
     def reader(self, views: Sequence[FeatureView], features: Sequence[str] | None = None,
                cache: bool = True) -> RedisReader:
@@ -533,13 +598,26 @@ class RedisStore:
             return
         if not self.cluster:
             keys, tail = write_call(batch, ("0",))
-            guarded(self.url, lambda: self.writer(keys=keys, args=["0", *tail]))
+            self.send(keys, ["0", *tail]).result()
             return
         guarded(self.url, lambda: self._cluster_write(batch))
 
-    def _cluster_write(self, batch: UpdateBatch, head: Sequence[Any] = ("0",)) -> None:
+    def _cluster_write(self, batch: UpdateBatch, head: Sequence[Any] = ("0",),
+                       mark: tuple[str, bytes] | None = None) -> None:
         """One atomic script call per slot (every key of one entity shares its hash tag), the
-        calls for one shard in one pipeline, shards in parallel."""
+        calls for one shard in one pipeline, shards in parallel. ``mark``: (position hash,
+        packed offsets) raised on every primary once its tile writes returned (``WAIT`` after
+        it, when configured); else the ``WAIT`` ends each shard's pipeline."""
+        assert self.slot_map is not None
+        self.slot_map.before_call()
+        try:
+            self._cluster_write_now(batch, head, mark)
+        except _ERRORS:
+            self.slot_map.failed()  # the next call refreshes the slot map first
+            raise
+
+    def _cluster_write_now(self, batch: UpdateBatch, head: Sequence[Any],
+                           mark: tuple[str, bytes] | None) -> None:
         by_slot: dict[int, list[int]] = {}
         for i, key in enumerate(batch.keys):
             by_slot.setdefault(self.client.keyslot(key), []).append(i)
@@ -556,12 +634,25 @@ class RedisStore:
             keys, tail = write_call(sub, head)
             by_node.setdefault(node, []).append((keys, [*head, *tail]))
 
+        wait = self.wait
+        if mark is not None:  # every primary records the position, written to or not
+            for primary in self.client.get_primaries():
+                by_node.setdefault(primary.name, [])
+
         def run(node_name: str) -> None:
             node = self.client.get_node(node_name=node_name)
-            pipe = node.redis_connection.pipeline(transaction=False)
-            for keys, args in by_node[node_name]:
-                self.writer(keys=keys, args=args, client=pipe)
-            pipe.execute()
+            calls = by_node[node_name]
+            if calls:
+                pipe = node.redis_connection.pipeline(transaction=False)
+                for keys, args in calls:
+                    self.writer(keys=keys, args=args, client=pipe)
+                if wait is not None and mark is None:
+                    pipe.execute_command("WAIT", wait[0], int(wait[1]))
+                replies = pipe.execute()
+                if wait is not None and mark is None:
+                    check_replicas(replies[-1], wait, node_name)
+            if mark is not None:
+                self.cluster_positions.record(node, mark[0], mark[1], wait)
 
         try:
             list(self._pool().map(run, list(by_node)))
@@ -571,6 +662,10 @@ class RedisStore:
             # slots moved: each call again through the cluster client (writes are idempotent
             # only with positions; a plain write may then apply twice, as any retried write)
             self.client.nodes_manager.initialize()
+            if mark is not None:
+                # a primary was replaced (a failover): what it acknowledged last may be lost,
+                # so the source rewinds to the store's positions and sends it all again
+                raise redis.ConnectionError(f"slots moved ({exc}); the source rewinds") from exc
             for calls in by_node.values():
                 for keys, args in calls:
                     self.writer(keys=keys, args=args)
@@ -581,18 +676,22 @@ class RedisStore:
         return self._threads
 
     def write_positioned(self, topic: str, positions: Sequence[tuple[int, int]],
-                         batch: UpdateBatch) -> None:
+                         batch: UpdateBatch, group: str | None = None) -> None:
         """Exactly-once apply of events from a partitioned log: ``positions[tag]`` is event
         ``tag``'s (partition, offset). Each key records the highest offset per partition applied
         to it in the same atomic script as its tiles, so a replay (a crash before the offsets were
-        committed to the log, a rebalance) skips what was applied, on one Redis or a cluster."""
-        if not batch.ops:
+        committed to the log, a rebalance) skips what was applied, on one Redis or a cluster.
+        With ``group``, the group's position hash is raised too (``redis_failover``), so a
+        consumer can tell where the store stands after a failover (:meth:`source_positions`)."""
+        if not batch.ops and group is None:
             return
+        key = position_key(topic, group) if group is not None else None
         if not self.cluster:
-            self.send(*positioned_call(topic, positions, batch)).result()
+            self.send(*positioned_call(topic, positions, batch, key)).result()
             return
         head = ["2", topic, array("d", chain.from_iterable(positions)).tobytes()]
-        guarded(self.url, lambda: self._cluster_write(batch, head))
+        mark = (key, tops_blob(batch_tops(positions))) if key is not None else None
+        guarded(self.url, lambda: self._cluster_write(batch, head, mark))
 
     def write_sequenced(self, stream: str, positions: Sequence[tuple[str, str]],
                         batch: UpdateBatch) -> None:

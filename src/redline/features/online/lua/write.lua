@@ -11,9 +11,26 @@ local acked = 0
 -- changes in the same script): an op whose offset is not above it was applied before (a replay
 -- after a crash or a rebalance) and is skipped.
 local topic, positions = nil, nil
-if mode == 2 then
+if mode == 2 or mode == 5 then
   topic, positions = ARGV[2], ARGV[3]
   p = 4
+end
+-- mode 5: mode 2, and KEYS[1] is the source's position hash (partition -> highest offset
+-- applied), ARGV[4] each partition's highest offset in this batch (packed doubles), raised here
+-- in the same step as the tiles: a replica that holds these tiles holds this position, and no
+-- later one (redis_failover.py).
+if mode == 5 then
+  nfixed = 1
+  local tops = ARGV[4]
+  p = 5
+  for i = 1, #tops, 16 do
+    local part, off = struct.unpack('<dd', tops, i)
+    local f = string.format('%d', part)
+    local cur = redis.call('HGET', KEYS[1], f)
+    if not cur or tonumber(cur) < off then
+      redis.call('HSET', KEYS[1], f, string.format('%d', off))
+    end
+  end
 end
 -- mode 4 (a sharded log such as Kinesis, whose positions are decimal numbers of up to 129 digits,
 -- far beyond a double's 2^53): ARGV[2] the stream, ARGV[3] each event's shard (an index into
