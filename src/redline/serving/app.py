@@ -4,9 +4,10 @@ No framework on the hot path, on purpose: FastAPI's routing, request objects and
 classes cost a large share of a one-row request against a bare ASGI callable
 (``benchmarks/serving/compare.py``, ``docs/performance.md``).
 ``POST /v2/models/{name}[/versions/{v}]/infer`` is matched first, with two string tests, and
-goes to the V2 infer path (``v2_infer.py``), as does the HTTP protocol's inline lane through
-:meth:`RestApp.infer_inline`. Every other path goes through the route table that packages fill
-with :meth:`RestApp.add_route`: the V2 metadata and health routes (``v2_routes.py``), ``/v1``
+takes the V2 infer path's steps (``v2_infer.py``), as does a request of the HTTP protocol's
+inline lane (:meth:`RestApp.infer_inline`): these two entries are the path's only callers.
+Every other path goes through the route table that packages fill with
+:meth:`RestApp.add_route`: the V2 metadata and health routes (``v2_routes.py``), ``/v1``
 (``v1_rest.py``), monitoring's ``/metrics`` and dashboard. A route handler receives an
 :class:`HttpRequest` and returns an :class:`HttpResponse`, and may run models through
 ``registry.get(name).infer(...)``.
@@ -39,13 +40,13 @@ from redline.serving.asgi import (
     error_answer,
     lifespan,
     read_body,
-    send_answer,
+    read_rest,
 )
 from redline.serving.deadline import now
 from redline.serving.edge import JSON_HEADER, error_body, http_headers
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers
-from redline.serving.v2_infer import V2Infer
+from redline.serving.stages import Observers, perf_ns
+from redline.serving.v2_infer import Queued, V2Infer, sent_traceparent
 
 
 @dataclass(slots=True)
@@ -145,14 +146,35 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         if method == "POST" and path[-6:] == "/infer" and path[:11] == "/v2/models/":
-            await self._infer.asgi(scope, receive, send)  # the hot path: it answers itself
-            return
-        try:
-            response = await self._dispatch(scope, receive, method, path)
-            answer = response.status, response.body, response.headers
-        except Exception as exc:  # noqa: BLE001 - a bug must not take the connection down
-            answer, _ = error_answer(exc, method, path)
-        await send_answer(send, *answer)
+            # Case: the hot path, the V2 infer path's steps (``v2_infer.py``).
+            infer = self._infer
+            start_ns = perf_ns()
+            try:
+                head = infer.prologue(path, scope["headers"])
+                message = await receive()
+                body: bytes = message.get("body", b"")
+                if message.get("more_body"):
+                    body = await read_rest(receive, body, self.max_body)
+            except Exception as exc:  # noqa: BLE001 - answered, never raised to the server
+                answer = infer.failed(exc, path, start_ns, sent_traceparent(scope["headers"]))
+            else:
+                started = infer.start(path, head, body, start_ns)
+                answer = (await infer.finish(started) if type(started) is Queued
+                          else started)  # type: ignore[assignment]
+        else:
+            try:
+                response = await self._dispatch(scope, receive, method, path)
+                answer = response.status, response.body, response.headers
+            except Exception as exc:  # noqa: BLE001 - a bug must not take the connection down
+                answer, _ = error_answer(exc, method, path)
+        status, payload, headers = answer
+        # The two sends inline, not through send_answer: one coroutine less a request.
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", b"%d" % len(payload))],
+        })
+        await send({"type": "http.response.body", "body": payload})
 
     def infer_inline(self, path: str, headers: Headers, body: bytes,
                      respond: Responder) -> Asgi | None:
@@ -163,9 +185,20 @@ class RestApp:
         the answer at once (and ``None`` is returned). When the model cannot run on the spot
         (its batcher is busy or the run is long) nothing is written and an ASGI app is returned
         that finishes the request from where it stopped (queued, no second decode); the protocol
-        runs it as an ASGI app. The same path, answers, errors and records as the ASGI entry's
-        (``v2_infer.py``)."""
-        return self._infer.inline(path, headers, body, respond)
+        runs it as an ASGI app. The same steps, answers, errors and records as the ASGI
+        entry's."""
+        infer = self._infer
+        start_ns = perf_ns()
+        try:
+            head = infer.prologue(path, headers)
+        except Exception as exc:  # noqa: BLE001 - answered, never raised to the protocol
+            respond(*infer.failed(exc, path, start_ns, sent_traceparent(headers)))
+            return None
+        answer = infer.start(path, head, body, start_ns)
+        if type(answer) is Queued:
+            return infer.later(answer)
+        respond(*answer)  # type: ignore[misc]
+        return None
 
     # ------------------------------------------------------------------ the route table
     async def _dispatch(

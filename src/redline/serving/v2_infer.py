@@ -1,9 +1,9 @@
 """The V2 infer path over REST: ``POST /v2/models/{name}[/versions/{v}]/infer``.
 
-A request arrives one of two ways and then takes one path:
+A request arrives one of two ways -- through the REST app's ASGI entry, or whole and small from
+the HTTP parser's callback (``RestApp.infer_inline``: the inline lane of ``http_protocol.py``, no
+ASGI scope or task) -- and then takes one path, these steps:
 
-- from the ASGI app (:meth:`V2Infer.asgi`), or, whole and small, from the HTTP parser's callback
-  (:meth:`V2Infer.inline`: the inline lane of ``http_protocol.py``, no ASGI scope or task);
 - **parse** (:meth:`~V2Infer.prologue`): one pass over the headers, the model and version from
   the path, the declared body within ``server.max_body_bytes``;
 - **run** (:meth:`~V2Infer.start`): decode -- the common JSON shape straight to a checked array
@@ -27,12 +27,10 @@ from redline.serving.asgi import (
     Asgi,
     Headers,
     Receive,
-    Responder,
     Scope,
     Send,
     check_size,
     error_answer,
-    read_rest,
     send_answer,
 )
 from redline.serving.deadline import (
@@ -85,49 +83,10 @@ class V2Infer:
         self.observers = observers  # when empty, the path records nothing and costs nothing
         self._end = V2End(observers, "rest")
 
-    # ------------------------------------------------------------------ the two entries
-    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start_ns = perf_ns()
-        path: str = scope["path"]
-        headers: Headers = scope["headers"]
-        try:
-            head = self.prologue(path, headers)
-            message = await receive()
-            body: bytes = message.get("body", b"")
-            if message.get("more_body"):
-                body = await read_rest(receive, body, self.max_body)
-        except Exception as exc:  # noqa: BLE001 - answered, never raised to the server
-            status, payload, out = self.failed(exc, path, start_ns, _sent_traceparent(headers))
-        else:
-            answer = self.start(path, head, body, start_ns)
-            if type(answer) is Queued:
-                answer = await self.finish(answer)
-            status, payload, out = answer  # type: ignore[misc]
-        # The two sends inline, not through send_answer: one coroutine less a request.
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*out, (b"content-length", b"%d" % len(payload))],
-        })
-        await send({"type": "http.response.body", "body": payload})
+    def later(self, queued: Queued) -> Asgi:
+        """The ASGI app that finishes a queued request of the inline lane (decoded already:
+        ``receive`` is not called)."""
 
-    def inline(self, path: str, headers: Headers, body: bytes,
-               respond: Responder) -> Asgi | None:
-        """Answer a whole request through ``respond`` now, or return the ASGI app that finishes
-        it once its model can run (decoded already: ``receive`` is not called)."""
-        start_ns = perf_ns()
-        try:
-            head = self.prologue(path, headers)
-        except Exception as exc:  # noqa: BLE001 - answered, never raised to the protocol
-            respond(*self.failed(exc, path, start_ns, _sent_traceparent(headers)))
-            return None
-        answer = self.start(path, head, body, start_ns)
-        if type(answer) is Queued:
-            return self._later(answer)
-        respond(*answer)  # type: ignore[misc]
-        return None
-
-    def _later(self, queued: Queued) -> Asgi:
         async def finish(scope: Scope, receive: Receive, send: Send) -> None:
             await send_answer(send, *await self.finish(queued))
 
@@ -283,7 +242,7 @@ def _traced(answer: Answer, traceparent: str) -> Answer:
     return status, body, [*headers, (_TRACEPARENT, traceparent.encode())]
 
 
-def _sent_traceparent(headers: Headers) -> str | None:
+def sent_traceparent(headers: Headers) -> str | None:
     """The caller's ``traceparent`` when sent once (for a request refused before its headers
     were read)."""
     sent = [value for key, value in headers if key == _TRACEPARENT]
