@@ -196,7 +196,8 @@ def test_a_hang_is_cut_by_the_budget_and_the_model_keeps_serving(client: httpx.C
 
 def test_a_crashing_worker_is_a_500_and_is_replaced(client: httpx.Client,
                                                      served: ServerThread) -> None:
-    r = client.post("/v2/models/moody_proc/infer", json=infer_body(pm.rows(1, first=-5)))
+    r = client.post("/v2/models/moody_proc/infer", json=infer_body(pm.rows(1, first=-5)),
+                    headers={"x-redline-budget-ms": "5000"})
     assert r.status_code == 500 and r.json()["code"] == "model_error"
     assert "worker process exited with code 3" in r.json()["error"]
     # The other worker answers; the crashed one is replaced while it does.

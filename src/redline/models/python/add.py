@@ -105,7 +105,7 @@ def add_python(
             staged.mkdir()
             shutil.copyfile(src, staged / ENTRY_FILE)
         try:
-            pool = WorkerPool(staged, 1, label, timeout_s)
+            pool = WorkerPool(staged, 1, label, timeout_s, replace=False)
         except WorkerStartFailed as exc:
             if exc.invalid:
                 raise InvalidInput(_here(exc.message, src, staged)) from None

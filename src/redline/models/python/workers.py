@@ -85,6 +85,8 @@ class _Worker:
         self._sent_out: str | None = None
         self.thread: int | None = None  # the server thread running a call on it, if any
         self.info: dict[str, Any] = {}
+        self._closing = threading.Lock()
+        self._closed = False
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """The worker's answer once it has loaded the model: its class and declared signature."""
@@ -111,7 +113,10 @@ class _Worker:
             entries.append(("a", name, array.dtype.str, array.shape, where))
             del view
         out_name = self.outbox.name if self._sent_out != self.outbox.name else None
-        self.conn.send(("run", self.inbox.name if self.inbox else None, out_name, entries))
+        try:
+            self.conn.send(("run", self.inbox.name if self.inbox else None, out_name, entries))
+        except (OSError, ValueError):  # the worker died, or the pool closed it
+            raise WorkerFailed("the model's worker process is gone", lost=True) from None
         self._sent_out = self.outbox.name
         reply = self._receive(timeout_s, "to answer")
         if reply[0] == "raised":
@@ -172,7 +177,11 @@ class _Worker:
             pass
 
     def close(self) -> None:
-        """Stop the worker and free its blocks."""
+        """Stop the worker and free its blocks (once)."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         if self.process.poll() is None:
             try:
                 self.conn.send(("stop",))
@@ -211,11 +220,13 @@ def _release(block: SharedMemory) -> None:
 
 
 class WorkerPool:
-    """``count`` workers of one model; ``predict`` takes an idle one, and replaces one that died,
-    hung past ``timeout_s`` or was abandoned."""
+    """``count`` workers of one model; ``predict`` takes an idle one, and (with ``replace``)
+    replaces one that died, hung past ``timeout_s`` or was abandoned."""
 
-    def __init__(self, folder: Path, count: int, label: str, start_timeout_s: float) -> None:
+    def __init__(self, folder: Path, count: int, label: str, start_timeout_s: float,
+                 replace: bool = True) -> None:
         self.folder = folder
+        self.replace = replace
         self.label = label
         self.start_timeout_s = start_timeout_s
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -271,7 +282,13 @@ class WorkerPool:
         """Replace ``worker`` on a thread of its own: the failed call answers at once, and the
         other workers serve while the new one loads the model."""
         with self._lock:
-            self._starting += 1
+            self._workers.discard(worker)
+            replace = self.replace and not self._closed
+            if replace:
+                self._starting += 1
+        if not replace:
+            worker.close()
+            return
         threading.Thread(target=self._replace, args=(worker,), daemon=True,
                          name=f"replace-{self.label}").start()
 
@@ -286,21 +303,22 @@ class WorkerPool:
     def _start_in_place_of(self, worker: _Worker) -> None:
         worker.close()
         with self._lock:
-            self._workers.discard(worker)
             if self._closed:
                 return
         try:
             fresh = _Worker(self.folder, self.label)
         except OSError as exc:
-            log.error("%s: cannot start a worker process in place of one that stopped: %s",
-                      self.label, exc)
+            if not self._closed:
+                log.error("%s: cannot start a worker process in place of one that stopped: %s",
+                          self.label, exc)
             return
         try:
             fresh.wait_ready(self.start_timeout_s)
         except (WorkerStartFailed, WorkerFailed, OSError) as exc:
             fresh.close()
-            log.error("%s: a worker process started in place of one that stopped failed: %s",
-                      self.label, getattr(exc, "message", exc))
+            if not self._closed:
+                log.error("%s: a worker process started in place of one that stopped failed: "
+                          "%s", self.label, getattr(exc, "message", exc))
             return
         with self._lock:
             if self._closed:
