@@ -35,6 +35,7 @@ from redline.serving.registry import ModelRegistry
 from redline.serving.stages import Observers, RequestObserver
 from redline.serving.startup import StartupPhases
 from redline.serving.store_health import StoreHealth
+from redline.serving.tfserving import TfServingRest
 from redline.serving.v1_grpc import V1Grpc
 from redline.serving.v1_rest import V1Rest
 from redline.serving.v2_routes import V2Routes
@@ -112,6 +113,8 @@ class RedlineServer:
         self.v2_routes = V2Routes(self.registry, settings, self.store_health)
         self.v2_routes.install(self.app)
         V1Rest(self.pipeline, self.app).install(self.app)
+        # TF Serving's REST API and KServe V1 (`name:predict`), over the same handles.
+        TfServingRest(self.registry, self.pipeline, self.app).install(self.app)
         self.servicer = InferenceServicer(self.registry, settings, self.observers)
         self._v1_grpc = V1Grpc(self.pipeline, self.observers)
         self.companions: list[ServerCompanion] = []
