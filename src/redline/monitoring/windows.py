@@ -205,9 +205,14 @@ class ModelWindows:
         ss: list[np.ndarray] = []
         ids: list[str] = []
         paired: list[tuple[np.ndarray, np.ndarray, list[str]]] = []
+        width = len(drift.names)
         for rid, inputs, outputs in items:
             x = input_matrix(inputs)
             s = scores(outputs)
+            if x is not None and s is not None and x.shape[0] == 1 and x.shape[1] == s.size > 1:
+                x = x.reshape(-1, 1)  # a batched 1-D input ([None]): one value per row
+            if x is not None and x.shape[1] != width:
+                x = None  # not the profile's columns: nothing to compare it with
             row_ids = None
             if s is not None:
                 ss.append(s)
