@@ -7,7 +7,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 from redline.models import ModelRepository
