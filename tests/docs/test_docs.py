@@ -30,10 +30,10 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
 # list only ever shrinks. Owner of a page: run `pytest tests/docs -k <page>` and read the message
 # (page:line, the block, its output), fix the page, remove it from here.
 PENDING_PAGES: set[str] = set()
-# Pages that are reference only (tables a benchmark or a generator writes): nothing on them runs.
-# Any other page without a runnable block fails, so a page whose blocks lost their language tag
-# is caught.
-REFERENCE_PAGES = {"docs/performance.md", "docs/settings.md"}
+# Pages with nothing to run: reference tables (a benchmark or a generator writes them) and concept
+# pages whose snippets are illustrations (their runnable twin is a walk-through page). Any other
+# page without a runnable block fails, so a page whose blocks lost their language tag is caught.
+REFERENCE_PAGES = {"docs/features.md", "docs/performance.md", "docs/settings.md"}
 
 
 @pytest.fixture(scope="session")

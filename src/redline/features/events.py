@@ -28,7 +28,8 @@ from redline.features.definitions import EventSource, FeatureDefinitions, Featur
 from redline.features.sessions import SESSION_SOURCE, SessionEvent
 
 KEY_PREFIX = "rl"
-# Redis key schema 2: one hash per (entity, source) holds every view's tiles (docs/features.md)
+# Redis key schema 2: one hash per (entity, source) holds every view's tiles
+# (docs/features-reference.md, "Store layouts")
 STORE_PREFIX = "rl2"
 
 

@@ -1,6 +1,6 @@
 """Kafka source: one member of a consumer group, exactly-once effect on Redis and Redis Cluster.
 
-Exactly once, step by step (docs/features.md has the full argument):
+Exactly once, step by step (docs/features-reference.md has the full argument):
 
 1. A batch of messages is decoded by the shared decoder; each event keeps its (partition,
    offset).

@@ -3,7 +3,7 @@
 A source reads a batch from its log, decodes it with the shared decoder and hands it to the store
 together with its log positions, so that the tiles and the positions change in one atomic step
 (exactly-once effect). Adding another log (Pulsar, NATS JetStream) is one module with the
-five methods of :class:`Source`; see docs/features.md, "Adding a source".
+five methods of :class:`Source`; see docs/features-reference.md, "Adding a source".
 """
 
 from __future__ import annotations
