@@ -38,7 +38,6 @@ from redline.errors import StoreUnavailable
 from redline.monitoring.handoff import to_thread_yielding, yield_to_loop
 from redline.monitoring.joinstore import join_backend
 from redline.monitoring.metrics import (
-    BREAKER_LEVEL,
     TOTAL,
     PrometheusExport,
     RequestMetrics,
@@ -47,6 +46,7 @@ from redline.monitoring.metrics import (
 )
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
+from redline.monitoring.serving_gauges import ServingGauges, loaded_versions
 from redline.monitoring.stage_times import (
     NEVER,
     WIDTH,
@@ -139,6 +139,7 @@ class ServerMonitor:
         self.windows = ModelWindows(self._metadata, mon, self.review, join=join,
                                     folder=self._version_folder)
         self.export = PrometheusExport(self.buckets, self._objective_s)
+        self.gauges = ServingGauges(self.export, settings, registry, pipeline)
         self.tracing: Any = None
         if trace_exporter is None:
             from redline.monitoring.tracing import span_sink
@@ -156,7 +157,6 @@ class ServerMonitor:
         self._objective_window: dict[str, deque[tuple[int, int]]] = {}
         self._last_counts: dict[tuple[str, str, str], list[int]] = {}
         self._last_requests: dict[tuple[str, str, str], dict[tuple[str, str, str], int]] = {}
-        self._last_stats: dict[tuple[str, str], dict[str, int]] = {}
         self._last_tick = time.monotonic()
         self._ticks = 0
         self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
@@ -305,7 +305,7 @@ class ServerMonitor:
         (``wait``: and returns when they are done). Drift reads "calibrating" meanwhile."""
         keys = []
         for name in self.registry.models():
-            for handle in _loaded(self.registry, name):
+            for handle in loaded_versions(self.registry, name):
                 keys.append((name, str(getattr(handle, "version_str",
                                                getattr(handle, "version", "")))))
         self.windows.prepare(keys)
@@ -360,7 +360,7 @@ class ServerMonitor:
         await _in_steps(self.metrics.take_tick_steps(tick))
         point = self._series_point(dt, tick)
         await asyncio.sleep(0)
-        self._sample_server(point)
+        self.gauges.sample(point, self.rollouts)
         await asyncio.sleep(0)
         await _in_steps(self.export.flush_steps(self.metrics))
         if self.tracing is not None:
@@ -422,87 +422,8 @@ class ServerMonitor:
     def refresh_metrics(self) -> None:
         """Bring the Prometheus metrics up to this moment (a scrape between two ticks)."""
         self.drain()
-        self._sample_server(None)
+        self.gauges.sample(None, self.rollouts)
         self.export.flush(self.metrics)
-
-    def _sample_server(self, point: dict[str, Any] | None) -> None:
-        """Gauges and counters that live in the serving objects: queues, batches, shedding.
-
-        With a ``point`` (the tick) it also records this tick's batch sizes and shedding."""
-        export = self.export
-        models: dict[str, Any] = {}
-        try:
-            names = self.registry.models()
-        except Exception:  # noqa: BLE001
-            names = []
-        for name in names:
-            slo = float(self.settings.for_model(name).slo_ms
-                        or self.settings.server.default_slo_ms)
-            export.objective.labels(name).set(slo / 1000.0)
-            versions = []
-            for handle in _loaded(self.registry, name):
-                v = str(getattr(handle, "version_str", getattr(handle, "version", "")))
-                versions.append(v)
-                batcher = getattr(handle, "batcher", None)
-                queued = int(getattr(batcher, "queued", 0) or 0)
-                export.queue.labels(name, v).set(queued)
-                export.batch_cap.labels(name, v).set(float(getattr(batcher, "cap", 0) or 0))
-                export.model_info.labels(name, v).set(1)
-                stats = _stats_dict(handle)
-                last = self._last_stats.get((name, v), {})
-                if point is not None:
-                    self._last_stats[(name, v)] = stats
-                kv = (name, v)
-                export.count_to(export.batches, ("b", *kv), stats.get("batches", 0), *kv)
-                export.count_to(export.batch_rows, ("r", *kv), stats.get("rows", 0), *kv)
-                export.count_to(export.shed, ("sq", *kv), stats.get("shed_queue_full", 0), *kv,
-                                "queue_full")
-                export.count_to(export.shed, ("sb", *kv), stats.get("shed_budget", 0), *kv,
-                                "budget")
-                export.count_to(export.expired, ("e", *kv), stats.get("expired", 0), *kv)
-                d_batches = stats.get("batches", 0) - last.get("batches", 0)
-                d_rows = stats.get("rows", 0) - last.get("rows", 0)
-                shed = sum(stats.get(k, 0) - last.get(k, 0)
-                           for k in ("shed_queue_full", "shed_budget", "expired"))
-                models[f"{name}:{v}"] = {
-                    "model": name, "version": v, "queue": queued, "slo_ms": slo,
-                    "batch_mean": round(d_rows / d_batches, 2) if d_batches else None,
-                    "shed": shed}
-            models.setdefault(name, {"model": name, "versions": versions, "slo_ms": slo})
-            models[name]["versions"] = versions
-        if point is not None:
-            point["models"] = models
-        rollouts = self.rollouts
-        if rollouts is not None:
-            # Every check of a running rollout is exposed from zero, so a rollback is a rise
-            # (``increase()`` sees no rise in a series that first appears at 1).
-            counts = dict.fromkeys(((m, c) for m in list(rollouts.active)
-                                    for c in rollouts.CHECKS), 0)
-            counts.update(rollouts.rollbacks)
-            for (model, check), n in counts.items():
-                export.count_to(export.rollbacks, ("rollback", model, check), n, model, check)
-        pstats: Any = _pipeline_stats(self.pipeline)
-        if pstats:
-            breaker: dict[str, Any] = pstats.get("breaker") or {}
-            export.breaker.labels("online_store").set(
-                BREAKER_LEVEL.get(str(breaker.get("state", "closed")), 0))
-            export.count_to(export.breaker_opens, ("opens",), breaker.get("opens", 0) or 0,
-                            "online_store")
-            for cache, label in (("prediction_cache", "prediction"), ("feature_cache", "feature")):
-                c: dict[str, Any] = pstats.get(cache) or {}
-                export.count_to(export.cache_hits, ("h", label), c.get("hits", 0) or 0, label)
-                export.count_to(export.cache_misses, ("m", label), c.get("misses", 0) or 0,
-                                label)
-            export.count_to(export.degraded, ("degraded",), pstats.get("degraded", 0) or 0)
-            entities: dict[str, Any] = pstats.get("entities") or {}
-            if entities:
-                export.count_to(export.entity_rows, ("ef",), entities.get("found", 0), "found")
-                export.count_to(export.entity_rows, ("em",), entities.get("missing", 0),
-                                "missing")
-                export.entities_lost.set(1 if entities.get("lost") else 0)
-            if point is not None:
-                point["pipeline"] = {"breaker": breaker.get("state"),
-                                     "degraded": pstats.get("degraded", 0)}
 
     def _windows_work(self, evaluate: bool) -> None:
         self.windows.absorb()
@@ -609,25 +530,3 @@ def _drift_brief(report: dict[str, Any]) -> dict[str, Any]:
                             "thresholds": f.get("thresholds", {}),
                             "beyond": f.get("beyond", [])} for f in items}
     return {"rows": report["window"]["rows"], "drifted": report["drifted"], "features": feats}
-
-
-def _loaded(registry: Any, name: str) -> list[Any]:
-    loaded = getattr(registry, "loaded", None)
-    try:
-        return list(loaded(name)) if loaded is not None else [registry.get(name)]
-    except Exception:  # noqa: BLE001 - unloading right now
-        return []
-
-
-def _stats_dict(handle: Any) -> dict[str, int]:
-    stats = getattr(handle, "stats", None)
-    as_dict = getattr(stats, "as_dict", None)
-    return dict(as_dict()) if as_dict is not None else {}
-
-
-def _pipeline_stats(pipeline: Any) -> dict[str, Any]:
-    stats = getattr(pipeline, "stats", None)
-    try:
-        return dict(stats()) if stats is not None else {}
-    except Exception:  # noqa: BLE001
-        return {}
