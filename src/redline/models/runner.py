@@ -26,9 +26,12 @@ _EXACT_INT = {"FP16": 2**11, "FP32": 2**24, "FP64": 2**53}
 class ModelRunner:
     """A loaded model version: its signature, the checked path, and ``run`` (the hot path)."""
 
-    # True when ``run`` executes a user's own Python: then it never runs on the event loop (it
-    # may hold the GIL or hang), and a run its requests' budgets gave up on is abandoned.
+    # True when ``run`` executes a user's own Python: it may hang, so it runs on the event loop
+    # only under a guard that stops it, and a run its requests' budgets gave up on is abandoned.
     user_code: bool = False
+    # Whether a short run may happen on the event loop's thread at all (not when every run is a
+    # round trip to another process).
+    inline_ok: bool = True
     # Threads the server gives this version's runs (one batch runs at a time; more only take
     # over from runs abandoned past their budget).
     worker_threads: int = 1

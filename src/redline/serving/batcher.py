@@ -15,11 +15,13 @@ or a loop round trip costs more than batching saves. Longer runs go to the model
 thread (ONNX Runtime releases the GIL), so the loop keeps answering health checks and metadata
 and keeps accepting requests, which queue and ride the next batch.
 
-A model that runs the user's own Python (``model.py``; the runner's ``user_code``) never runs on
-the loop, since it may hold the GIL or hang; and while its batch runs, each request is answered
-at its own deadline (``DeadlineExceeded``) rather than when the run ends. A run that every request
-has given up on is abandoned: the runner is told (``abandon``: a worker process is stopped) and
-the next batch starts on another thread of the version's pool.
+A model that runs the user's own Python (``model.py``; the runner's ``user_code``) may hang, so
+it runs on the loop only under an ``InlineGuard`` (``serving/inline_guard.py``), which stops a run
+that outlives a couple of milliseconds and sends the batch to a worker thread instead; without a
+usable guard it never runs on the loop. While its batch runs on a thread, each request is
+answered at its own deadline (``DeadlineExceeded``) rather than when the run ends. A run that
+every request has given up on is abandoned: the runner is told (``abandon``: a worker process is
+stopped) and the next batch starts on another thread of the version's pool.
 
 Options (``BatchingSettings``): ``max_batch_size`` rows per run; ``max_queue_size`` requests
 waiting (beyond it: 429); ``max_queue_delay_us`` how long to hold a partial batch for more rows,
@@ -52,6 +54,7 @@ from redline.errors import (
     describe,
 )
 from redline.serving.deadline import HIGH, TIMER_SLACK_S, AdmissionStats, CostModel, now
+from redline.serving.inline_guard import InlineGuard, RanTooLong
 
 log = logging.getLogger("redline.serving")
 Inputs = dict[str, np.ndarray]
@@ -96,9 +99,11 @@ class Batcher:
 
     ``run`` is the model's hot path (``InferenceSession.run``); ``batchable`` says whether every
     input and output has a dynamic first (batch) dimension, so requests can be concatenated.
-    ``inline=False`` keeps every run off the event loop; ``cut_late`` answers a running batch's
-    requests at their deadlines and abandons the run (calling ``abandon(thread_id)``) once none
-    waits; ``max_running`` batches may run at once (a Python model's worker processes).
+    ``inline=False`` keeps every run off the event loop, and ``guard`` lets a run on the loop
+    only when the guard allows it, and stops it at the guard's limit; ``cut_late`` answers a
+    running batch's requests at their deadlines and abandons the run (calling
+    ``abandon(thread_id)``) once none waits; ``max_running`` batches may run at once (a Python
+    model's worker processes).
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class Batcher:
         cut_late: bool = False,
         max_running: int = 1,
         abandon: Callable[[int], None] | None = None,
+        guard: InlineGuard | None = None,
     ) -> None:
         self._run = run
         self._executor = executor
@@ -131,6 +137,7 @@ class Batcher:
         # -1: no run is ever predicted short enough for the loop
         self._inline_max_s = settings.inline_max_us / 1e6 if inline else -1.0
         self._cut_late = cut_late
+        self._guard = guard
         self._max_running = max(1, max_running)
         self._abandon = abandon
         self.abandoned = 0  # runs given up on, past every request's deadline
@@ -163,6 +170,9 @@ class Batcher:
         """
         if self._queued or self._running or self._scheduled or self._closed:
             return None
+        guard = self._guard
+        if guard is not None and not guard.allows():
+            return None
         cost = self.cost
         predicted = cost.fixed_s + cost.per_row_s * rows
         if predicted > self._inline_max_s:
@@ -181,7 +191,10 @@ class Batcher:
             timed = not self._tick & 7
         t0 = now() if timed else 0.0
         try:
-            outputs = self._run(inputs)
+            outputs = self._run(inputs) if guard is None else guard.run(self._run, inputs)
+        except RanTooLong:
+            guard.tripped()  # type: ignore[union-attr]
+            return None  # the request is queued: it runs on a worker thread
         except RedlineError:
             raise
         except Exception as exc:  # noqa: BLE001 - same message as a failed batch
@@ -269,17 +282,22 @@ class Batcher:
             self._schedule_next()
             return
         predicted = self.cost.predict(rows)
-        if predicted <= self._inline_max_s:
+        guard = self._guard
+        if predicted <= self._inline_max_s and (guard is None or guard.allows()):
             # Case: a short run — cheaper inline than a thread hop.
             t0 = now()
             try:
-                outputs = self._run(merged)
+                outputs = self._run(merged) if guard is None else guard.run(self._run, merged)
+            except RanTooLong:
+                guard.tripped()  # type: ignore[union-attr]  # and on to a worker thread
             except Exception as exc:  # noqa: BLE001
                 self._fail(batch, exc)
+                self._schedule_next()
+                return
             else:
                 self._deliver(batch, rows, outputs, now() - t0)
-            self._schedule_next()
-            return
+                self._schedule_next()
+                return
         # Case: a long run (or the user's code) — on a worker thread, the loop stays responsive.
         self._running += 1
         self._busy_until = now() + predicted

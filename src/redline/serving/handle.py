@@ -31,6 +31,7 @@ from redline.models.runner import ModelRunner
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, AdmissionStats, Budget, CostModel, now
 from redline.serving.fastjson import JsonFastPath
+from redline.serving.inline_guard import InlineGuard
 from redline.serving.stages import INFERENCE, QUEUE, RequestRecord, perf_ns
 
 # The finiteness check below multiplies NaN by 0 on purpose; numpy's warning about it is noise.
@@ -111,10 +112,13 @@ class ModelHandle:
                 bool(spec.shape) and spec.shape[0] == -1,
             )
 
-    @staticmethod
-    def _run_options(session: ModelRunner) -> dict[str, Any]:
-        """How the batcher runs this engine: user code never on the loop, cut at deadlines."""
-        return {"inline": not session.user_code, "cut_late": session.user_code,
+    def _run_options(self, session: ModelRunner) -> dict[str, Any]:
+        """How the batcher runs this engine: user code on the loop only under a guard (one per
+        batcher: a twin's stopped runs are its own), cut at its requests' deadlines."""
+        if not session.user_code:
+            return {"inline": session.inline_ok}
+        guard = InlineGuard(f"{self.name}:{self.version}") if session.inline_ok else None
+        return {"inline": session.inline_ok, "guard": guard, "cut_late": True,
                 "max_running": session.concurrent_runs, "abandon": session.abandon}
 
     def warm(self) -> None:

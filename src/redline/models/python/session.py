@@ -9,8 +9,9 @@ failure, and repeats at most once a minute with their count, so a model failing 
 cannot flood the log.
 
 Why in-process by default: a Python model that does little costs a request almost nothing
-beyond the ONNX path only without a process hop. ``predict`` still never runs on the event loop
-(``user_code``): it may hold the GIL or hang, and the server must keep answering.
+beyond the ONNX path only without a process hop. Because ``predict`` may hold the GIL or hang
+(``user_code``), the server runs it on the event loop only under a guard that stops it after a
+couple of milliseconds (``serving/inline_guard.py``), else on worker threads.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class PythonSession(ModelRunner):
             count = workers or PROCESSES
             self._pool = WorkerPool(self.folder, count, self.label, START_TIMEOUT_S)
             self._call: Any = self._pool.predict
+            self.inline_ok = False  # a round trip to a process is never short
             # every worker may run a batch; spare threads replace workers that were stopped
             self.concurrent_runs = count
             self.worker_threads = count + 2

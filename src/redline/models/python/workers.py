@@ -37,6 +37,7 @@ import numpy as np
 
 log = logging.getLogger("redline.models")
 _ALIGN = 64
+STARTUP_S = 120.0  # a worker process imports Python, numpy and redline within this
 _FIRST_BYTES = 1 << 20
 Entry = tuple[Any, ...]
 
@@ -89,7 +90,12 @@ class _Worker:
         self._closed = False
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        """The worker's answer once it has loaded the model: its class and declared signature."""
+        """The worker's answer once it has loaded the model: its class and declared signature.
+        ``timeout_s`` counts from when the worker has started (Python and redline imported):
+        it is the model's own time to import and load."""
+        started = self._receive(STARTUP_S, "to start Python")
+        if started[0] != "started":
+            raise WorkerStartFailed(f"the worker process answered {started[0]!r} at start")
         reply = self._receive(timeout_s, "to import and load the model")
         if reply[0] == "ready":
             self.info = reply[1]
@@ -407,6 +413,7 @@ def main(argv: list[str]) -> None:
     fd, folder = int(argv[0]), Path(argv[1])
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     conn = Connection(fd)
+    conn.send(("started",))
     try:
         model, _module = instantiate(folder)
         cls = type(model)

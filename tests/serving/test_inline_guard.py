@@ -1,0 +1,115 @@
+"""The inline guard: a user's Python runs on the event loop until it runs long, then it is
+stopped and its batch goes to a worker thread, where the budget answers for it.
+
+pytest runs tests (and pytest-asyncio's loops) on the main thread, where the guard works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from redline.config import BatchingSettings
+from redline.errors import DeadlineExceeded
+from redline.serving.batcher import Batcher
+from redline.serving.deadline import now
+from redline.serving import inline_guard
+from redline.serving.inline_guard import InlineGuard, RanTooLong
+
+pytestmark = pytest.mark.allow_log(r"model 'm(:1)?': a run (on the event loop|outlived)")
+
+
+@pytest.fixture(autouse=True)
+def sigalrm_free() -> Iterator[None]:
+    """pytest-timeout keeps SIGALRM for itself, and the guard leaves another owner's signal
+    alone: these tests lend it to the guard, and give it back."""
+    before = signal.getsignal(signal.SIGALRM)
+    timer = signal.getitimer(signal.ITIMER_REAL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    inline_guard._installed = None  # noqa: SLF001
+    yield
+    signal.signal(signal.SIGALRM, before)
+    inline_guard._installed = None  # noqa: SLF001
+    if timer[0]:
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+
+
+def test_the_guard_leaves_another_owner_of_the_signal_alone() -> None:
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    assert not InlineGuard("m").allows()
+
+
+def test_a_guarded_run_is_stopped_at_its_limit_even_in_a_sleep() -> None:
+    guard = InlineGuard("m", limit_s=0.005)
+    assert guard.allows()
+    t0 = time.monotonic()
+    with pytest.raises(RanTooLong):
+        guard.run(time.sleep, 5)
+    assert time.monotonic() - t0 < 1.0
+
+    def spin(_: object) -> None:
+        while True:
+            pass
+
+    with pytest.raises(RanTooLong):
+        guard.run(spin, None)
+    assert guard.run(lambda x: x + 1, 1) == 2  # quick runs are untouched...
+    time.sleep(0.01)  # ...and the disarmed timer never fires afterwards
+    guard.tripped()
+    assert not guard.allows()  # off the loop while it cools down
+
+
+def test_off_the_main_thread_the_guard_allows_nothing() -> None:
+    said: list[bool] = []
+    thread = threading.Thread(target=lambda: said.append(InlineGuard("m").allows()))
+    thread.start()
+    thread.join()
+    assert said == [False]
+
+
+class Moody:
+    """A model run: fast, except rows whose first value is 99, which sleep ``hang_s``."""
+
+    def __init__(self, hang_s: float) -> None:
+        self.hang_s = hang_s
+        self.threads: list[int] = []
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = inputs["x"]
+        self.threads.append(threading.get_ident())
+        if (x[:, 0] == 99).any():
+            time.sleep(self.hang_s)
+        return {"y": x.sum(axis=1)}
+
+
+async def test_a_hang_on_the_loop_is_stopped_then_cut_by_its_budget() -> None:
+    model = Moody(hang_s=1.5)
+    guard = InlineGuard("m:1", limit_s=0.003, cooldown_s=0.5)
+    with ThreadPoolExecutor(4) as pool:
+        batcher = Batcher(model, BatchingSettings(), executor=pool, cut_late=True, guard=guard,
+                          name="m:1")
+        fast = {"x": np.ones((1, 4), np.float32)}
+        assert batcher.run_now(fast, 1)["y"].tolist() == [4.0]  # on the loop's thread
+        assert model.threads == [threading.get_ident()]
+        hang = {"x": np.full((1, 4), 99, np.float32)}
+        t0 = now()
+        assert batcher.run_now(hang, 1) is None  # stopped at the guard's limit...
+        assert now() - t0 < 0.5 and guard.stopped == 1
+        with pytest.raises(DeadlineExceeded, match="still going"):  # ...run again on a thread
+            await batcher.submit(hang, 1, deadline=now() + 0.2)
+        assert now() - t0 < 1.0
+        # The loop and the model go on: the next batch runs on another thread of the pool
+        # while the hung run still sleeps.
+        out = await asyncio.wait_for(batcher.submit(fast, 1, deadline=now() + 1.0), 1.0)
+        assert out["y"].tolist() == [4.0] and batcher.abandoned == 1
+        assert model.threads[-1] != threading.get_ident()
+        await asyncio.sleep(0.5)  # cooled down: short runs are back on the loop
+        assert batcher.run_now(fast, 1) is not None
+        assert model.threads[-1] == threading.get_ident()
