@@ -689,6 +689,8 @@ class Drill:
                 "failures": sorted({x.why for x in mine if not x.ok})[:5],
                 "degraded": len(degraded),
                 "degraded_reasons": sorted({x.why for x in degraded})[:3],
+                "degraded_reasons_zone_a_back": sorted(
+                    {x.why for x in phases["zone_a_back"] if x.degraded})[:3],
                 **{f"degraded_{name}": sum(x.degraded for x in xs)
                    for name, xs in phases.items()},
                 **{f"p99_ms_{name}": _p99([x.ms for x in xs if x.ok])
