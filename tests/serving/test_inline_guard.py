@@ -18,9 +18,9 @@ import pytest
 
 from redline.config import BatchingSettings
 from redline.errors import DeadlineExceeded
+from redline.serving import inline_guard
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import now
-from redline.serving import inline_guard
 from redline.serving.inline_guard import InlineGuard, RanTooLong
 
 pytestmark = pytest.mark.allow_log(r"model 'm(:1)?': a run (on the event loop|outlived)")
@@ -64,6 +64,21 @@ def test_a_guarded_run_is_stopped_at_its_limit_even_in_a_sleep() -> None:
     time.sleep(0.01)  # ...and the disarmed timer never fires afterwards
     guard.tripped()
     assert not guard.allows()  # off the loop while it cools down
+
+
+def test_stops_in_a_row_lengthen_the_pause_and_a_lone_one_does_not() -> None:
+    guard = InlineGuard("m", cooldown_s=0.2, max_cooldown_s=0.6)
+    guard.tripped()
+    assert guard.cooldown_s == 0.2
+    time.sleep(0.21)
+    guard.tripped()  # just after the pause ended: twice as long
+    assert guard.cooldown_s == 0.4
+    time.sleep(0.41)
+    guard.tripped()
+    assert guard.cooldown_s == 0.6  # at most max_cooldown_s
+    time.sleep(1.5)
+    guard.tripped()  # long after: back to the first pause
+    assert guard.cooldown_s == 0.2
 
 
 def test_off_the_main_thread_the_guard_allows_nothing() -> None:

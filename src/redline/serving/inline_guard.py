@@ -8,7 +8,10 @@ run is still going when it fires, the ``SIGALRM`` handler raises :class:`RanTooL
 which interrupts Python code and blocking calls alike (a sleep, a lock, a socket read). The
 batcher then runs the batch again on a worker thread, where the requests' budgets apply, and
 keeps the model off the loop for a while; a hung ``predict`` therefore holds the loop for at most
-``limit_s``.
+``limit_s``. The timer counts wall time, so a busy machine that preempts a short run can stop it
+too: the first pause off the loop is short, and only stops that follow each other lengthen it
+(doubling up to ``max_cooldown_s``), so a model that hangs again and again costs the loop one
+``limit_s`` a minute at most, and one stopped by chance is back on the loop in half a second.
 
 Python delivers signals to the main thread only, so the guard works only where the event loop
 runs on the main thread (``redline serve``) and no one else uses ``SIGALRM``; elsewhere
@@ -28,8 +31,9 @@ from redline.serving.deadline import now
 
 log = logging.getLogger("redline.serving")
 T = TypeVar("T")
-LIMIT_S = 0.002  # an inline run is predicted well under inline_max_us; 2 ms is far beyond it
-COOLDOWN_S = 5.0  # after a run was stopped, the model's runs stay off the loop this long
+LIMIT_S = 0.005  # inline runs are predicted under inline_max_us (120 µs); 5 ms is far beyond
+COOLDOWN_S = 0.5  # after a run was stopped, the model's runs stay off the loop this long...
+MAX_COOLDOWN_S = 60.0  # ...doubled for each stop soon after the last pause, up to this
 
 _active = False  # a guarded run is under way (on the main thread)
 _installed: bool | None = None  # whether our SIGALRM handler is in place; None: not tried
@@ -66,11 +70,12 @@ def _install() -> bool:
 class InlineGuard:
     """Per model version: whether a run may happen on the loop now, and the guarded run."""
 
-    def __init__(self, name: str, limit_s: float = LIMIT_S,
-                 cooldown_s: float = COOLDOWN_S) -> None:
+    def __init__(self, name: str, limit_s: float = LIMIT_S, cooldown_s: float = COOLDOWN_S,
+                 max_cooldown_s: float = MAX_COOLDOWN_S) -> None:
         self.name = name
         self.limit_s = limit_s
-        self.cooldown_s = cooldown_s
+        self.base_cooldown_s = self.cooldown_s = cooldown_s
+        self.max_cooldown_s = max_cooldown_s
         self.stopped = 0  # runs stopped at the limit
         self._usable: bool | None = None
         self._off_until = 0.0
@@ -94,13 +99,18 @@ class InlineGuard:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
     def tripped(self) -> None:
-        """A run was stopped: keep the model's runs off the loop for ``cooldown_s``."""
+        """A run was stopped: keep the model's runs off the loop for ``cooldown_s``, twice as
+        long as last time when the last pause ended moments ago."""
         t = now()
         self.stopped += 1
+        if self.stopped > 1 and t - self._off_until < self.cooldown_s:
+            self.cooldown_s = min(self.max_cooldown_s, 2 * self.cooldown_s)
+        else:
+            self.cooldown_s = self.base_cooldown_s
         self._off_until = t + self.cooldown_s
         if t - self._warned >= 60.0:
             self._warned = t
             log.warning("model '%s': a run on the event loop took longer than %.0f ms and was "
                         "stopped (%d so far); it runs again on a worker thread, and the model's "
-                        "runs stay off the loop for %.0f s", self.name, self.limit_s * 1e3,
+                        "runs stay off the loop for %.1f s", self.name, self.limit_s * 1e3,
                         self.stopped, self.cooldown_s)
