@@ -61,7 +61,7 @@ def test_a_shadowed_version_keeps_every_request(tmp_path: Path) -> None:
 
     async def shadowed() -> tuple[int, float]:
         await registry.sync()
-        registry.get("affine").shadowed = True
+        registry.get("affine").keep_every_request(True)
         return await _run(registry, 300)
 
     kept, _ = asyncio.run(shadowed())

@@ -122,11 +122,10 @@ def test_warm_up_changes_no_stats_or_metrics(store: str, serve: Any, repo_path: 
         time.sleep(0.1)
     before = settled(srv.http)
     routed: list[str] = []  # a rollout's router: its draws belong to real requests
-    server.registry.router = lambda name, key: routed.append(name)
+    server.registry.route_by(lambda name, key: routed.append(name))
     answered = srv.call(warm_request_path(server.registry, pipeline, settings,
                                           bool(server.observers), RedlineHttpProtocol))
-    assert routed == [] and server.registry.router is not None
-    server.registry.router = None
+    assert routed == [] and server.registry.route_by(None) is not None
     assert answered == 2  # cards (V2 and /v1) and cards_small (V2) answered the private app
     time.sleep(TICK_S + 0.2)  # a tick: anything the warm-up handed the monitor would show now
     after = snapshot(srv.http)

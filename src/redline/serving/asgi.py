@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from redline.errors import PayloadTooLarge
 from redline.serving.edge import JSON_HEADER, as_redline_error, error_body, http_error
@@ -27,6 +27,7 @@ Answer = tuple[int, bytes, Headers]
 Responder = Callable[[int, bytes, Headers], None]
 
 
+@runtime_checkable
 class InlineApp(Protocol):
     """An ASGI app that also answers a whole small V2 infer request from the HTTP parser's
     callback (``http_protocol.py``, the inline lane): the REST app, and whatever wraps it

@@ -88,8 +88,8 @@ class ModelHandle:
         # records (spread in time) carry their arrays, plus every request with an id (a label
         # may join it): holding every request's arrays until the monitor's tick freed them cost
         # CPU on every request (benchmarks/serving/ab_cpu.py). A rollout judges every request
-        # of the versions it compares, and a shadow replays them: it sets `shadowed` while
-        # it runs.
+        # of the versions it compares, and a shadow replays them: it calls `keep_every_request`
+        # while it runs.
         self.keep_io = settings.monitoring.enabled
         self.shadowed = False
         rows_per_s = float(settings.monitoring.window_rows_per_s or 0)
@@ -279,6 +279,11 @@ class ModelHandle:
         record.add(INFERENCE, ran, t1)
         self.keep_io_on(record, inputs, outputs, t0)
         return outputs
+
+    def keep_every_request(self, on: bool) -> None:
+        """Keep every request's arrays (a rollout judging this version, a shadow replaying it),
+        not only monitoring's sample; off again when the rollout ends."""
+        self.shadowed = on
 
     def keep_io_on(self, record: RequestRecord, inputs: dict[str, np.ndarray],
                  outputs: dict[str, np.ndarray], t0: int) -> None:

@@ -51,6 +51,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from redline.config import ServerSettings
+from redline.serving.asgi import InlineApp
 from redline.serving.edge import error_body
 
 log = logging.getLogger("redline.serving")
@@ -140,7 +141,7 @@ class RedlineHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._inline = getattr(self.app, "infer_inline", None)
+        self._inline = self.app.infer_inline if isinstance(self.app, InlineApp) else None
         self._fast = False  # the request being parsed takes the inline lane
         self._body = b""
         self._keep = True  # the inline request's connection stays open after the answer

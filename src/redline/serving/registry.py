@@ -81,10 +81,17 @@ class ModelRegistry:
         self.unloaded: set[str] = set()  # unloaded through the admin surface
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
-        self.router: Any = None  # (name, key) -> ModelHandle | None, set by a rollout
+        self._router: Any = None  # (name, key) -> ModelHandle | None: a rollout's choice
         self._logged_not_ready: dict[str, str] = {}  # model -> the reason last logged
         self._entry_errors: dict[str, str] = {}  # model -> why its repository entry is unreadable
         self._applied: set[str] = set()  # models a sync has tried to load
+
+    def route_by(self, router: Any) -> Any:
+        """Let ``router`` (``(name, key) -> ModelHandle | None``, a rollout's) pick the version
+        of a request that names none; None: the version policy alone. Returns the one before,
+        so a caller that sets one aside (the warm-up) can put it back."""
+        before, self._router = self._router, router
+        return before
 
     # ------------------------------------------------------------------ request path
     def get(self, name: str, version: str | None = None, key: Any = None) -> ModelHandle:
@@ -94,8 +101,8 @@ class ModelRegistry:
         for this request; ``key`` (a /v1 request's entities) keeps that choice sticky.
         """
         if not version:
-            if self.router is not None:
-                routed = self.router(name, key)
+            if self._router is not None:
+                routed = self._router(name, key)
                 if routed is not None:
                     return routed  # type: ignore[no-any-return]
             handle = self._default.get(name)

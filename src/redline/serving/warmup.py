@@ -123,11 +123,11 @@ async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observe
     Runs before the server's listeners open, so no real request can arrive meanwhile: a
     rollout's router is set aside for its duration (its random draws and sticky keys are the
     real requests')."""
-    router, registry.router = registry.router, None
+    router = registry.route_by(None)
     try:
         return await _warm(registry, pipeline, settings, observed, protocol)
     finally:
-        registry.router = router
+        registry.route_by(router)
 
 
 async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,

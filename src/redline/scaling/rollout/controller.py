@@ -165,7 +165,7 @@ class RolloutController:
             with contextlib.suppress(Exception):  # not loaded (yet): the next refresh
                 handle = self.registry.get(spec.model, str(version))
                 if handle not in self._keeping:
-                    handle.shadowed = True  # every request's arrays, not monitoring's sample
+                    handle.keep_every_request(True)  # not only monitoring's sample
                     self._keeping.add(handle)
 
     def _release_io(self) -> None:
@@ -174,7 +174,7 @@ class RolloutController:
                   for v in ((s.baseline,) if s.mode == "shadow" else (s.baseline, s.candidate))}
         for handle in list(self._keeping):
             if (handle.name, handle.version) not in wanted:
-                handle.shadowed = False
+                handle.keep_every_request(False)
                 self._keeping.discard(handle)
 
     # ------------------------------------------------------------------ the other processes

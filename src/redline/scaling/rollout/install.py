@@ -26,7 +26,7 @@ def install(server: RedlineServer) -> RolloutController:
             monitor = server.monitor
     controller = RolloutController(server.registry, rollout_path(server.settings),
                                    labels=monitor.label_joins if monitor is not None else None)
-    server.registry.router = controller.route
+    server.registry.route_by(controller.route)
     controller.observe(server.observers)  # an observer while a rollout is active
     if monitor is not None:
         monitor.count_rollbacks(controller)  # redline_rollout_rollbacks_total
