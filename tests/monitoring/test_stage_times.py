@@ -85,7 +85,7 @@ def test_common_requests_are_counted_timed_and_slow_logged_without_records(
                 r = http.post("/v2/models/fraud/infer", json=v2_body(rng.normal(size=(1, 3))))
                 assert r.status_code == 200 and "traceparent" not in r.headers
             lean_records = counted.made - made_before
-            # with an id (a label may come for it) every request is a record, as before
+            # with an id (a label may come for it) every request is a record
             for i in range(20):
                 r = http.post("/v2/models/fraud/infer",
                               json=v2_body(rng.normal(size=(2, 3)), f"id{i}"))

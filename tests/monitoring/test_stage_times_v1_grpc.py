@@ -94,7 +94,7 @@ def test_common_v1_requests_are_counted_timed_and_slow_logged_without_records(
                 timings = r.json()["timings_us"]
                 assert {"decode", "features", "admission", "inference", "total"} <= set(timings)
             common_fed = fed.n - fed_before
-            # with an id (a label may come for it) every request's record is kept, as before
+            # with an id (a label may come for it) every request's record is kept
             for i in range(20):
                 assert http.post(PREDICT, json=_body(rng, f"id{i}")).status_code == 200
             with_ids = fed.n - fed_before - common_fed

@@ -151,7 +151,6 @@ def _datetime_ms(dt: datetime) -> int:
     return (dt - _EPOCH) // _MS
 
 
-_to_ms = to_ms  # the old private name
 
 
 def _coerce(value: Any, typ: str, flat: bool) -> Any:
