@@ -175,8 +175,9 @@ def start_redis(zone: Zone, workdir: Path, port: int, replica_of: tuple[str, int
     extra = ["--replicaof", replica_of[0], str(replica_of[1])] if replica_of else []
     # not protected mode: the other zone connects from outside this one (on link-local
     # addresses that only this host's test zones use)
+    # (the address it announces: on loopback a replica's connection would come from 127.0.0.1)
     zone.spawn([REDIS_SERVER, "--port", str(port), "--bind", zone.address, "--save", "",
-                "--protected-mode", "no",
+                "--protected-mode", "no", "--replica-announce-ip", zone.address,
                 "--appendonly", "no", "--dir", str(workdir), "--logfile",
                 str(workdir / "redis.log"), *FAST_SYNC, *extra], "redis-server")
     wait_until(f"redis-server in zone {zone.name}", lambda: redis.Redis(
@@ -190,7 +191,8 @@ def start_sentinel(zone: Zone | None, host: str, port: int, workdir: Path,
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "sentinel.conf"
     conf.write_text(
-        f"port {port}\nbind {host}\nprotected-mode no\ndir {workdir}\n"
+        f"port {port}\nbind {host}\nprotected-mode no\nsentinel announce-ip {host}\n"
+        f"dir {workdir}\n"
         f"logfile {workdir / 'sentinel.log'}\n"
         f"sentinel monitor {SERVICE} {primary[0]} {primary[1]} 2\n"
         f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
