@@ -115,8 +115,9 @@ class KafkaSource:
 
     def poll(self) -> int:
         """Read a batch, decode it, start its write (the previous one finishes first)."""
-        if self._rewind:
-            self._rewind_now()  # a store still down raises, and the loop waits it out
+        if self._rewind and not self._rewind_now():  # a store still down raises
+            time.sleep(self.block_s)  # the broker is not ready for it yet: again next poll
+            return 0
         # what the client holds already, up to a batch, without waiting: batches are as large as
         # the backlog (small when caught up, so nothing waits for a batch to fill)
         msgs = self.consumer.consume(self.batch, 0)
@@ -213,18 +214,23 @@ class KafkaSource:
                         committed[part])
         return starts
 
-    def _rewind_now(self) -> None:
-        """Seek every assigned partition to where :meth:`_starts` says (raises
-        ``StoreUnavailable`` while the store cannot be read; the rewind stays due)."""
-        from confluent_kafka import TopicPartition
+    def _rewind_now(self) -> bool:
+        """Seek every assigned partition to where :meth:`_starts` says; False when the broker
+        could not tell the committed offsets or take the seek yet. Raises ``StoreUnavailable``
+        while the store cannot be read. Either way the rewind stays due until it is made."""
+        from confluent_kafka import KafkaException, TopicPartition
 
         assigned = self.consumer.assignment()
         if assigned:
-            starts = self._starts([tp.partition for tp in assigned])
-            for tp in assigned:
-                offset = starts.get(tp.partition, 0)  # none committed or stored: the beginning
-                self.consumer.seek(TopicPartition(self.topic, tp.partition, offset))
+            try:
+                starts = self._starts([tp.partition for tp in assigned])
+                for tp in assigned:
+                    offset = starts.get(tp.partition, 0)  # none committed or stored: the start
+                    self.consumer.seek(TopicPartition(self.topic, tp.partition, offset))
+            except KafkaException:
+                return False
         self._rewind = False
+        return True
 
     def _on_assign(self, consumer: Any, partitions: Any) -> None:
         """Place newly assigned partitions where :meth:`_starts` says; when the store cannot
