@@ -131,6 +131,23 @@ def _apply(spec: GraphSpec, name: str, opts: dict[str, Any], origin: str) -> Non
         spec.in_stock = str(stock) if stock else None
 
 
+def rank_sample(spec: GraphSpec, cat: Catalogue, rows: int = 16) -> np.ndarray:
+    """Rows of the rank features a Python ranker is checked on at ``add``: the first items'
+    columns, their retrieval scores against the catalogue's mean and their positions; zeros for
+    what only a request has (fields, entity features, the session)."""
+    n = min(rows, cat.size)
+    x = np.zeros((n, len(spec.rank_features)), dtype=np.float32)
+    for j, ref in enumerate(spec.rank_features):
+        source, _, what = ref.partition(":")
+        if source == "item" and what in cat.columns:
+            x[:, j] = cat.columns[what][:n]
+        elif ref == "retrieval:score":
+            x[:, j] = cat.embeddings[:n] @ cat.embeddings.mean(axis=0)
+        elif ref == "retrieval:position":
+            x[:, j] = np.arange(n)
+    return x
+
+
 def _positive(value: Any, what: str, origin: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInput(f"{origin}: {what} must be a positive whole number, got {value!r}")

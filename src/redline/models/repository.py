@@ -26,6 +26,7 @@ from typing import Any
 from redline.errors import (
     CorruptModel,
     InvalidInput,
+    ModelError,
     ModelNotFound,
     RepositoryError,
     VersionNotFound,
@@ -378,12 +379,15 @@ class ModelRepository:
         *,
         version: int | None = None,
         description: str = "",
+        trust_code: bool = False,
     ) -> ModelMetadata:
         """Check an inference graph folder (``graph.yaml``, see ``models/graph.py``), build its
         ANN index when the catalogue is large, and store it as a new version, atomically.
 
         The ranking model becomes the version's ``model.onnx`` (it loads, batches and reports
-        like any model); the graph's other files sit next to it."""
+        like any model); the graph's other files sit next to it. A Python ranker (``rank:
+        {model: ranker.py}``, needs ``trust_code``) becomes the version's ``model.py``, checked
+        on rows made from the catalogue as any Python model is."""
         import tempfile
 
         import yaml
@@ -406,13 +410,21 @@ class ModelRepository:
         ranker = src / spec.ranker
         if not ranker.is_file():
             raise InvalidInput(f"{spec_path}: the rank step's model {ranker} does not exist")
-        data = ranker.read_bytes()
-        inputs, outputs = inspect_onnx(data, str(ranker))
-        width = inputs[0].shape[-1] if inputs and inputs[0].shape else -1
-        if len(inputs) != 1 or width not in (-1, len(spec.rank_features)):
-            raise InvalidInput(f"{spec_path}: the ranker must take one input of "
-                               f"{len(spec.rank_features)} columns (rank.features), got "
-                               f"{[(i.name, i.shape) for i in inputs]}")
+        python = ranker.suffix == ".py"
+        if python:
+            from redline.models.python.add import TRUST_WARNING
+
+            if not trust_code:
+                raise InvalidInput(f"{spec_path}: the rank step's model {ranker} is Python. "
+                                   f"{TRUST_WARNING} Pass trust_code=True (--trust-code).")
+        else:
+            data = ranker.read_bytes()
+            inputs, outputs = inspect_onnx(data, str(ranker))
+            width = inputs[0].shape[-1] if inputs and inputs[0].shape else -1
+            if len(inputs) != 1 or width not in (-1, len(spec.rank_features)):
+                raise InvalidInput(f"{spec_path}: the ranker must take one input of "
+                                   f"{len(spec.rank_features)} columns (rank.features), got "
+                                   f"{[(i.name, i.shape) for i in inputs]}")
         files: dict[str, Path] = {g.GRAPH_FILE: spec_path, g.ITEMS_NPY: src / g.ITEMS_NPY,
                                   g.ITEMS_TABLE: src / g.ITEMS_TABLE}
         if spec.encoder is not None:
@@ -427,6 +439,9 @@ class ModelRepository:
                                                             4))
                 faiss.write_index(index, str(Path(tmp) / g.INDEX_FILE))
                 files[g.INDEX_FILE] = Path(tmp) / g.INDEX_FILE
+            if python:
+                return self._add_python_graph(name, src, spec, cat, files, info, version,
+                                              description)
             meta = ModelMetadata(
                 name=name, version=0, inputs=inputs, outputs=outputs,
                 sha256=hashlib.sha256(data).hexdigest(), task="regression",
@@ -452,6 +467,39 @@ class ModelRepository:
         files = {p.relative_to(folder).as_posix(): p
                  for p in sorted(folder.rglob("*")) if p.is_file()}
         return self._write_version(name, None, meta, version, files)
+
+    def _add_python_graph(self, name: str, src: Path, spec: Any, cat: Any,
+                          files: dict[str, Path], info: dict[str, Any], version: int | None,
+                          description: str) -> ModelMetadata:
+        """A graph whose ranker is Python: the graph's files and ``model.py`` in one folder,
+        added as a Python model (checked on rows of the rank features) that carries the graph."""
+        import tempfile
+
+        from redline.models import graph as g
+        from redline.models.python.add import add_python
+
+        with tempfile.TemporaryDirectory() as tmp:
+            staged = Path(tmp) / "graph"
+            staged.mkdir()
+            for file_name, path in files.items():
+                shutil.copyfile(path, staged / file_name)
+            shutil.copyfile(src / spec.ranker, staged / PYTHON_FILE)
+            try:
+                return add_python(
+                    self, name, staged, g.rank_sample(spec, cat), trust_code=True,
+                    version=version, feature_names=list(spec.rank_features),
+                    missing_values="allow", description=description, framework="graph",
+                    extra={"graph": spec.to_dict(), "catalogue": info})
+            except (InvalidInput, ModelError) as exc:
+                def mine(text: str) -> str:  # the user's file, not the staged copy
+                    return (text.replace(str(staged / PYTHON_FILE), str(src / spec.ranker))
+                            .replace(str(staged), str(src))
+                            .replace(f"({PYTHON_FILE}, line", f"({Path(spec.ranker).name}, line"))
+
+                details = {k: mine(v) if isinstance(v, str) else v
+                           for k, v in exc.details.items()}
+                raise type(exc)(f"{src / g.GRAPH_FILE}: the rank step's model "
+                                f"{src / spec.ranker}: {mine(exc.message)}", **details) from None
 
     def _write_version(
         self, name: str, data: bytes | None, meta: ModelMetadata, version: int | None,

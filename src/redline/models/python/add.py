@@ -68,6 +68,7 @@ def add_python(
     description: str = "",
     extra: dict[str, Any] | None = None,
     requires_promotion: bool = False,
+    framework: str = "python",
 ) -> ModelMetadata:
     """Check a Python model on ``sample`` and store it as a new version, atomically.
 
@@ -117,7 +118,7 @@ def add_python(
             ins, outs = _signature(pool.info, inputs, outputs, src)
             meta = ModelMetadata(
                 name=name, version=0, inputs=ins, outputs=outs, sha256="", task=task,
-                class_labels=class_labels, feature_names=feature_names, framework="python",
+                class_labels=class_labels, feature_names=feature_names, framework=framework,
                 framework_version=platform.python_version(), metrics=dict(metrics or {}),
                 missing_values=missing_values,
                 created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
