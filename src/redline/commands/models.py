@@ -23,6 +23,11 @@ from redline.commands._common import (
 )
 from redline.errors import InvalidInput
 
+TRUST_CODE_WARNING = (
+    "Adding a Python model imports its model.py and runs its load and predict on the sample: "
+    "whatever code it holds runs, with your permissions, here and in every server that serves "
+    "it. Only add code you wrote or have read."
+)
 PICKLE_WARNING = (
     "Loading a pickle/joblib file runs whatever code it contains. Only convert files you "
     "produced yourself; redline never loads pickles at serving time."
@@ -54,6 +59,16 @@ def models() -> None:
     help="SOURCE is a pickled/joblib estimator to convert to ONNX (needs --trust-pickle).",
 )
 @click.option("--trust-pickle", is_flag=True, help=PICKLE_WARNING)
+@click.option("--trust-code", is_flag=True,
+              help="SOURCE is a Python model (model.py, or a folder holding one); adding it "
+              "runs its code on --sample. " + TRUST_CODE_WARNING)
+@click.option("--runtime", "python_runtime", type=click.Choice(["thread", "process"]),
+              help="Python models: run predict in the server's threads (default) or in worker "
+              "processes (for Python that holds the GIL); redline.yaml's models.NAME.runtime "
+              "overrides it.")
+@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+              help="Python models: seconds the model may take to load, and to answer the "
+              "sample, before it is refused.")
 @click.option(
     "--sample",
     type=click.Path(dir_okay=False),
@@ -87,6 +102,9 @@ def add(
     args: tuple[str, ...],
     from_pickle: bool,
     trust_pickle: bool,
+    trust_code: bool,
+    python_runtime: str | None,
+    timeout_s: float,
     sample: str | None,
     tolerance: float,
     task: str | None,
@@ -108,6 +126,7 @@ def add(
           --sample .redline/demo/val.npz
       redline models add -m fraud fraud.keras --sample val.npz --labels 0,1
       redline models add -m fraud export/fraud/1 --sample inputs.npz   # a SavedModel folder
+      redline models add -m rowsum model.py --sample rows.npy --trust-code   # a Python model
     """
     from redline.models import ModelRepository
     from redline.models.convert import is_saved_model
@@ -123,7 +142,8 @@ def add(
             f"before the file): `{usage}`")
     source = rest[0]
     saved_model = is_saved_model(source)
-    is_graph = Path(source).is_dir() and not saved_model
+    python = _is_python_model(source)
+    is_graph = Path(source).is_dir() and not saved_model and not python
     if not is_graph and not saved_model and not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")
     number: int | None = None
@@ -134,7 +154,8 @@ def add(
     settings, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
     if is_graph:  # an inference graph folder (graph.yaml, docs/recommend.md)
-        meta = repo.add_graph(name, source, version=number, description=description)
+        meta = repo.add_graph(name, source, version=number, description=description,
+                              trust_code=trust_code)
         info = meta.extra["catalogue"]
         recall = (f", recall@{meta.extra['graph']['k']} against exact "
                   f"{info['recall_at_k']:.4f}" if "recall_at_k" in info else "")
@@ -144,12 +165,22 @@ def add(
     names = [s.strip() for s in feature_names.split(",")] if feature_names else None
     if names is not None and (missing_values or "reject") == "reject":
         _check_defaults(name, names, "reject", settings)  # before any conversion work
-    tensorflow = saved_model or Path(source).suffix == ".keras"
+    if python and not trust_code:
+        raise click.UsageError(f"{source} is a Python model. {TRUST_CODE_WARNING} Pass "
+                               "--trust-code to add it.")
+    if python and not sample:
+        raise click.UsageError("adding a Python model needs --sample: its rows are run to "
+                               "check the model's answers against its signature")
+    tensorflow = saved_model or Path(source).suffix == ".keras" or python
     x = (_named_sample(sample) if tensorflow else load_table(sample)[0]) if sample else None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", RegistrationWarning)
-        meta = _add_file(repo, name, source, from_pickle, trust_pickle, x, tolerance, task,
-                         labels, names, missing_values, number, description)
+        if python:
+            meta = _add_python(repo, name, source, x, python_runtime, timeout_s, number, task,
+                               labels, names, missing_values, description)
+        else:
+            meta = _add_file(repo, name, source, from_pickle, trust_pickle, x, tolerance, task,
+                             labels, names, missing_values, number, description)
     for note in said:  # the repository's notes as one line each, any other warning as before
         if issubclass(note.category, RegistrationWarning):
             click.echo(f"warning: {note.message}", err=True)
@@ -225,6 +256,36 @@ def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle
             missing_values=missing_values or "reject",
         )
     return meta
+
+
+def _add_python(repo: Any, name: str, source: str, x: Any, runtime: str | None,
+                timeout_s: float, number: int | None, task: str | None, labels: str | None,
+                names: list[str] | None, missing_values: str | None, description: str) -> Any:
+    """Add a Python model; when its code fails on the sample, its traceback comes first."""
+    from redline.errors import ModelError
+
+    try:
+        return repo.add_python(
+            name, source, x, trust_code=True, runtime=runtime, timeout_s=timeout_s,
+            version=number, task=task or ("classification" if labels else "regression"),
+            class_labels=_labels(labels), feature_names=names,
+            missing_values=missing_values or "reject", description=description)
+    except ModelError as exc:
+        if exc.details.get("traceback"):
+            click.echo(exc.details["traceback"], err=True)
+        raise
+
+
+def _is_python_model(source: str) -> bool:
+    """A ``.py`` file, or a folder holding ``model.py`` (a Python model, docs/models.md)."""
+    path = Path(source)
+    return path.suffix == ".py" or (path.is_dir() and (path / "model.py").is_file())
+
+
+def _labels(labels: str | None) -> list[Any] | None:
+    if not labels:
+        return None
+    return [int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in labels.split(",")]
 
 
 def _named_sample(path: str) -> Any:
@@ -510,7 +571,7 @@ def parse_predict_input(text: str, session: Any) -> dict[str, Any]:
 def predict(
     name: str, version: str | None, input_text: str, repository: str | None, config_path: str | None
 ) -> None:
-    """Run one local prediction through ONNX Runtime and print the outputs as JSON.
+    """Run one local prediction (ONNX Runtime, or a Python model) and print the outputs as JSON.
 
     \b
     Examples:
@@ -519,7 +580,7 @@ def predict(
     """
     import numpy as np
 
-    from redline.models import InferenceSession, ModelRepository
+    from redline.models import ModelRepository, load_runner
 
     settings, root = settings_and_repo(config_path, repository)
     if input_text.startswith("@"):
@@ -527,8 +588,11 @@ def predict(
         if not file.is_file():
             raise InvalidInput(f"--input file {file} does not exist")
         input_text = file.read_text()
-    session = InferenceSession.load(ModelRepository(root), name, version, settings.runtime)
-    outputs = session.run(session.validate(parse_predict_input(input_text, session)))
+    session = load_runner(ModelRepository(root), name, version, settings.runtime)
+    try:
+        outputs = session.run(session.validate(parse_predict_input(input_text, session)))
+    finally:
+        session.close()
     result: dict[str, Any] = {
         "model_name": name,
         "model_version": session.metadata.version,
