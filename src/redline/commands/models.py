@@ -53,6 +53,16 @@ def models() -> None:
 @models.command("add")
 @model_option
 @click.argument("args", nargs=-1, metavar="SOURCE")
+@click.option("--from-mlflow", "from_mlflow", metavar="URI",
+              help="Take the model from MLflow instead of SOURCE: a logged model folder, "
+              "runs:/RUN_ID/PATH or models:/NAME/VERSION (or models:/NAME@ALIAS).")
+@click.option("--tracking-uri", metavar="URI",
+              help="--from-mlflow: the local tracking store, a folder (file:) or SQLite file "
+              "(sqlite:///); default $MLFLOW_TRACKING_URI, else ./mlruns or ./mlflow.db.")
+@click.option("--flavor", type=click.Choice(["sklearn", "lightgbm", "xgboost", "pytorch", "onnx",
+                                             "pyfunc"]),
+              help="--from-mlflow: the flavor to import (default: the first of these the model "
+              "has; pyfunc becomes a Python model and needs --trust-code).")
 @click.option(
     "--from-pickle",
     is_flag=True,
@@ -100,6 +110,9 @@ def models() -> None:
 def add(
     model: str | None,
     args: tuple[str, ...],
+    from_mlflow: str | None,
+    tracking_uri: str | None,
+    flavor: str | None,
     from_pickle: bool,
     trust_pickle: bool,
     trust_code: bool,
@@ -127,6 +140,7 @@ def add(
       redline models add -m fraud fraud.keras --sample val.npz --labels 0,1
       redline models add -m fraud export/fraud/1 --sample inputs.npz   # a SavedModel folder
       redline models add -m rowsum model.py --sample rows.npy --trust-code   # a Python model
+      redline models add -m fraud --from-mlflow models:/fraud/3 --tracking-uri sqlite:///mlflow.db
     """
     from redline.models import ModelRepository
     from redline.models.convert import is_saved_model
@@ -134,17 +148,25 @@ def add(
 
     usage = "redline models add -m NAME SOURCE"
     name, rest = take_model(model, args, usage)
-    if not rest:
+    if from_mlflow is not None:  # the model comes from MLflow, not from a SOURCE file
+        if rest:
+            raise click.UsageError(f"--from-mlflow names the model; drop {' '.join(rest)}")
+        source = from_mlflow
+    elif flavor or tracking_uri:
+        raise click.UsageError("--flavor and --tracking-uri go with --from-mlflow URI")
+    elif not rest:
         raise click.UsageError(f"name the model file to add: `{usage}`")
-    if len(rest) > 1:
+    elif len(rest) > 1:
         raise click.UsageError(
             f"one SOURCE file, got {' '.join(rest)} (the model's name goes after -m, not "
             f"before the file): `{usage}`")
-    source = rest[0]
-    saved_model = is_saved_model(source)
-    python = _is_python_model(source)
-    is_graph = Path(source).is_dir() and not saved_model and not python
-    if not is_graph and not saved_model and not Path(source).is_file():
+    else:
+        source = rest[0]
+    mlflow = from_mlflow is not None
+    saved_model = not mlflow and is_saved_model(source)
+    python = not mlflow and _is_python_model(source)
+    is_graph = Path(source).is_dir() and not (saved_model or python or mlflow)
+    if not (is_graph or saved_model or mlflow) and not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")
     number: int | None = None
     if version is not None:
@@ -171,11 +193,15 @@ def add(
     if python and not sample:
         raise click.UsageError("adding a Python model needs --sample: its rows are run to "
                                "check the model's answers against its signature")
-    tensorflow = saved_model or Path(source).suffix == ".keras" or python
+    tensorflow = saved_model or Path(source).suffix == ".keras" or python or mlflow
     x = (_named_sample(sample) if tensorflow else load_table(sample)[0]) if sample else None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", RegistrationWarning)
-        if python:
+        if mlflow:
+            meta = _add_mlflow(repo, name, source, tracking_uri, flavor, trust_pickle,
+                               trust_code, x, tolerance, task, labels, names, missing_values,
+                               number, description, python_runtime, timeout_s)
+        elif python:
             meta = _add_python(repo, name, source, x, python_runtime, timeout_s, number, task,
                                labels, names, missing_values, description)
         else:
@@ -271,6 +297,29 @@ def _add_python(repo: Any, name: str, source: str, x: Any, runtime: str | None,
             class_labels=_labels(labels), feature_names=names,
             missing_values=missing_values or "reject", description=description)
     except ModelError as exc:
+        if exc.details.get("traceback"):
+            click.echo(exc.details["traceback"], err=True)
+        raise
+
+
+def _add_mlflow(repo: Any, name: str, uri: str, tracking_uri: str | None, flavor: str | None,
+                trust_pickle: bool, trust_code: bool, x: Any, tolerance: float,
+                task: str | None, labels: str | None, names: list[str] | None,
+                missing_values: str | None, number: int | None, description: str,
+                runtime: str | None, timeout_s: float) -> Any:
+    """Add an MLflow model: a native flavor converted to ONNX, or its pyfunc as a Python model
+    (``redline.models.convert.from_mlflow``)."""
+    from redline.errors import ModelError
+    from redline.models.convert.from_mlflow import add_from_mlflow
+
+    given = {"task": task, "class_labels": _labels(labels), "missing_values": missing_values}
+    try:
+        return add_from_mlflow(
+            repo, name, uri, tracking_uri=tracking_uri, flavor=flavor, sample=x,
+            trust_pickle=trust_pickle, trust_code=trust_code, tolerance=tolerance,
+            feature_names=names, runtime=runtime, timeout_s=timeout_s, version=number,
+            description=description, **{k: v for k, v in given.items() if v is not None})
+    except ModelError as exc:  # a pyfunc's own code failed on the sample: its traceback first
         if exc.details.get("traceback"):
             click.echo(exc.details["traceback"], err=True)
         raise
