@@ -216,6 +216,9 @@ class RedlineServer:
             self.asgi, host=server.host, port=server.http_port, http=protocol,
             loop="none",
             lifespan="off", access_log=False, log_level="warning", proxy_headers=False,
+            # uvicorn's own logging config would close every handler the process already has
+            # (dictConfig), an embedder's included: its loggers propagate to the root instead.
+            log_config=None,
             server_header=False,
             timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),
             timeout_keep_alive=30,

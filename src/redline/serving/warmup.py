@@ -267,7 +267,8 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", access_log=False,
-                            log_level="warning", proxy_headers=False, server_header=False)
+                            log_level="warning", proxy_headers=False, server_header=False,
+                            log_config=None)  # uvicorn's would close the process's handlers
     listener = _Listener(config)
     task = asyncio.get_running_loop().create_task(listener.serve(sockets=[sock]))
     answered: dict[str, int] = {}
