@@ -20,7 +20,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from redline.config import ModelSettings, Settings
+from redline.config import BatchingSettings, ModelSettings, Settings
 from redline.models import ModelRepository
 from tests.models import pymodels as pm
 from tests.serving.helpers import ServerThread, affine_model
@@ -32,6 +32,19 @@ pytestmark = [
                           r"model 'moody(_proc)?:1': a run outlived"),
 ]
 HANG_S = 3.0
+# Appends "start end" of each predict call to <count dir>/timed.txt, taking 0.3 s a call.
+TIMED = '''
+class Model:
+    inputs = {"INPUT0": ("FP32", [-1, 16])}
+    outputs = {"OUTPUT0": ("FP32", [-1])}
+
+    def predict(self, inputs):
+        start = time.time()
+        time.sleep(0.3)
+        with open(os.environ["REDLINE_TEST_COUNT_DIR"] + "/timed.txt", "a") as f:
+            f.write(f"{start} {time.time()}\\n")
+        return {"OUTPUT0": inputs["INPUT0"].sum(axis=1)}
+'''
 
 
 def infer_body(x: np.ndarray) -> dict:
@@ -53,7 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, counts: Path) -> Iterator[S
     repo = ModelRepository(tmp / "models")
     sample = pm.rows(4)
     for name, source in (("rowsum", pm.ROW_SUM), ("slowsum", pm.row_sum(sleep_s=0.05)),
-                         ("moody", pm.MOODY), ("moody_proc", pm.MOODY)):
+                         ("moody", pm.MOODY), ("moody_proc", pm.MOODY), ("timed", TIMED)):
         repo.add_python(name, pm.write(tmp / "src" / name, source), sample, trust_code=True)
     repo.add_onnx("affine", affine_model())
     settings = Settings()
@@ -62,6 +75,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, counts: Path) -> Iterator[S
     settings.runtime.warmup_runs = 1
     settings.models["moody_proc"] = ModelSettings(runtime="process", workers=2)
     settings.models["slowsum"] = ModelSettings(slo_ms=2000)  # its runs take 50 ms each
+    settings.models["timed"] = ModelSettings(  # one request a batch, two processes
+        slo_ms=10_000, runtime="process", workers=2, batching=BatchingSettings(enabled=False))
     server = ServerThread(settings, repo).start()
     yield server
     server.stop()
@@ -149,6 +164,23 @@ def test_concurrent_requests_share_one_predict_call(client: httpx.Client, served
     calls = pm.counted(counts, "slowsum")[before:]
     assert sum(calls) == 8
     assert len(calls) < 8 and max(calls) > 1, calls  # rows of queued requests ran together
+
+
+def test_worker_processes_run_batches_at_once(served: ServerThread, counts: Path) -> None:
+    timed = counts / "timed.txt"
+    timed.unlink(missing_ok=True)  # the calls of add's check and warm-up
+
+    def one(i: int) -> int:
+        with httpx.Client(base_url=served.http, timeout=30) as c:
+            return c.post("/v2/models/timed/infer", json=infer_body(pm.rows(1, seed=i))
+                          ).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(4))) == [200] * 4
+    calls = sorted(tuple(map(float, line.split())) for line in timed.read_text().splitlines())
+    assert len(calls) == 4
+    overlapping = sum(1 for a, b in zip(calls, calls[1:], strict=False) if b[0] < a[1])
+    assert overlapping >= 1, calls  # two processes ran calls at the same time
 
 
 # ---------------------------------------------------------------------- bad answers at run time
