@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redline.monitoring import ServerMonitor
 from redline.proto import grpc_service_pb2 as pb
 from redline.proto import grpc_service_pb2_grpc as pbg
 from redline.serving.grpc import lenient
@@ -137,13 +138,20 @@ def test_monitored_grpc_answers_equal_unmonitored(servicers: dict[str, Any], mes
         assert on == off
 
 
+def _monitor(server: ServerThread) -> ServerMonitor:
+    """The server's monitoring, as the concrete monitor these tests look inside."""
+    monitor = server.server.monitor
+    assert isinstance(monitor, ServerMonitor)
+    return monitor
+
+
 def _serve(tmp: Path, **batching: Any) -> ServerThread:
     settings = monitored_settings(tick_s=3600.0)
     settings.monitoring.window_rows_per_s = 1.0
     for key, value in batching.items():
         setattr(settings.batching, key, value)
     server = ServerThread(settings, make_repository(tmp))
-    server.server.monitor.use_trace_exporter(_Spans())  # tracing on: a caller's trace goes on
+    _monitor(server).use_trace_exporter(_Spans())  # tracing on: a caller's trace goes on
     return server.start()
 
 
@@ -177,7 +185,7 @@ def test_the_grpc_head_sample_and_its_traces_come_from_the_flat_path(tmp_path: P
     settings.batching.inline_max_us = 1_000_000  # runs at once: the flat path
     settings.monitoring.trace_sample_ratio = 0.2
     server = ServerThread(settings, make_repository(tmp_path))
-    server.server.monitor.use_trace_exporter(_Spans())
+    _monitor(server).use_trace_exporter(_Spans())
     server.start()
     rng = np.random.default_rng(6)
     named = 0
@@ -216,7 +224,7 @@ def test_a_grpc_request_in_the_windows_sample_leaves_its_arrays_not_a_record(
     settings.monitoring.window_rows_per_s = 0.0
     settings.batching.inline_max_us = 1_000_000  # runs at once: the flat path
     server = ServerThread(settings, make_repository(tmp_path)).start()
-    monitor = server.server.monitor
+    monitor = _monitor(server)
     rng = np.random.default_rng(8)
     budget = (("x-redline-budget-ms", "5000"),)
     try:
