@@ -50,7 +50,7 @@ FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)\s*(.*)$")
 NOT_RUN = re.compile(r"^<!--\s*not-run(?::\s*(.*?))?\s*-->\s*$")
 ANSWER_OF = re.compile(r"^<!--\s*answer-of:\s*([A-Z]+)\s+(/\S*)(?:\s+(\S+))?\s*-->\s*$")
 SERVER_PORTS = re.compile(r"(?:127\.0\.0\.1|localhost)?:(8000|8001)\b")
-BLOCK_TIMEOUT_S = 60.0
+BLOCK_TIMEOUT_S = 180.0  # the longest block (the recommender's small shop) on a busy machine
 
 
 @dataclass
