@@ -29,20 +29,11 @@ from itertools import chain, count
 from typing import Any
 
 from redline.errors import StoreUnavailable
+from redline.features.online.redis_lua import lua_text
 
-# Raise per partition the recorded highest offset (KEYS[1]: the position hash; ARGV[1]: packed
-# doubles (partition, offset)); the same steps as the write script's mode 5.
-POSITION_SCRIPT = """
-for i = 1, #ARGV[1], 16 do
-  local part, off = struct.unpack('<dd', ARGV[1], i)
-  local f = string.format('%d', part)
-  local cur = redis.call('HGET', KEYS[1], f)
-  if not cur or tonumber(cur) < off then
-    redis.call('HSET', KEYS[1], f, string.format('%d', off))
-  end
-end
-return 1
-"""
+# Raise per partition the recorded highest offset: lua/positions.lua, the steps of write.lua's
+# mode 5 for a Cluster shard that holds no tile of the batch.
+POSITION_SCRIPT = lua_text("positions.lua")
 
 
 def position_key(topic: str, group: str) -> str:

@@ -29,15 +29,15 @@ NUMERIC_TILE_BYTES = 8 * 13  # group, tile, then the eleven doubles of a record
 
 
 @cache
-def _lua(name: str) -> str:
+def lua_text(name: str) -> str:
     """The text of ``lua/<name>``: Lua lives in ``.lua`` files so an editor and a reviewer read it
     as Lua; the read script is generated per reader, so it stays Python around these pieces."""
     return (resources.files("redline.features.online") / "lua" / name).read_text(encoding="utf-8")
 
 
-PARTIALS = _lua("partials.lua")
+PARTIALS = lua_text("partials.lua")
 
-WRITE_SCRIPT = PARTIALS + _lua("write.lua")
+WRITE_SCRIPT = PARTIALS + lua_text("write.lua")
 
 
 _FIELDS = ("n", "s", "c", "mu", "m2", "mn", "mx", "lt", "la", "li", "lv")
@@ -339,5 +339,5 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
     lines.append(f"  replies[#replies + 1] = pack('<{'d' * row}', unpack(O, 1, {row}))")
     lines.append("end")
     lines.append("return table.concat(replies)")
-    hll = _lua("hll.lua")
+    hll = lua_text("hll.lua")
     return hll + "\n".join(lines)
