@@ -1,17 +1,24 @@
 """What monitoring costs at capacity: the demo's ``/v1`` and V2 REST at 8 clients (closed loop),
 monitoring on against off, in alternating turns, with each server's CPU time per request.
 
-Two ``redline serve`` processes of the demo (``make demo`` first) run side by side, one with
-``REDLINE_MONITORING__ENABLED=false``; ``redline bench`` drives one at a time for ``--seconds``,
-the order swapping every round so the machine's noise lands on both. Throughput at capacity is
-bounded by CPU per request on these two cores, so the server's CPU microseconds per request
-(utime + stime from /proc) is the steadier figure; both are reported with the median and range
-of the per-round on/off ratios.
+``redline serve`` processes of the demo (``make demo`` first) run side by side: "off"
+(``REDLINE_MONITORING__ENABLED=false``), "on" (monitoring as configured by default) and, with
+``--traces-100``, "traces_100" (every request's spans exported). ``--otlp`` has the monitored
+servers export their traces over OTLP to a local collector stand-in (at the default 1% head
+sampling for "on"). ``redline bench`` drives one server at a time for ``--seconds``, the order
+rotating every round so the machine's noise lands on each. Throughput at capacity is bounded by
+CPU per request on a small machine, so the server's CPU microseconds per request (utime + stime
+from /proc, every thread) is the steadier figure; both are reported per round against "off" in
+the same round, with the median and range of the rounds' ratios.
 
-``--together`` drives both servers at once instead: on a busy machine the noise then lands on
-both within the same seconds, each getting about half of what is left.
+Before measuring, every API is driven for ``--settle`` seconds: a new version's drift thresholds
+for its predictions are calibrated once its first window of predictions fills (a one-off piece
+of work that does not belong in a measurement of steady serving).
 
-    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/capacity.py --rounds 6
+``--together`` drives the servers at once instead: on a busy machine the noise then lands on
+all of them within the same seconds, each getting a share of what is left.
+
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/capacity.py --rounds 8 --otlp
 """
 
 from __future__ import annotations
@@ -22,13 +29,16 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from benchmarks.observability.overhead import wait_ready
+from benchmarks.observability.overhead import Collector, wait_ready
 from tests.conftest import free_port
 
 DEMO = Path(".redline/demo")
+Server = tuple[subprocess.Popen[bytes], int]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -36,11 +46,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(monitoring: bool) -> tuple[subprocess.Popen[bytes], int]:
+def start(monitoring: bool, otlp: str | None = None, trace_ratio: float | None = None
+          ) -> Server:
     port = free_port()
     env = {**os.environ}
     if not monitoring:
         env["REDLINE_MONITORING__ENABLED"] = "false"
+    if otlp:
+        env["REDLINE_MONITORING__OTLP_ENDPOINT"] = otlp
+    if trace_ratio is not None:
+        env["REDLINE_MONITORING__TRACE_SAMPLE_RATIO"] = str(trace_ratio)
     proc = subprocess.Popen(
         [sys.executable, "-m", "redline.cli", "serve", "--config", str(DEMO / "redline.yaml"),
          "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
@@ -71,8 +86,8 @@ def bench(port: int, api: str, seconds: float) -> int:
     return answered(bench_proc(port, api, seconds))
 
 
-def drive(servers: dict[str, tuple[subprocess.Popen[bytes], int]], api: str,
-          seconds: float) -> dict[str, tuple[float, float]]:
+def drive(servers: dict[str, Server], api: str, seconds: float
+          ) -> dict[str, tuple[float, float]]:
     """The given servers driven at the same time: (req/s, server CPU µs a request) each."""
     cpu0 = {name: cpu_seconds(proc.pid) for name, (proc, _) in servers.items()}
     began = time.monotonic()
@@ -84,51 +99,89 @@ def drive(servers: dict[str, tuple[subprocess.Popen[bytes], int]], api: str,
             for name, (proc, _) in servers.items()}
 
 
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--apis", default="v1,v2")
+    parser.add_argument("--otlp", action="store_true",
+                        help="the monitored servers export traces over OTLP to a local "
+                             "collector stand-in ('on' at the default head sampling)")
+    parser.add_argument("--traces-100", action="store_true",
+                        help="also a monitored server that keeps and exports every request's "
+                             "spans (trace_sample_ratio 1.0; with --otlp)")
     parser.add_argument("--together", action="store_true",
-                        help="drive both servers at once instead of in turns: on a busy machine "
-                             "both then meet the same noise (each gets about half the CPU)")
+                        help="drive the servers at once instead of in turns: on a busy machine "
+                             "all of them then meet the same noise")
     parser.add_argument("--settle", type=float, default=45.0,
-                        help="seconds of load before measuring: drift thresholds are calibrated "
-                             "after start and the prediction baseline once its first window fills")
+                        help="seconds of load (every API in turn) before measuring: drift "
+                             "thresholds for predictions are calibrated once a window fills")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="write the rounds and their summary here as JSON")
     args = parser.parse_args()
-    servers = {"on": start(True), "off": start(False)}
+    apis = args.apis.split(",")
+    otlp = None
+    if args.otlp or args.traces_100:
+        collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+        threading.Thread(target=collector.serve_forever, daemon=True).start()
+        otlp = f"http://127.0.0.1:{collector.server_port}/v1/traces"
+    servers = {"off": start(False), "on": start(True, otlp)}
+    if args.traces_100:
+        servers["traces_100"] = start(True, otlp, trace_ratio=1.0)
     settle_until = time.monotonic() + args.settle
     while time.monotonic() < settle_until:  # traffic fills the windows: calibrations happen now
-        for _, port in servers.values():
-            bench(port, "v1", 2.0)
-    ratios: dict[str, dict[str, list[float]]] = {}
+        for api in apis:
+            for _, port in servers.values():
+                bench(port, api, 2.0)
+    monitored = [name for name in servers if name != "off"]
+    rounds: dict[str, list[dict[str, dict[str, float]]]] = {api: [] for api in apis}
     try:
+        names = list(servers)
         for r in range(args.rounds):
-            order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
-            for api in args.apis.split(","):
+            order = names[r % len(names):] + names[:r % len(names)]  # each first in turn
+            for api in apis:
                 if args.together:
                     got = drive(servers, api, args.seconds)
                 else:
                     got = {}
                     for name in order:
                         got.update(drive({name: servers[name]}, api, args.seconds))
-                rate = got["on"][0] / got["off"][0]
-                cpu = got["on"][1] / got["off"][1]
-                ratios.setdefault(api, {"rate": [], "cpu": []})
-                ratios[api]["rate"].append(rate)
-                ratios[api]["cpu"].append(cpu)
-                print(f"round {r + 1} {api}: req/s on/off {rate:.3f} "
-                      f"({got['on'][0]:,.0f} vs {got['off'][0]:,.0f}); CPU µs/req on/off "
-                      f"{cpu:.3f} ({got['on'][1]:.0f} vs {got['off'][1]:.0f})", flush=True)
+                rounds[api].append({name: {"rps": rps, "cpu_us": cpu}
+                                    for name, (rps, cpu) in got.items()})
+                off = got["off"]
+                print(f"round {r + 1} {api}: " + "; ".join(
+                    f"{name}: req/s on/off {got[name][0] / off[0]:.3f} ({got[name][0]:,.0f} vs "
+                    f"{off[0]:,.0f}), CPU µs/req on/off {got[name][1] / off[1]:.3f} "
+                    f"({got[name][1]:.0f} vs {off[1]:.0f})" for name in monitored), flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-    for api, rs in ratios.items():
-        print(f"{api}: throughput on/off median {statistics.median(rs['rate']):.3f} "
-              f"[{min(rs['rate']):.3f}-{max(rs['rate']):.3f}], CPU per request on/off median "
-              f"{statistics.median(rs['cpu']):.3f} [{min(rs['cpu']):.3f}-{max(rs['cpu']):.3f}]; "
-              f"load average {os.getloadavg()[0]:.1f}")
+    load = os.getloadavg()[0]
+    result: dict[str, object] = {"rounds": args.rounds, "seconds": args.seconds,
+                                 "otlp": otlp is not None, "load_average": load, "apis": {}}
+    for api, per_round in rounds.items():
+        entry: dict[str, object] = {"rounds": per_round}
+        for name in monitored:
+            rate = [r[name]["rps"] / r["off"]["rps"] for r in per_round]
+            cpu = [r[name]["cpu_us"] / r["off"]["cpu_us"] for r in per_round]
+            entry[name] = {
+                "rate_ratio": summary(rate), "cpu_ratio": summary(cpu),
+                "rps": statistics.median(r[name]["rps"] for r in per_round),
+                "cpu_us": statistics.median(r[name]["cpu_us"] for r in per_round)}
+            print(f"{api} {name}: throughput on/off median {statistics.median(rate):.3f} "
+                  f"[{min(rate):.3f}-{max(rate):.3f}], CPU per request on/off median "
+                  f"{statistics.median(cpu):.3f} [{min(cpu):.3f}-{max(cpu):.3f}]; "
+                  f"load average {load:.1f}")
+        entry["off"] = {"rps": statistics.median(r["off"]["rps"] for r in per_round),
+                        "cpu_us": statistics.median(r["off"]["cpu_us"] for r in per_round)}
+        result["apis"][api] = entry  # type: ignore[index]
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

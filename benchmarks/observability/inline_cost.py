@@ -11,14 +11,17 @@ is still counted; ``--tick``: each round ends with the monitor's whole tick inst
 metrics, drift/quality windows), a round standing for a second of traffic. The process CPU time
 a call (``cpu``) and its on/off ratio per round are reported too. The windows' sample is paced
 in time and this loop is far faster than a served request: ``--emulate-rate R`` samples the
-share of requests a server at ``R`` req/s would. No sockets, no other process: a tight-loop
-figure, which the end-to-end benchmark (``overhead.py``) finds several times larger among real
-I/O.
+share of requests a server at ``R`` req/s would. ``--demo`` builds both servers from the demo
+(``make demo`` first): ``/v1`` is then the fraud model with its features read from the
+preloaded store, V2 the breast-cancer model, as ``capacity.py`` serves them. No sockets, no
+other process: a tight-loop figure; ``capacity.py`` measures a served process at capacity.
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --rounds 21
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --api v1 --drain
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --tick \
         --calls 2000 --emulate-rate 1150
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --demo --api v1 \
+        --tick --calls 1000 --emulate-rate 1150
 """
 
 from __future__ import annotations
@@ -58,18 +61,43 @@ def _server(monitoring: bool, root: Path, window_rows_per_s: float | None = None
     return build_server(settings, make_repository(root))
 
 
+DEMO = ROOT / ".redline" / "demo"
+
+
+def _demo_server(monitoring: bool, window_rows_per_s: float | None = None) -> Any:
+    """A server of the demo's configuration, its memory store preloaded (``redline serve``'s
+    steps, without the ports)."""
+    from redline.assembly import build_server, preload_store
+    from redline.config import apply_serve_options, load_settings
+
+    settings = load_settings(DEMO / "redline.yaml")
+    apply_serve_options(settings, no_grpc=True, no_watch=True)
+    settings.monitoring.enabled = monitoring
+    if window_rows_per_s is not None:
+        settings.monitoring.window_rows_per_s = window_rows_per_s
+    server = build_server(settings)
+    preload_store(server, settings.features.preload)
+    return server
+
+
+def _demo_requests() -> tuple[list[bytes], bytes]:
+    """64 ``/v1`` bodies of the demo's fraud request, over the preloaded cards, and the
+    breast-cancer V2 body."""
+    sent = orjson.loads((DEMO / "fraud-request.json").read_bytes())
+    cards = []
+    with open(DEMO / "fraud-events.jsonl", "rb") as events:
+        for line in events:
+            card = orjson.loads(line).get("card_id")
+            if card and card not in cards:
+                cards.append(card)
+            if len(cards) == 64:
+                break
+    bodies = [orjson.dumps({**sent, "entities": {**sent["entities"], "card_id": card}})
+              for card in cards]
+    return (bodies * 64)[:64], (DEMO / "infer.json").read_bytes()
+
+
 V1_PATH = "/v1/models/fraud/predict"
-_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
-                                  "data": [0.1, 0.2, 0.3]}]})
-
-
-def _loop_rate(app: Any, calls: int = 3000) -> float:
-    """Calls a second this loop drives through an unmonitored app."""
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        app.infer_inline(PATH, HEADERS, _BODY, lambda *_: None)
-    return calls / (time.perf_counter() - t0)
-
 
 def _handles(server: Any) -> list[Any]:
     """Every loaded version's handle of ``server``."""
@@ -85,29 +113,29 @@ def _v1_handler(app: Any) -> Any:
 async def measure(rounds: int, calls: int, api: str = "v2",
                   drain: bool = False, tick: bool = False,
                   window_rows_per_s: float | None = None,
-                  emulate_rate: float | None = None) -> dict[str, dict[str, float]]:
+                  emulate_rate: float | None = None,
+                  demo: bool = False) -> dict[str, dict[str, float]]:
     scratch = Path(tempfile.mkdtemp(prefix="redline-inline-"))
-    servers = {"off": _server(False, scratch / "off"),
-               "on": _server(True, scratch / "on", window_rows_per_s)}
+    if demo:
+        servers = {"off": _demo_server(False), "on": _demo_server(True, window_rows_per_s)}
+    else:
+        servers = {"off": _server(False, scratch / "off"),
+                   "on": _server(True, scratch / "on", window_rows_per_s)}
     for server in servers.values():
         await server.registry.sync()
-    if emulate_rate:
-        # The windows' sample is paced in time; this loop runs requests far faster than a
-        # server at capacity gets them. Scale the pace so the share of requests sampled is
-        # the one at ``emulate_rate`` req/s.
-        from redline.config import MonitoringSettings
-
-        rows_per_s = window_rows_per_s or MonitoringSettings().window_rows_per_s
-        share = min(1.0, rows_per_s / emulate_rate)
-        loop_rate = _loop_rate(servers["off"].app)
-        for handle in _handles(servers["on"]):
-            handle._io_gap_ns = int(1e9 / (share * loop_rate))
+    if servers["on"].monitor is not None:  # drift thresholds, as a settled server has them
+        servers["on"].monitor.prepare_loaded(wait=True)
     rows = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     bodies = [orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3],
                                         "data": r.tolist()}]}) for r in rows]
     v1_requests = [orjson.dumps({"request": {"amount": float(r[0]), "age": float(r[1]),
                                              "channel": int(abs(r[2]) * 2) % 3}})
                    for r in rows]
+    path = PATH
+    if demo:
+        v1_requests, v2_body = _demo_requests()
+        bodies = [v2_body] * 64
+        path = "/v2/models/breast_cancer/infer"
     from redline.serving.app import HttpRequest
 
     answered: list[int] = []
@@ -117,6 +145,35 @@ async def measure(rounds: int, calls: int, api: str = "v2",
         at[0] = time.perf_counter_ns()
         answered.append(status)
 
+    async def run(app: Any, calls: int) -> int:
+        """``calls`` requests through ``app``; the ns until ``respond`` (V2), summed."""
+        waited = 0
+        if api == "v1":
+            handler = _v1_handler(app)
+            for i in range(calls):
+                request = HttpRequest("POST", V1_PATH, {"name": "fraud"}, {},
+                                      v1_requests[i & 63], time.perf_counter())
+                answered.append((await handler(request)).status)
+        else:
+            for i in range(calls):
+                t = time.perf_counter_ns()
+                app.infer_inline(path, HEADERS, bodies[i & 63], respond)
+                waited += at[0] - t
+        return waited
+
+    if emulate_rate:
+        # The windows' sample is paced in time; this loop runs requests far faster than a
+        # server at capacity gets them. Scale the pace so the share of requests sampled is
+        # the one at ``emulate_rate`` req/s.
+        from redline.config import MonitoringSettings
+
+        rows_per_s = window_rows_per_s or MonitoringSettings().window_rows_per_s
+        share = min(1.0, rows_per_s / emulate_rate)
+        t0 = time.perf_counter()
+        await run(servers["off"].app, 2000)
+        loop_rate = 2000 / (time.perf_counter() - t0)  # calls a second, unmonitored
+        for handle in _handles(servers["on"]):
+            handle._io_gap_ns = int(1e9 / (share * loop_rate))
     gc.collect()
     gc.freeze()
     total: dict[str, list[float]] = {name: [] for name in servers}
@@ -124,22 +181,10 @@ async def measure(rounds: int, calls: int, api: str = "v2",
     cpu: dict[str, list[float]] = {name: [] for name in servers}
     for r in range(rounds):
         for name in (("off", "on") if r % 2 else ("on", "off")):
-            app = servers[name].app
             monitor = servers[name].monitor
-            waited = 0
             c0 = time.process_time_ns()
             t0 = time.perf_counter_ns()
-            if api == "v1":
-                handler = _v1_handler(app)
-                for i in range(calls):
-                    request = HttpRequest("POST", V1_PATH, {"name": "fraud"}, {},
-                                          v1_requests[i & 63], time.perf_counter())
-                    answered.append((await handler(request)).status)
-            else:
-                for i in range(calls):
-                    t = time.perf_counter_ns()
-                    app.infer_inline(PATH, HEADERS, bodies[i & 63], respond)
-                    waited += at[0] - t
+            waited = await run(servers[name].app, calls)
             if tick and monitor is not None:
                 await monitor.tick()  # a round is a second of traffic: its whole tick
             elif drain and monitor is not None:
@@ -182,9 +227,12 @@ def main() -> None:
     ap.add_argument("--emulate-rate", type=float, default=None,
                     help="sample into the windows the share of requests a server at this many "
                          "req/s would (the loop runs far faster than that)")
+    ap.add_argument("--demo", action="store_true",
+                    help="the demo's servers (make demo): /v1 the fraud model with its features, "
+                         "V2 the breast-cancer model")
     args = ap.parse_args()
     result = asyncio.run(measure(args.rounds, args.calls, args.api, args.drain, args.tick,
-                                 args.window_rows_per_s, args.emulate_rate))
+                                 args.window_rows_per_s, args.emulate_rate, args.demo))
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
 
 

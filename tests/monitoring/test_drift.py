@@ -142,3 +142,22 @@ def test_redline_drift_headline_names_a_drifting_prediction(tmp_path, capsys) ->
         assert headline.endswith("DRIFT: " + ", ".join(report["drifted"])), headline
     finally:
         server.stop()
+
+
+def test_a_window_without_new_rows_is_not_reported_again(profile: dict) -> None:
+    """The tick reports a version only when rows or predictions came in since its last report
+    (the same rows give the same report)."""
+    monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=5000, min_rows=100)
+    assert monitor.changed()  # never reported
+    rng = np.random.default_rng(3)
+    monitor.add(data(rng, 500), rng.random(500))
+    first = monitor.report()
+    assert not monitor.changed()
+    monitor.add(None, rng.random(1))  # one prediction is a change too
+    assert monitor.changed()
+    monitor.report()
+    monitor.add(data(rng, 1), None)
+    assert monitor.changed()
+    again = monitor.report()
+    assert not monitor.changed()
+    assert again["window"]["rows"] == first["window"]["rows"] + 1

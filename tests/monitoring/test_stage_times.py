@@ -290,3 +290,47 @@ async def _drained(monitor: Any) -> None:
 
     monitor.drain()
     await asyncio.to_thread(monitor.windows.absorb)
+
+
+def test_requests_that_arrive_while_the_tick_folds_are_counted_once() -> None:
+    """The tick takes the flat stage times there at its start and folds them in slices,
+    letting the loop serve between them; what arrives meanwhile (and a scrape's fold in
+    between) is neither lost nor counted twice."""
+    import asyncio
+
+    from redline.config import Settings
+    from redline.monitoring.monitor import TIMES_SLICE, ServerMonitor
+
+    class NoModels:
+        def models(self) -> list[str]:
+            return []
+
+    monitor = ServerMonitor(Settings(), NoModels())
+    times = monitor.feed.stage_times("v2", "rest", "m", "1")
+    sent = 0
+
+    def arrive(n: int) -> None:
+        nonlocal sent
+        for _ in range(n):
+            start = 1_000_000_000 + sent * 1000
+            times.times += (start, start + 10, start + 20, start + 30, 1)
+            sent += 1
+
+    async def serve_meanwhile() -> None:
+        for turn in range(20):  # the loop's other work between the tick's slices
+            arrive(137)
+            if turn == 7:
+                monitor.drain()  # a scrape between two slices
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        arrive(3 * TIMES_SLICE + 11)
+        await asyncio.gather(monitor.drain_in_slices(), serve_meanwhile())
+        monitor.drain()
+
+    asyncio.run(main())
+    monitor.metrics.settle()
+    series = monitor.metrics.series[("v2", "m", "1")]
+    assert series.requests == {("rest", "primary", "ok"): sent}
+    assert sum(series.timings["total"].counts) == sent
+    assert sum(series.rows) == sent

@@ -208,8 +208,10 @@ class ServerMonitor:
         return done
 
     async def drain_in_slices(self) -> int:
-        """Fold what the feed holds, a slice at a time, letting requests in between slices;
-        at most twice what was there at the start (a flood does not keep the tick here)."""
+        """Fold what the feed holds, a slice at a time, letting requests in between slices:
+        records up to twice what was there at the start (a flood does not keep the tick here),
+        and the flat stage times there at the start, taken at once (those that arrive
+        meanwhile go to a new list, for the next fold: each is folded once, none is lost)."""
         limit = 2 * len(self.feed.records) + FOLD_SLICE
         done = 0
         while done < limit:
@@ -220,15 +222,12 @@ class ServerMonitor:
             done += len(records)
             await asyncio.sleep(0)
         for (api, transport, model, version), times in list(self.feed.stage_series.items()):
-            left = 2 * len(times.times) // times.width + TIMES_SLICE
-            while left > 0:
-                flat = times.take(TIMES_SLICE)
-                if not flat:
-                    break
-                self.fold_times(api, transport, model, version, flat)
-                left -= len(flat) // times.width
-                done += len(flat) // times.width
+            flat = times.take()
+            step = TIMES_SLICE * times.width
+            for at in range(0, len(flat), step):  # (slices of the list taken: no shifting)
+                self.fold_times(api, transport, model, version, flat[at:at + step])
                 await asyncio.sleep(0)
+            done += len(flat) // times.width
             self._fold_samples(model, version, times)
         return done
 
@@ -445,6 +444,8 @@ class ServerMonitor:
                 continue
             if not drift.calibrated:
                 continue  # still calibrating in the background: the next evaluation reports
+            if not drift.changed():
+                continue  # no new rows: its last report and gauges stand
             report = drift.report()  # hands the GIL over between features (on the tick)
             self.drift_reports[key] = report
             items = list(report["features"]) + ([report["prediction"]]

@@ -63,17 +63,13 @@ class StageTimesBuffer:
             self.samples = []
         return samples
 
-    def take(self, limit: int | None = None) -> list[int]:
-        """Up to ``limit`` requests' integers, oldest first (on the loop's thread, as the
-        request path that appends)."""
+    def take(self) -> list[int]:
+        """Every request's integers so far, oldest first: the list itself, a new one in its
+        place (on the loop's thread, as the request path that appends)."""
         times = self.times
-        if limit is None or len(times) <= limit * self.width:
+        if times:
             self.times = []
-            return times
-        n = limit * self.width
-        taken = times[:n]
-        del times[:n]
-        return taken
+        return times
 
 
 class FlatRecord:

@@ -67,6 +67,7 @@ class DriftMonitor:
         self._file = None if keep_in is None else ThresholdFile(
             keep_in, fingerprint(profile, names, window_rows, CALIBRATION_CONSTANTS))
         self.last_report: dict[str, Any] | None = None
+        self._reported: tuple[int, int, bool] | None = None  # the rows the last report read
         self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -180,6 +181,17 @@ class DriftMonitor:
         self._baseline = []
         self.predictions = RollingWindow(1, self.predictions.capacity)
 
+    def _rows_seen(self) -> tuple[int, int, bool]:
+        """What the windows have taken in so far (under the lock)."""
+        return self.window.seen, self.predictions.seen, self.prediction_ref is not None
+
+    def changed(self) -> bool:
+        """Whether rows or predictions came in since the last report. The same rows give the
+        same report, so the tick reports a version only when this is true (its last report and
+        gauges stand meanwhile): a model without traffic costs no report."""
+        with self._lock:
+            return self._reported is None or self._rows_seen() != self._reported
+
     def report(self) -> dict[str, Any]:
         """Per feature (and the prediction): statistics, thresholds, rates and the verdict.
 
@@ -189,6 +201,7 @@ class DriftMonitor:
             rows = self.window.rows().copy()
             preds = self.predictions.rows()[:, 0].copy()
             started, seen = self.window.started, self.window.seen
+            reported = self._rows_seen()
         features = []
         for i, ref in sorted(self.references.items()):
             yield_to_loop()  # on the tick's thread: the loop first (~0.5 ms a feature)
@@ -218,6 +231,7 @@ class DriftMonitor:
             "drifted": drifted, "drift": bool(drifted),
         }
         self.last_report = report
+        self._reported = reported
         return report
 
     def _feature(self, i: int, ref: FeatureReference, col: np.ndarray) -> dict[str, Any]:

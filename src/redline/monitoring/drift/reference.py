@@ -19,7 +19,13 @@ from redline.monitoring.drift.calibration import (
     wasserstein_noise,
     wasserstein_threshold,
 )
-from redline.monitoring.drift.stats import QUANTILE_GRID, Shares, js_distance, psi
+from redline.monitoring.drift.stats import (
+    QUANTILE_GRID,
+    Shares,
+    js_distance,
+    psi,
+    sorted_quantiles,
+)
 
 
 @dataclass
@@ -102,15 +108,28 @@ class FeatureReference:
         return np.floor(ref) if self.integer else ref
 
     def wasserstein(self, x: np.ndarray) -> float:
-        live = np.quantile(x, QUANTILE_GRID, method="inverted_cdf" if self.integer else "linear")
+        """Between ``x`` (sorted ascending) and the reference, in reference scales."""
+        live = sorted_quantiles(x, QUANTILE_GRID, self.integer)
         ref = self.reference_quantiles()
         return float(np.mean(np.abs(live - ref)) / self.scale)
 
     def statistics(self, x: np.ndarray) -> dict[str, float]:
-        p = self.shares(x)
+        """PSI, JS and (numeric) Wasserstein of finite live values ``x`` against the reference.
+
+        A numeric feature's values are sorted once: its bin shares are then a search of each
+        bin edge in them, its Wasserstein quantiles read off them (``sorted_quantiles``)."""
+        if self.kind == "numeric":
+            ordered = np.sort(x)
+            # values below each inner edge: a value equal to an edge is in the bin above it,
+            # as ``shares``' searchsorted(side="right") places it
+            below = np.searchsorted(ordered, self.inner_edges, side="left")
+            counts = np.diff(np.concatenate(([0], below, [ordered.size]))).astype(np.float64)
+            p = counts / max(1.0, counts.sum())
+        else:
+            p = self.shares(x)
         out = {"psi": psi(p, self.ref_p), "js": js_distance(p, self.ref_p)}
         if self.kind == "numeric":
-            out["wasserstein"] = self.wasserstein(x)
+            out["wasserstein"] = self.wasserstein(ordered)
         return out
 
     # ------------------------------------------------------------------ thresholds

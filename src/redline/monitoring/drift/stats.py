@@ -19,6 +19,44 @@ _EPS = 1e-4  # an empty bin's share in PSI, so that a bin seen on one side only 
 QUANTILE_GRID = 0.01 + 0.98 * (np.arange(200) + 0.5) / 200
 
 
+def sorted_quantiles(ordered: np.ndarray, levels: np.ndarray, integer: bool = False
+                     ) -> np.ndarray:
+    """``np.quantile(ordered, levels)`` of values already sorted ascending (finite), the same
+    numbers: numpy's default "linear" method, or "inverted_cdf" when ``integer`` (the first
+    value whose cumulative share reaches the level). Read straight from the order statistics:
+    ``np.quantile`` partitions again around every level, several times the sort's cost at the
+    200 levels of ``QUANTILE_GRID`` (a drift report's Wasserstein, once per feature).
+
+    >>> x = np.array([1.0, 2.0, 4.0, 8.0])
+    >>> levels = np.array([0.1, 0.5, 0.9])
+    >>> sorted_quantiles(x, levels).tolist() == np.quantile(x, levels).tolist()
+    True
+    >>> sorted_quantiles(x, levels, integer=True).tolist()
+    [1.0, 2.0, 8.0]
+    """
+    n = ordered.size
+    if integer:
+        index = n * levels - 1
+        below = np.floor(index)
+        at = np.where(index - below == 0, below, below + 1).astype(np.intp)
+        at[at < 0] = 0
+        return ordered[at]
+    virtual = (n - 1) * levels
+    lower = np.floor(virtual)
+    upper = lower + 1
+    top = virtual >= n - 1
+    lower[top] = upper[top] = -1  # the last value (numpy's bounds, kept for the same gamma)
+    bottom = virtual < 0
+    lower[bottom] = upper[bottom] = 0
+    lo, hi = lower.astype(np.intp), upper.astype(np.intp)
+    a, b = ordered[lo], ordered[hi]
+    gamma = virtual - lo
+    diff = b - a
+    out = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)  # numpy's lerp
+    return out
+
+
 class Shares:
     """Values counted per bin, read as each bin's share of them; ``+=`` adds another's counts.
 
