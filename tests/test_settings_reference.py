@@ -1,4 +1,4 @@
-"""docs/settings.md is written from config.py, and every setting says what it is for."""
+"""docs/settings.md is written from config/settings.py; every setting says what it is for."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _rows(text: str) -> dict[str, str]:
 
 def test_the_page_is_what_config_py_says():
     assert PAGE.read_text() == reference(), (
-        f"docs/settings.md differs from src/redline/config.py: run `{REGENERATE}`")
+        f"docs/settings.md differs from src/redline/config/settings.py: run `{REGENERATE}`")
 
 
 def test_every_setting_says_what_it_is_for():
@@ -33,16 +33,17 @@ def test_every_setting_says_what_it_is_for():
     assert "server.http_port" in rows and "models.<name>.slo_ms" in rows
     bare = sorted(key for key, meaning in rows.items() if not meaning)
     assert not bare, (
-        f"settings without a comment in src/redline/config.py: {', '.join(bare)}; give each a "
-        f"short comment on its line (or the lines just above it), then run `{REGENERATE}`")
+        f"settings without a comment in src/redline/config/settings.py: {', '.join(bare)}; "
+        f"give each a short comment on its line (or the lines just above it), then run "
+        f"`{REGENERATE}`")
 
 
 def test_every_section_says_what_it_is_for():
     sections = re.split(r"\n## ", reference())[1:]
     bare = [s.split("\n", 1)[0] for s in sections
             if s.split("\n", 1)[0] != "top level" and s.split("\n")[2].startswith("| key")]
-    assert not bare, (f"settings sections without a class docstring in config.py: {bare}; "
-                      f"give each a one-line docstring, then run `{REGENERATE}`")
+    assert not bare, (f"settings sections without a class docstring in config/settings.py: "
+                      f"{bare}; give each a one-line docstring, then run `{REGENERATE}`")
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""docs/settings.md, written from ``config.py``: every setting with its default, what it accepts
-and what it is for, so the reference cannot drift from the code.
+"""docs/settings.md, written from ``config/settings.py``: every setting with its default, what it
+accepts and what it is for, so the reference cannot drift from the code.
 
-The meaning of a setting is the comment next to its field in ``config.py`` (on its line, or the
-lines just above it); a section's meaning is its class docstring.
+The meaning of a setting is the comment next to its field in ``config/settings.py`` (on its line,
+or the lines just above it); a section's meaning is its class docstring.
 ``tests/test_settings_reference.py`` fails when docs/settings.md differs from what this writes;
 run ``python -m redline.settings_reference > docs/settings.md`` after changing a setting.
 """
@@ -21,10 +21,11 @@ from redline.config import ModelSettings, Settings
 
 HEADER = """# Settings reference
 
-Every key of `redline.yaml`, its default and what it accepts. Written from `src/redline/config.py`
-by `python -m redline.settings_reference > docs/settings.md` (a test keeps the two equal); how the
-layers combine (defaults, the file, `REDLINE_<SECTION>__<KEY>` variables, command-line options) is
-in [operations.md](operations.md#configuration-redlineyaml-environment-options).
+Every key of `redline.yaml`, its default and what it accepts. Written from
+`src/redline/config/settings.py` by `python -m redline.settings_reference > docs/settings.md` (a
+test keeps the two equal); how the layers combine (defaults, the file,
+`REDLINE_<SECTION>__<KEY>` variables, command-line options) is in
+[operations.md](operations.md#configuration-redlineyaml-environment-options).
 
 A value outside what a setting accepts is refused at start with the file's line, as a wrong type
 is: `redline.yaml:4: 'batching.max_batch_size' must be at least 1, got -5`. Numbers must be finite.

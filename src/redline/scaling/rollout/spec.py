@@ -19,7 +19,7 @@ from redline.config import ScalingSettings
 from redline.errors import InvalidInput, NotFound
 
 ACTIVE = "running"
-_DEFAULTS = ScalingSettings()  # config.py holds every default
+_DEFAULTS = ScalingSettings()  # config/settings.py holds every default
 
 
 @dataclass
