@@ -140,6 +140,7 @@ def add(
       redline models add -m fraud fraud.keras --sample val.npz --labels 0,1
       redline models add -m fraud export/fraud/1 --sample inputs.npz   # a SavedModel folder
       redline models add -m rowsum model.py --sample rows.npy --trust-code   # a Python model
+      redline models add -m textclf textclf/ --sample rows.npz --trust-code   # a graph
       redline models add -m fraud --from-mlflow models:/fraud/3 --tracking-uri sqlite:///mlflow.db
     """
     from redline.models import ModelRepository
@@ -175,9 +176,16 @@ def add(
         number = int(version)
     settings, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
-    if is_graph:  # an inference graph folder (graph.yaml, docs/recommend.md)
+    if is_graph:  # a graph folder (graph.yaml: docs/graphs.md, docs/recommend.md)
         meta = repo.add_graph(name, source, version=number, description=description,
-                              trust_code=trust_code)
+                              trust_code=trust_code,
+                              sample=_named_sample(sample) if sample else None)
+        if "dag" in meta.extra:
+            click.echo(f"added graph {meta.name} version {meta.version} "
+                       f"({len(meta.extra['dag']['signatures'])} steps; inputs "
+                       f"{[t.name for t in meta.inputs]}, outputs "
+                       f"{[t.name for t in meta.outputs]}) to {root}")
+            return
         info = meta.extra["catalogue"]
         recall = (f", recall@{meta.extra['graph']['k']} against exact "
                   f"{info['recall_at_k']:.4f}" if "recall_at_k" in info else "")

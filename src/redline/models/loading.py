@@ -1,7 +1,8 @@
 """One call that loads any model version: ONNX Runtime's session, or a Python model's runner.
 
 The server loads every version through ``load_runner``; which engine runs it is decided here,
-by what the version folder holds (``model.onnx`` or ``model.py``), and nowhere else.
+by what the version folder holds (``model.onnx``, ``model.py`` or a general ``graph.yaml``), and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def load_runner(
     model only; unset, it runs as recorded at ``add``, else in this process.
     """
     meta = repo.metadata(name, version)
+    if repo.is_dag(name, meta.version):
+        from redline.models.dag.runner import DagRunner
+
+        return DagRunner.load(meta, repo.version_dir(name, meta.version), settings,
+                              lambda model, number: load_runner(repo, model, number, settings))
     if repo.is_python(name, meta.version):
         return PythonSession.load(meta, repo.version_dir(name, meta.version), settings,
                                   runtime=python_runtime, workers=python_workers)

@@ -46,6 +46,7 @@ PYTHON_FILE = "model.py"  # in place of model.onnx: a Python model (models/pytho
 METADATA_FILE = "metadata.json"
 ALIASES_FILE = "aliases.json"
 POLICY_FILE = "policy.json"
+GRAPH_FILE = "graph.yaml"  # a graph version: the recommender's (with its ranker) or general
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _TMP_PREFIX = ".tmp-"
 
@@ -164,11 +165,21 @@ class ModelRepository:
         if not (folder / MODEL_FILE).is_file() and (folder / PYTHON_FILE).is_file():
             raise InvalidInput(f"version {folder.name} of model '{name}' is a Python model "
                                f"({PYTHON_FILE}): it has no ONNX file to work on")
+        if self.is_dag(name, int(folder.name)):
+            raise InvalidInput(f"version {folder.name} of model '{name}' is a graph of steps "
+                               f"({GRAPH_FILE}): it has no ONNX file to work on")
         return folder / MODEL_FILE
 
     def is_python(self, name: str, version: int) -> bool:
         """Whether the version is a Python model: its folder holds ``model.py``."""
         return (self.version_dir(name, version) / PYTHON_FILE).is_file()
+
+    def is_dag(self, name: str, version: int) -> bool:
+        """Whether the version is a general graph (``models/dag/``): its folder holds
+        ``graph.yaml`` and no model of its own (a recommender graph's ranker is one)."""
+        folder = self.version_dir(name, version)
+        return ((folder / GRAPH_FILE).is_file() and not (folder / MODEL_FILE).is_file()
+                and not (folder / PYTHON_FILE).is_file())
 
     def metadata(self, name: str, version: int | str | None = None) -> ModelMetadata:
         number = self.resolve(name, version)
@@ -188,6 +199,11 @@ class ModelRepository:
             from redline.models.python.session import verify_files
 
             verify_files(meta, self.version_dir(name, meta.version))
+            return meta
+        if self.is_dag(name, meta.version):
+            from redline.models.dag.runner import verify_files as verify_graph
+
+            verify_graph(meta, self.version_dir(name, meta.version))
             return meta
         path = self.version_dir(name, meta.version) / MODEL_FILE
         if not path.is_file():
@@ -380,9 +396,14 @@ class ModelRepository:
         version: int | None = None,
         description: str = "",
         trust_code: bool = False,
+        sample: Any = None,
     ) -> ModelMetadata:
-        """Check an inference graph folder (``graph.yaml``, see ``models/graph.py``), build its
-        ANN index when the catalogue is large, and store it as a new version, atomically.
+        """Check a graph folder (``graph.yaml``) and store it as a new version, atomically.
+
+        Every graph comes in here and goes by its kind: a general graph of named steps
+        (``models/dag/``, ``docs/graphs.md``; ``sample`` is run through it once) or the
+        recommender's fixed sequence (``models/graph.py``, ``docs/recommend.md``), whose ANN
+        index is built here when the catalogue is large.
 
         The ranking model becomes the version's ``model.onnx`` (it loads, batches and reports
         like any model); the graph's other files sit next to it. A Python ranker (``rank:
@@ -404,6 +425,16 @@ class ModelRepository:
             doc = yaml.safe_load(spec_path.read_text())
         except yaml.YAMLError as exc:
             raise InvalidInput(f"{spec_path} is not valid YAML ({exc})") from exc
+        from redline.models.dag.spec import is_dag
+
+        if is_dag(doc):
+            from redline.models.dag.check import add_dag
+
+            return add_dag(self, name, src, doc, version=version, description=description,
+                           trust_code=trust_code, sample=sample)
+        if sample is not None:
+            raise InvalidInput(f"{spec_path}: a recommender graph takes no --sample (its "
+                               "catalogue is the sample)")
         spec = g.parse_graph(doc, str(spec_path))
         cat = g.load_catalogue(src)
         dim = g.check_graph(spec, cat, src, str(spec_path))

@@ -27,7 +27,8 @@ from typing import Any, NoReturn, Protocol
 
 from redline.config import Settings
 from redline.errors import ModelNotFound, ModelNotReady, RedlineError, VersionNotFound
-from redline.models import ModelRepository, VersionPolicy, load_runner
+from redline.models import ModelRepository, ModelRunner, VersionPolicy, load_runner
+from redline.models.dag import DagRunner
 from redline.models.repository import check_name
 from redline.serving.handle import ModelHandle
 
@@ -338,7 +339,7 @@ class ModelRegistry:
             session = load_runner(self.repository, name, version, self.settings.runtime,
                                   python_runtime=model.runtime, python_workers=model.workers)
             try:
-                handle = ModelHandle(session, self.settings)
+                handle = self._handle(session)
                 if self.checks is None:
                     handle.warm()
                     return handle
@@ -366,6 +367,14 @@ class ModelRegistry:
         self.failures.pop((name, version), None)
         log.info("model %s version %s loaded and warm", name, version)
         return handle
+
+    def _handle(self, session: ModelRunner) -> ModelHandle:
+        """A model's handle; a general graph's runs its steps (``serving/dag.py``)."""
+        if isinstance(session, DagRunner):
+            from redline.serving.dag import GraphHandle
+
+            return GraphHandle(session, self.settings, self)
+        return ModelHandle(session, self.settings)
 
     def _retire(self, handle: ModelHandle) -> None:
         if self.checks is not None:

@@ -142,7 +142,9 @@ def v1_times(record: RequestRecord) -> list[int]:
            -1 if age is None else int(age * 1e9), *_NOT_PASSED]
     column = _V1_COLUMN
     for stage, start, end in record.spans:
-        j = column[stage]
+        j = column.get(stage)
+        if j is None:
+            continue  # a graph's own steps (step:<name>): in timings_us and traces only
         passed = row[j]
         row[j] = end - start if passed < 0 else passed + end - start
     return row

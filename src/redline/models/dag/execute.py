@@ -1,0 +1,208 @@
+"""One request through a graph: steps in dependency order, those at the same depth at once.
+
+Why waves and not a task per step: a chain of steps (the common featurize → model → post-step
+shape) then runs with no task at all, each step awaited in turn, and steps that may run together
+(an ensemble's members, two branches) are gathered. The ``StepEnv`` runs the leaves (models and
+Python functions) and knows the budget: the server's runs them through batchers within the
+request's budget (``serving/dag.py``), ``models add``'s sample run calls them directly
+(``runner.py``); this module is the one definition of what a graph answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+import numpy as np
+
+from redline.errors import ModelError, RedlineError
+from redline.models.dag.spec import ANSWERED_BY, DEGRADED, DagSpec, Step, split_ref
+from redline.models.dag.steps import Arrays, combine, confidence, constant_rows
+from redline.models.metadata import TensorSpec
+
+
+class StepEnv(Protocol):
+    """What executing a graph needs from where it runs."""
+
+    async def run(self, step: Step, inputs: Arrays, rows: int) -> Arrays:
+        """A ``model`` or ``python`` step's outputs for ``inputs``."""
+
+    def skip_reason(self, step: Step) -> str | None:
+        """Why ``step`` should not start now (the budget left is below its recent p99), or
+        None: it fits."""
+
+    def observe(self, step: Step, start_ns: int, end_ns: int, ok: bool) -> None:
+        """``step`` ran from ``start_ns`` to ``end_ns`` (``perf_counter_ns``)."""
+
+
+class GraphRun:
+    """The values of one request's steps as they are computed, and why it degraded."""
+
+    def __init__(self, spec: DagSpec, signatures: dict[str, list[TensorSpec] | None],
+                 waves: list[list[str]], env: StepEnv, graph: str) -> None:
+        self.spec = spec
+        self.signatures = signatures
+        self.waves = waves
+        self.env = env
+        self.graph = graph
+        self.values: dict[str, Arrays] = {}
+        self.reasons: list[str] = []
+        self.inputs: Arrays = {}
+        self.rows = 0
+
+    async def answer(self, inputs: Arrays, rows: int) -> Arrays:
+        """The graph's outputs for ``inputs`` (``rows`` rows); a step that fails without a
+        fallback raises its error."""
+        self.inputs, self.rows = inputs, rows
+        for wave in self.waves:
+            if len(wave) == 1:
+                await self._step(self.spec.steps[wave[0]])
+            else:
+                await _gather([self._step(self.spec.steps[n]) for n in wave])
+        out = {name: self._read(ref, f"output '{name}'") for name, ref in
+               self.spec.outputs.items()}
+        if self.spec.has_fallback and DEGRADED not in out:
+            why = "; ".join(self.reasons)
+            out[DEGRADED] = np.full(rows, why, dtype=object)
+        return out
+
+    # ------------------------------------------------------------------ one step
+    async def _step(self, step: Step) -> None:
+        env = self.env
+        t0 = time.perf_counter_ns()
+        ok = True
+        try:
+            if step.fallback is not None:
+                why = env.skip_reason(step)
+                if why is not None:
+                    self.values[step.name] = self._fall_back(step, f"skipped: {why}")
+                    return
+            self.values[step.name] = await self._compute(step)
+        except RedlineError as exc:
+            ok = False
+            if step.fallback is None:
+                raise
+            self.values[step.name] = self._fall_back(step, f"{exc.code}: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - a step's own bug falls back as declared
+            ok = False
+            if step.fallback is None:
+                raise ModelError(f"graph '{self.graph}' step '{step.name}' failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            self.values[step.name] = self._fall_back(step, f"{type(exc).__name__}: {exc}")
+        finally:
+            env.observe(step, t0, time.perf_counter_ns(), ok)
+
+    async def _compute(self, step: Step) -> Arrays:
+        if step.kind == "ensemble":
+            return combine(step, [self.values[m] for m in step.members])
+        if step.kind == "cascade":
+            return await self._cascade(step)
+        return await self.env.run(step, self._gather_inputs(step), self.rows)
+
+    def _gather_inputs(self, step: Step, rows: np.ndarray | None = None) -> Arrays:
+        where = f"step '{step.name}'"
+        got = {k: self._read(ref, where) for k, ref in step.inputs.items()}
+        return got if rows is None else {k: v[rows] for k, v in got.items()}
+
+    def _read(self, ref: str, who: str) -> np.ndarray:
+        producer, output = split_ref(ref)
+        source = self.values[producer] if producer else self.inputs
+        try:
+            return source[output]
+        except KeyError:
+            raise ModelError(f"graph '{self.graph}': {who} reads '{ref}' but step "
+                             f"'{producer}' returned no '{output}' (it returned "
+                             f"{sorted(source)}); return it or read another output") from None
+
+    def _fall_back(self, step: Step, reason: str) -> Arrays:
+        fb = step.fallback
+        assert fb is not None
+        self.reasons.append(f"step '{step.name}' {reason}")
+        if fb.step is not None:
+            return self.values[fb.step]
+        assert fb.values is not None
+        return constant_rows(fb.values, self.signatures.get(step.name), self.rows,
+                             f"step '{step.name}'")
+
+    # ------------------------------------------------------------------ cascade
+    async def _cascade(self, step: Step) -> Arrays:
+        """Each row is answered by the first member sure enough of it (its confidence at least
+        the member's threshold); the rest go on to the next member, unless the budget left is
+        below that member's recent p99: then this member answers them too. A member that fails
+        passes its rows on; the last one answers whatever its confidence."""
+        env = self.env
+        members = [self.spec.steps[m] for m in step.members]
+        remaining = np.arange(self.rows)
+        answer: Arrays | None = None
+        answered_by = np.full(self.rows, "", dtype=object)
+        error: Exception | None = None
+        for i, member in enumerate(members):
+            last = i == len(members) - 1
+            sub = None if remaining.size == self.rows else remaining
+            t0 = time.perf_counter_ns()
+            try:
+                got = await env.run(member, self._gather_inputs(member, sub), remaining.size)
+            except Exception as exc:  # noqa: BLE001 - the next member takes its rows
+                env.observe(member, t0, time.perf_counter_ns(), False)
+                error = exc
+                text = exc.message if isinstance(exc, RedlineError) else str(exc)
+                if last:
+                    raise
+                self.reasons.append(f"step '{member.name}' failed ({text}); "
+                                    f"'{members[i + 1].name}' answered its rows")
+                continue
+            env.observe(member, t0, time.perf_counter_ns(), True)
+            if last:
+                sure = np.ones(remaining.size, dtype=bool)
+            else:
+                try:
+                    conf = confidence(got[step.confidence])
+                except KeyError:
+                    raise ModelError(f"graph '{self.graph}' cascade '{step.name}': step "
+                                     f"'{member.name}' returned no '{step.confidence}' (its "
+                                     f"confidence); returned {sorted(got)}") from None
+                sure = conf >= step.thresholds[i]
+                if not sure.all() and env.skip_reason(members[i + 1]) is not None:
+                    sure[:] = True  # the next member would not fit the budget: answer now
+            if answer is None:
+                answer = {k: np.zeros((self.rows, *v.shape[1:]), dtype=v.dtype)
+                          for k, v in got.items()}
+            picked = remaining[sure]
+            for k, v in got.items():
+                if k in answer:
+                    answer[k][picked] = v[sure]
+            answered_by[picked] = member.name
+            remaining = remaining[~sure]
+            if not remaining.size:
+                break
+        if answer is None:  # every member failed (the last one raised above)
+            raise error or ModelError(f"cascade '{step.name}' answered nothing")
+        answer[ANSWERED_BY] = answered_by
+        return answer
+
+
+async def _gather(coros: list) -> None:  # type: ignore[type-arg]
+    """Run steps at once; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+
+
+def waves(spec: DagSpec) -> list[list[str]]:
+    """``spec.order`` grouped by depth: a step's wave comes after every wave it reads from."""
+    from redline.models.dag.spec import dependencies
+
+    members = spec.members()
+    depth: dict[str, int] = {}
+    for name in spec.order:
+        deps = [members.get(d, d) for d in dependencies(spec, spec.steps[name])]
+        depth[name] = 1 + max((depth[d] for d in deps), default=-1)
+    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for name in spec.order:
+        out[depth[name]].append(name)
+    return out

@@ -1,0 +1,172 @@
+"""A general graph version served like a model: its handle runs each request's steps.
+
+A :class:`GraphHandle` is a :class:`ModelHandle` (so every edge, the metadata, warm-up, version
+policy and hot swaps treat a graph as a model) whose requests never take the model fast path:
+``infer_now`` declines and ``infer_queued`` runs the graph (``models/dag/execute.py``). Its
+steps ride the batchers models use, so concurrent requests reaching a step share one run: a
+repository model step goes through that model's own handle (resolved per request, so a hot
+swap of the model reaches the graph), an in-folder model has a handle of its own, and a Python
+step a batcher of its own (``batch: true`` concatenates rows, else one request a run). Each
+step is a stage (``step:<name>``) on the request's record; its recent p99 decides whether it
+still fits the budget left, and a step that would not fit, raises or runs out of time answers
+its declared fallback, the reason in the ``degraded`` output. Plain models never come here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from redline.config import Settings
+from redline.errors import DeadlineExceeded, ModelError
+from redline.models.dag import DagRunner, GraphRun, Step, StepEnv, model_source
+from redline.models.python.session import FailureLog
+from redline.serving.batcher import Batcher
+from redline.serving.deadline import LOW, TIMER_SLACK_S, now
+from redline.serving.handle import ModelHandle
+from redline.serving.inline_guard import InlineGuard
+from redline.serving.predict.latency import LatencyWindow
+from redline.serving.stages import INFERENCE, RequestRecord, perf_ns
+
+if TYPE_CHECKING:
+    from redline.serving.registry import ModelRegistry
+
+log = logging.getLogger("redline.serving")
+Arrays = dict[str, np.ndarray]
+PYTHON_STEP_THREADS = 4  # an unbatched Python step's runs at once (one request each)
+
+
+class GraphHandle(ModelHandle):
+    """A graph version ready to serve: the steps' handles and batchers, their p99 windows."""
+
+    def __init__(self, session: DagRunner, settings: Settings,
+                 registry: ModelRegistry) -> None:
+        super().__init__(session, settings)
+        self.dag = session
+        self.registry = registry
+        self.log_failure = FailureLog()
+        self._local = {name: ModelHandle(runner, settings)
+                       for name, runner in session.local.items()}
+        self._pool = ThreadPoolExecutor(PYTHON_STEP_THREADS,
+                                        thread_name_prefix=f"graph-{self.name}")
+        cfg = settings.pipeline
+        self._p99 = {name: LatencyWindow(cfg.latency_window, cfg.latency_window_s,
+                                         cfg.probe_interval_ms / 1000.0)
+                     for name in session.spec.steps}
+        self._python: dict[str, Batcher] = {}
+        for step in session.spec.steps.values():
+            if step.kind == "python":
+                self._python[step.name] = self._step_batcher(step, settings)
+        self._sources = {s.name: model_source(s) for s in session.spec.steps.values()
+                         if s.kind == "model" and s.name not in self._local}
+
+    def _step_batcher(self, step: Step, settings: Settings) -> Batcher:
+        label = f"{self.name}:{step.name}"
+        return Batcher(
+            functools.partial(self._call_python, step), settings.batching_for(self.name),
+            executor=self._pool, batchable=step.batch, slo_s=self.slo_ms / 1000.0,
+            name=label, inline=True, guard=InlineGuard(label), cut_late=True,
+            max_running=1 if step.batch else PYTHON_STEP_THREADS)
+
+    def _call_python(self, step: Step, inputs: Arrays) -> Arrays:
+        first = next(iter(inputs.values()))
+        try:
+            return self.dag.call_python(step, inputs, int(first.shape[0]))
+        except ModelError as exc:
+            self.log_failure(str(exc.details.get("key", step.name)) + step.name, exc.message,
+                             str(exc.details.get("traceback", "")))
+            raise ModelError(exc.message, model=self.name) from None
+
+    # ------------------------------------------------------------------ requests
+    def infer_now(self, inputs: Arrays, rows: int,
+                  record: RequestRecord | None = None) -> Arrays | None:
+        return None  # a graph's steps await their batchers: always the queued path
+
+    async def infer_queued(self, inputs: Arrays, rows: int, deadline: float | None,
+                           priority: int = LOW, record: RequestRecord | None = None) -> Arrays:
+        env = _RequestEnv(self, deadline, priority, record)
+        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.waves, env, self.name)
+        t0 = perf_ns()
+        outputs = await run.answer(inputs, rows)
+        if record is not None:
+            record.add(INFERENCE, t0, perf_ns())
+            if run.reasons:
+                record.path = "fallback"
+                attrs = record.attributes
+                if attrs is None:
+                    attrs = record.attributes = {}
+                attrs["degraded_reasons"] = list(run.reasons)
+            self.keep_io_on(record, inputs, outputs, t0)
+        return outputs
+
+    async def run_step(self, step: Step, inputs: Arrays, rows: int, deadline: float | None,
+                       priority: int) -> Arrays:
+        """One ``model`` or ``python`` step through its batcher, within ``deadline``."""
+        if deadline is not None and deadline - now() <= 0:
+            raise DeadlineExceeded(f"graph '{self.name}' step '{step.name}': the request's "
+                                   "budget ran out before it could start")
+        if step.kind == "python":
+            batcher = self._python[step.name]
+            out = batcher.run_now(inputs, rows)
+            return out if out is not None else await batcher.submit(inputs, rows, deadline,
+                                                                    priority)
+        handle = self._local.get(step.name)
+        if handle is None:
+            name, version = self._sources[step.name]  # type: ignore[misc]
+            handle = self.registry.get(name, version)
+        return await handle.infer(inputs, deadline, priority=priority)
+
+    def skip_reason(self, step: Step, deadline: float | None) -> str | None:
+        if deadline is None:
+            return None
+        left = deadline - now()
+        window = self._p99[step.name]
+        p99 = window.estimate()
+        if left >= p99 + TIMER_SLACK_S or (left > 0 and window.probe()):
+            return None
+        return (f"{max(left, 0.0) * 1e3:.2f} ms of budget left, below its recent p99 of "
+                f"{p99 * 1e3:.2f} ms")
+
+    # ------------------------------------------------------------------ lifecycle
+    def warm(self) -> None:
+        """Warm the in-folder models; repository models warm as themselves, and a graph run
+        here could reach a model that is not loaded yet."""
+        for handle in self._local.values():
+            handle.warm()
+
+    async def retire(self, timeout_s: float) -> None:
+        for batcher in self._python.values():
+            await batcher.drain(timeout_s)
+        for handle in self._local.values():
+            await handle.retire(timeout_s)
+        self._pool.shutdown(wait=False)
+        await super().retire(timeout_s)
+
+
+class _RequestEnv(StepEnv):
+    """One request's view of its graph's steps: its deadline, priority and record."""
+
+    __slots__ = ("handle", "deadline", "priority", "record")
+
+    def __init__(self, handle: GraphHandle, deadline: float | None, priority: int,
+                 record: RequestRecord | None) -> None:
+        self.handle = handle
+        self.deadline = deadline
+        self.priority = priority
+        self.record = record
+
+    async def run(self, step: Step, inputs: Arrays, rows: int) -> Arrays:
+        return await self.handle.run_step(step, inputs, rows, self.deadline, self.priority)
+
+    def skip_reason(self, step: Step) -> str | None:
+        return self.handle.skip_reason(step, self.deadline)
+
+    def observe(self, step: Step, start_ns: int, end_ns: int, ok: bool) -> None:
+        if self.record is not None:
+            self.record.add(f"step:{step.name}", start_ns, end_ns)
+        if ok:
+            self.handle._p99[step.name].add((end_ns - start_ns) / 1e9)
