@@ -239,7 +239,7 @@ class RedisBackend:
     shared = True
 
     def __init__(self, url: str, cluster: bool = False, timeout_ms: float = 2000.0) -> None:
-        from redline.features.online.redis import connect
+        from redline.features.online.redis_client import connect
 
         self.url = url
         self.client = connect(url, cluster=cluster, timeout_ms=timeout_ms)

@@ -316,7 +316,7 @@ class KafkaSource:
                 self._ready = fut.done
                 return fut.result
             return start_cluster
-        from redline.features.online.redis import positioned_call
+        from redline.features.online.redis_write import positioned_call
 
         keys, args = positioned_call(self.topic, positions, batch,
                                      position_key(self.topic, self.group))

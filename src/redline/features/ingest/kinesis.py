@@ -366,7 +366,7 @@ class KinesisSource:
     def _redis(self, call: Callable[[Any], Any]) -> Any:
         """A call on the store's client; an outage becomes ``StoreUnavailable`` (the loop waits
         it out and resumes from the checkpoints)."""
-        from redline.features.online.redis import guarded
+        from redline.features.online.redis_client import guarded
 
         return guarded(self.store.url, lambda: call(self.store.client))
 

@@ -102,7 +102,7 @@ class StreamConsumer:
         calls, then XACK) the write runs on the writer thread."""
         if self.store.cluster:
             return lambda: self._pool.submit(self._write_cluster, ids, batch).result
-        from redline.features.online.redis import stream_call
+        from redline.features.online.redis_write import stream_call
 
         keys, args = stream_call(self.stream, self.group, self.consumer, ids, batch)
 
@@ -186,7 +186,7 @@ class StreamConsumer:
     def poll(self) -> int:
         """:meth:`step`, with a lost Redis connection raised as ``StoreUnavailable``; the
         consumer stays usable: call :meth:`reset` and poll again once Redis is back."""
-        from redline.features.online.redis import guarded
+        from redline.features.online.redis_client import guarded
 
         return guarded(self.store.url, self.step)
 
@@ -240,7 +240,7 @@ class StreamConsumer:
             # Redis never waits for the decoder (without the read-ahead the read queued behind
             # the write and Redis sat idle during each decode; parsed before the next write was
             # sent, Redis sat idle during the parse)
-            from redline.features.online.redis import SentCommand
+            from redline.features.online.redis_sent import SentCommand
 
             ahead_read = SentCommand(self.store, "XREADGROUP", "GROUP", self.group,
                                      self.consumer, "COUNT", self.batch, "STREAMS",

@@ -29,6 +29,7 @@ from itertools import chain, count
 from typing import Any
 
 from redline.errors import StoreUnavailable
+from redline.features.online.redis_client import guarded
 from redline.features.online.redis_lua import lua_text
 
 # Raise per partition the recorded highest offset: lua/positions.lua, the steps of write.lua's
@@ -153,8 +154,6 @@ class ClusterPositions:
 def read_positions(store: Any, topic: str, group: str) -> dict[int, int]:
     """``group``'s positions in ``topic`` as the store holds them now (raises
     ``StoreUnavailable`` when it cannot be read)."""
-    from redline.features.online.redis import guarded
-
     key = position_key(topic, group)
     if not store.cluster:
         return _decode(guarded(store.url, lambda: store.client.hgetall(key)))
