@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redline.monitoring.metrics import PrometheusExport, RequestMetrics, SlowLog, latency_buckets
+from redline.monitoring.buckets import latency_buckets
+from redline.monitoring.metrics import RequestMetrics
+from redline.monitoring.prometheus import PrometheusExport
+from redline.monitoring.slowlog import SlowLog
 from redline.serving.stages import Observers
 from tests.monitoring.helpers import record
 
@@ -108,8 +111,8 @@ def test_several_worker_processes_add_up(tmp_path: Path) -> None:
         out = subprocess.run(
             [sys.executable, "-c",
              "import sys\n"
-             "from redline.monitoring.metrics import PrometheusExport, latency_buckets, "
-             "worker_exited\n"
+             "from redline.monitoring.buckets import latency_buckets\n"
+             "from redline.monitoring.prometheus import PrometheusExport, worker_exited\n"
              "for pid in sys.argv[1:]: worker_exited(int(pid))\n"
              "sys.stdout.write(PrometheusExport(latency_buckets([5.0])).render()[0].decode())",
              *dead], env=env, capture_output=True, text=True, check=True)
@@ -161,7 +164,7 @@ def test_feature_ages_bucketed_at_once_as_observe_would() -> None:
     histogram is the one ``observe`` per value gives (values on a bound included)."""
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from redline.monitoring.metrics import _observe_all
+    from redline.monitoring.prometheus import observe_all
 
     ages = [0.0, 0.05, 0.1, 0.1000001, 1.0, 2.5, 7.0, 60.0, 3600.0, 1e9, 0.3, 0.3]
     one = Histogram("age", "a", ["m"], registry=(reg1 := CollectorRegistry()),
@@ -170,7 +173,7 @@ def test_feature_ages_bucketed_at_once_as_observe_would() -> None:
                      buckets=(0.1, 0.5, 1.0, 5.0, 60.0, 3600.0))
     for a in ages:
         one.labels("m").observe(a)
-    _observe_all(many.labels("m"), ages)
+    observe_all(many.labels("m"), ages)
     got, want = samples(generate_latest(reg2)), samples(generate_latest(reg1))
     assert got.keys() == want.keys()
     for key, value in want.items():

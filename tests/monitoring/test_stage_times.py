@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import redline.serving.stages as stages_module
-from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
+from redline.monitoring.buckets import latency_buckets
+from redline.monitoring.metrics import RequestMetrics
+from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import NEVER, StageTimesBuffer, v2_record
 from redline.serving.stages import Observers, RequestRecord
 from tests.monitoring.helpers import record

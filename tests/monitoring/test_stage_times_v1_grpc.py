@@ -16,8 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
+from redline.monitoring.buckets import latency_buckets
+from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.monitor import RecordFeed
+from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import v1_record
 from redline.proto import grpc_service_pb2_grpc as pbg
 from redline.proto import redline_v1_pb2 as v1

@@ -8,11 +8,13 @@ imports serving's types; serving never imports monitoring. Nothing here runs on 
 path beyond keeping its record or its stage times.
 """
 
+from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.drift import DriftMonitor
-from redline.monitoring.metrics import RequestMetrics, SlowLog, latency_buckets
+from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.monitor import ServerMonitor
 from redline.monitoring.quality import QualityMonitor, cbpe
 from redline.monitoring.review import ReviewQueue
+from redline.monitoring.slowlog import SlowLog
 
 __all__ = ["DriftMonitor", "QualityMonitor", "RequestMetrics", "ReviewQueue", "ServerMonitor",
            "SlowLog", "cbpe", "latency_buckets"]

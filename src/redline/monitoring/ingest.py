@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from redline.monitoring.metrics import multiprocess_dir
+from redline.monitoring.prometheus import multiprocess_dir
 
 log = logging.getLogger(__name__)
 

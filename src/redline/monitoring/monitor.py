@@ -35,18 +35,15 @@ from typing import Any
 import numpy as np
 
 from redline.errors import StoreUnavailable
+from redline.monitoring.buckets import TOTAL, latency_buckets
 from redline.monitoring.handoff import to_thread_yielding, yield_to_loop
 from redline.monitoring.joinstore import join_backend
-from redline.monitoring.metrics import (
-    TOTAL,
-    PrometheusExport,
-    RequestMetrics,
-    SlowLog,
-    latency_buckets,
-)
+from redline.monitoring.metrics import RequestMetrics
+from redline.monitoring.prometheus import PrometheusExport
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
 from redline.monitoring.serving_gauges import ServingGauges, loaded_versions
+from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import (
     NEVER,
     WIDTH,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redline.monitoring.metrics import BREAKER_LEVEL, PrometheusExport
+from redline.monitoring.prometheus import BREAKER_LEVEL, PrometheusExport
 
 
 class ServingGauges:

@@ -313,7 +313,7 @@ class Supervisor:
 def _metrics_worker_exited(pid: int) -> None:
     """A dead worker's live gauges leave the merged scrape (monitoring's multiprocess files)."""
     try:
-        from redline.monitoring.metrics import worker_exited
+        from redline.monitoring.prometheus import worker_exited
     except ImportError:  # pragma: no cover - monitoring not installed in this build
         return
     worker_exited(pid)
