@@ -43,6 +43,10 @@ PYTHON_STEP_THREADS = 4  # an unbatched Python step's runs at once (one request 
 class GraphHandle(ModelHandle):
     """A graph version ready to serve: the steps' handles and batchers, their p99 windows."""
 
+    # No warm-up requests: they would run the real steps (their batchers, p99 windows, the
+    # repository models' counters) and a user's slow step; the steps' models warm themselves.
+    warm_requests = False
+
     def __init__(self, session: DagRunner, settings: Settings,
                  registry: ModelRegistry) -> None:
         super().__init__(session, settings)

@@ -46,6 +46,9 @@ class ModelHandle:
     says how many worker threads it needs and whether its runs may leave the event loop's
     thread (``user_code``), and everything else is the same for both."""
 
+    # Whether the request-path warm-up (``serving/warmup.py``) sends this version requests.
+    warm_requests = True
+
     def __init__(self, session: ModelRunner, settings: Settings) -> None:
         self.session = session
         self.metadata = session.metadata

@@ -137,7 +137,10 @@ async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
     requests: list[tuple[str, bytes, int]] = []
     for name in registry.models():
         try:
-            requests.extend(_requests(name, registry.get(name), pipeline, settings))
+            handle = registry.get(name)
+            if not handle.warm_requests:
+                continue
+            requests.extend(_requests(name, handle, pipeline, settings))
         except Exception as exc:  # noqa: BLE001 - not loaded, or a model nothing fits
             log.debug("warm-up of %s skipped: %s", name, exc)
     if not requests:

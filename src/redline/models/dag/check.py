@@ -9,6 +9,7 @@ step once. Each refusal is one line naming the step and the fix.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import shutil
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from redline.errors import InvalidInput, ModelError, RedlineError
-from redline.models.dag.runner import GRAPH_FILE, DagRunner, model_source
+from redline.models.dag.execute import GraphRun
+from redline.models.dag.runner import GRAPH_FILE, DagRunner, DirectEnv, model_source
 from redline.models.dag.spec import DEGRADED, DagSpec, Step, parse_dag, split_ref
 from redline.models.dag.steps import cascade_specs, combined_specs, import_function
 from redline.models.datatypes import NUMPY_TO_V2
@@ -122,6 +124,15 @@ def signatures(spec: DagSpec, folder: Path, origin: str,
                     raise InvalidInput(f"{where}: step '{m}' has no output '{step.confidence}' "
                                        f"(its confidence; outputs: {[t.name for t in known]})")
             sigs[name] = cascade_specs(member_sigs)
+    for step in spec.steps.values():
+        fb = step.fallback
+        mine, theirs = sigs.get(step.name), sigs.get(fb.step) if fb and fb.step else None
+        if mine is not None and theirs is not None:
+            lacking = [t.name for t in mine if not any(o.name == t.name for o in theirs)]
+            if lacking:
+                raise InvalidInput(f"{origin}: step '{step.name}' falls back to step "
+                                   f"'{fb.step}', which has no {lacking}; fall back to a step "  # type: ignore[union-attr]
+                                   "with the same outputs, or to constant values")
     for out, ref in spec.outputs.items():
         producer, output = split_ref(ref)
         known = sigs.get(producer) if producer else None
@@ -248,8 +259,15 @@ def _sample_run(repo: ModelRepository, meta: ModelMetadata, folder: Path, spec: 
         return out
 
     runner.call_python = recorded  # type: ignore[method-assign,assignment]
+    env = DirectEnv(runner)
     try:
-        runner.run(runner.validate(rows))
+        checked = runner.validate(rows)
+        count = len(next(iter(checked.values())))
+        run = GraphRun(spec, sigs, runner.waves, env, meta.name)
+        asyncio.run(run.answer(checked, count))
+        for step in spec.steps.values():  # a cascade's later steps run on the sample too
+            if step.kind == "python" and step.name not in seen:
+                asyncio.run(env.run(step, run.inputs_of(step), count))
     except RedlineError as exc:
         raise type(exc)(f"{origin}: the sample run failed: {exc.message}") from None
     finally:

@@ -98,9 +98,10 @@ class GraphRun:
             return combine(step, [self.values[m] for m in step.members])
         if step.kind == "cascade":
             return await self._cascade(step)
-        return await self.env.run(step, self._gather_inputs(step), self.rows)
+        return await self.env.run(step, self.inputs_of(step), self.rows)
 
-    def _gather_inputs(self, step: Step, rows: np.ndarray | None = None) -> Arrays:
+    def inputs_of(self, step: Step, rows: np.ndarray | None = None) -> Arrays:
+        """What ``step`` reads, from this run's values (of ``rows`` only, when given)."""
         where = f"step '{step.name}'"
         got = {k: self._read(ref, where) for k, ref in step.inputs.items()}
         return got if rows is None else {k: v[rows] for k, v in got.items()}
@@ -142,7 +143,7 @@ class GraphRun:
             sub = None if remaining.size == self.rows else remaining
             t0 = time.perf_counter_ns()
             try:
-                got = await env.run(member, self._gather_inputs(member, sub), remaining.size)
+                got = await env.run(member, self.inputs_of(member, sub), remaining.size)
             except Exception as exc:  # noqa: BLE001 - the next member takes its rows
                 env.observe(member, t0, time.perf_counter_ns(), False)
                 error = exc

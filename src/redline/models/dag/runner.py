@@ -98,7 +98,7 @@ class DagRunner(ModelRunner):
         """The graph's outputs, every step run here in turn (no batching, no budget)."""
         first = next(iter(inputs.values()))
         rows = int(first.shape[0]) if first.ndim else 1
-        run = GraphRun(self.spec, self.signatures, self.waves, _DirectEnv(self),
+        run = GraphRun(self.spec, self.signatures, self.waves, DirectEnv(self),
                        self.metadata.name)
         out = asyncio.run(run.answer(dict(inputs), rows))
         return {n: out[n] for n in output_names} if output_names else out
@@ -121,7 +121,7 @@ class DagRunner(ModelRunner):
             runner.close()
 
 
-class _DirectEnv(StepEnv):
+class DirectEnv(StepEnv):
     """Steps run on the calling thread, one after another, with no budget."""
 
     def __init__(self, runner: DagRunner) -> None:
