@@ -124,6 +124,14 @@ def signatures(spec: DagSpec, folder: Path, origin: str,
                     raise InvalidInput(f"{where}: step '{m}' has no output '{step.confidence}' "
                                        f"(its confidence; outputs: {[t.name for t in known]})")
             sigs[name] = cascade_specs(member_sigs)
+    readers = [(f"step '{s.name}'", ref) for s in spec.steps.values() for ref in s.refs()]
+    for who, ref in [*readers, *((f"output '{o}'", r) for o, r in spec.outputs.items())]:
+        producer, output = split_ref(ref)
+        known = sigs.get(producer) if producer else None
+        if known is not None and not any(t.name == output for t in known):
+            raise InvalidInput(f"{origin}: {who} reads '{ref}' but step '{producer}' has no "
+                               f"output '{output}' (outputs: {[t.name for t in known]}); read "
+                               "one of those")
     for step in spec.steps.values():
         fb = step.fallback
         mine, theirs = sigs.get(step.name), sigs.get(fb.step) if fb and fb.step else None
@@ -133,12 +141,6 @@ def signatures(spec: DagSpec, folder: Path, origin: str,
                 raise InvalidInput(f"{origin}: step '{step.name}' falls back to step "
                                    f"'{fb.step}', which has no {lacking}; fall back to a step "  # type: ignore[union-attr]
                                    "with the same outputs, or to constant values")
-    for out, ref in spec.outputs.items():
-        producer, output = split_ref(ref)
-        known = sigs.get(producer) if producer else None
-        if known is not None and not any(t.name == output for t in known):
-            raise InvalidInput(f"{origin}: output '{out}' reads '{ref}' but step '{producer}' "
-                               f"has no output '{output}' (outputs: {[t.name for t in known]})")
     return sigs, bindings
 
 
