@@ -177,9 +177,11 @@ def add(
     settings, root = settings_and_repo(config_path, repository)
     repo = ModelRepository(root)
     if is_graph:  # a graph folder (graph.yaml: docs/graphs.md, docs/recommend.md)
-        meta = repo.add_graph(name, source, version=number, description=description,
-                              trust_code=trust_code,
-                              sample=_named_sample(sample) if sample else None)
+        meta = repo.add_graph(
+            name, source, version=number, description=description, trust_code=trust_code,
+            sample=_named_sample(sample) if sample else None,
+            feature_names=[s.strip() for s in feature_names.split(",")] if feature_names
+            else None)
         if "dag" in meta.extra:
             click.echo(f"added graph {meta.name} version {meta.version} "
                        f"({len(meta.extra['dag']['signatures'])} steps; inputs "

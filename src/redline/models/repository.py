@@ -397,6 +397,8 @@ class ModelRepository:
         description: str = "",
         trust_code: bool = False,
         sample: Any = None,
+        feature_names: list[str] | None = None,
+        feature_views: dict[str, str] | None = None,
     ) -> ModelMetadata:
         """Check a graph folder (``graph.yaml``) and store it as a new version, atomically.
 
@@ -431,10 +433,11 @@ class ModelRepository:
             from redline.models.dag.check import add_dag
 
             return add_dag(self, name, src, doc, version=version, description=description,
-                           trust_code=trust_code, sample=sample)
-        if sample is not None:
-            raise InvalidInput(f"{spec_path}: a recommender graph takes no --sample (its "
-                               "catalogue is the sample)")
+                           trust_code=trust_code, sample=sample, feature_names=feature_names,
+                           feature_views=feature_views)
+        if sample is not None or feature_names is not None:
+            raise InvalidInput(f"{spec_path}: a recommender graph takes no --sample nor "
+                               "--feature-names (its steps name what they read)")
         spec = g.parse_graph(doc, str(spec_path))
         cat = g.load_catalogue(src)
         dim = g.check_graph(spec, cat, src, str(spec_path))

@@ -36,8 +36,12 @@ _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 
 def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
             version: int | None = None, description: str = "", trust_code: bool = False,
-            sample: Any = None) -> ModelMetadata:
-    """Check a general graph folder and store it as a new version, atomically."""
+            sample: Any = None, feature_names: list[str] | None = None,
+            feature_views: dict[str, str] | None = None) -> ModelMetadata:
+    """Check a general graph folder and store it as a new version, atomically.
+
+    ``feature_names`` (and the pinned ``feature_views``) name the columns of a one-input
+    graph's rows, as a model's do, so ``/v1`` can serve it after features."""
     origin = str(src / GRAPH_FILE)
     spec = parse_dag(doc, origin)
     _check_trust(spec, origin, trust_code)
@@ -45,6 +49,7 @@ def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
     meta = ModelMetadata(
         name=name, version=0, inputs=list(spec.inputs), outputs=[], sha256="",
         framework="graph", missing_values="allow", description=description,
+        feature_names=feature_names, feature_views=dict(feature_views or {}),
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     with tempfile.TemporaryDirectory(prefix="redline-graph-") as tmp:
         staged = Path(tmp) / "graph"

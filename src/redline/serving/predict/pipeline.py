@@ -180,6 +180,9 @@ class PredictPipeline:
                     outputs, cached = await self._run(plan, x, None, None, record)
             if outputs is not None and cached == n and path == PRIMARY:
                 path = CACHE
+            attrs = record.attributes
+            if attrs and "degraded_reasons" in attrs:  # a graph's steps fell back
+                reasons.extend(attrs.pop("degraded_reasons"))
         self.paths[path] += 1
         if reasons:
             self.degraded += 1
