@@ -276,14 +276,56 @@ def build_index(cat: Catalogue, spec: GraphSpec) -> Any:
 
 def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` rows of ``emb`` by inner product with ``query``: (rows, scores), best
-    first."""
-    scores = emb @ query
-    if k < scores.shape[0]:
-        part = np.argpartition(-scores, k - 1)[:k]
-    else:
-        part = np.arange(scores.shape[0])
-    order = part[np.argsort(-scores[part], kind="stable")]
-    return order, scores[order]
+    first (one query through :func:`exact_top_k_rows`)."""
+    rows, scores = exact_top_k_rows(emb, query[None, :], k)
+    return rows[0], scores[0]
+
+
+# Items per group when the top-k looks for its threshold (see exact_top_k_rows).
+TOP_K_GROUP = 64
+
+
+def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
+                     k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` rows of ``emb`` [items, dim] by inner product with each row of
+    ``queries`` [n, dim]: (rows [n, k] int64, scores [n, k] float32), best first, equal scores
+    in row order.
+
+    One kernel for one query and for a batch of them, so that a query's answer does not depend
+    on what it was batched with, bit for bit: the scores are one matrix product, and a lone
+    query is padded to two rows (BLAS computes a one-column product as a matrix-vector product,
+    whose sums differ from the matrix product's in the last bit). The top-k is exact and cheap:
+    the items are cut into groups of ``TOP_K_GROUP``, the k largest group maxima bound the k-th
+    score from below, and only the groups that reach the bound (about k of them) are
+    partitioned, not the whole catalogue.
+    """
+    n, items = queries.shape[0], emb.shape[0]
+    q = queries if n > 1 else np.concatenate([queries, np.zeros_like(queries)])
+    # [n', items], each query's scores contiguous: its reductions run over whole rows
+    scores = np.ascontiguousarray((emb @ np.ascontiguousarray(q, dtype=np.float32).T).T)
+    k = min(k, items)
+    width = items // TOP_K_GROUP  # group g: items g, g + width, g + 2 width, ... (and the tail)
+    out_rows = np.empty((n, k), dtype=np.int64)
+    out_scores = np.empty((n, k), dtype=np.float32)
+    members = np.arange(TOP_K_GROUP, dtype=np.int64) * width
+    for j in range(n):
+        row = scores[j]
+        if width > k:
+            maxima = row[:width * TOP_K_GROUP].reshape(TOP_K_GROUP, width).max(axis=0)
+            bound = np.partition(maxima, width - k)[width - k]
+            candidates = (np.flatnonzero(maxima >= bound)[:, None] + members).ravel()
+            tail = np.arange(width * TOP_K_GROUP, items, dtype=np.int64)
+            candidates = np.concatenate([candidates, tail[row[tail] >= bound]])
+        else:
+            candidates = np.arange(items, dtype=np.int64)
+        values = row[candidates]
+        kth = np.partition(values, len(values) - k)[len(values) - k]
+        keep = values >= kth
+        chosen, chosen_values = candidates[keep], values[keep]
+        order = np.lexsort((chosen, -chosen_values))[:k]  # best first; ties: the lower row
+        out_rows[j] = chosen[order]
+        out_scores[j] = chosen_values[order]
+    return out_rows, out_scores
 
 
 def measure_recall(index: Any, cat: Catalogue, k: int, queries: int = 200,

@@ -50,7 +50,9 @@ class VersionChecks:
 
     def retired(self, handle: ModelHandle) -> None:
         """``handle`` no longer serves (swapped out, unloaded, or it failed to warm)."""
-        self._graphs.pop(id(handle), None)
+        entry = self._graphs.pop(id(handle), None)
+        if entry is not None:
+            entry[1].close()
 
     def graph(self, handle: ModelHandle) -> GraphRunner | None:
         """The graph ``handle`` loaded, or None: not a graph."""
@@ -66,6 +68,8 @@ class VersionChecks:
         cfg = self.settings.pipeline
         runner = GraphRunner(folder, spec, handle.name,
                              LatencyWindow(cfg.latency_window, cfg.latency_window_s,
-                                           cfg.probe_interval_ms / 1000.0))
+                                           cfg.probe_interval_ms / 1000.0),
+                             self.settings.batching_for(handle.name))
         runner.read_entity(self.store, self.defs, handle)
+        runner.batch_ranker(handle)
         self._graphs[id(handle)] = (handle, runner)

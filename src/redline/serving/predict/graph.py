@@ -14,26 +14,41 @@ Loaded once per model version (the catalogue, the ANN index, the encoder), then 
    queue/inference stages). When the budget left is below the ranker's recent p99, or the run
    is refused or late, the answer is the retrieval order, ``degraded`` with the reason.
 5. **rules** — drop the items already seen in the session and those out of stock; top-N.
+
+Across requests: requests that reach retrieval together are one search (their query vectors
+one [n, dim] matrix: one matrix product and a top-K per row, or one HNSW search of the matrix),
+and requests that reach ranking together are one ranker run over all their candidates
+([sum K, features]). Both go through the dynamic batcher (``serving/batcher.py``): retrieval
+through the runner's own, ranking through the ranker version's, whose batches hold up to
+``max_batch_size`` requests of K rows. A lone request (none other on its way to retrieval) takes
+the batcher's idle fast path and runs at once; one whose budget cannot wait for the batch ahead
+of it runs alone. A query's answer is the same whatever it is batched with, bit for bit: one
+kernel serves one query and many (``models/graph.py``'s ``exact_top_k_rows``).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from redline.config import BatchingSettings
 from redline.errors import (
     DeadlineExceeded,
     FeatureNotFound,
     InvalidInput,
     ModelNotReady,
     Overloaded,
+    RedlineError,
 )
 from redline.features.definitions import FeatureDefinitions, FeatureView
 from redline.features.online.base import OnlineStore
 from redline.models import graph as g
-from redline.serving.deadline import Budget
+from redline.serving.batcher import Batcher, Inputs, Outputs
+from redline.serving.deadline import LOW, Budget
 from redline.serving.handle import ModelHandle
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import Route
@@ -54,13 +69,18 @@ if TYPE_CHECKING:
     from redline.serving.predict.pipeline import PredictPipeline
 
 RETRIEVAL_PATH = "fallback"  # the retrieval order served in place of the ranking
+QUERIES = "queries"  # the retrieval batcher's input: [n, dim] query vectors
+# A retrieval batch predicted shorter than this runs on the event loop (as one request's search
+# always did); a longer one, on the runner's own thread.
+RETRIEVE_INLINE_US = 5000
 
 
 class GraphRunner:
     """One loaded graph version: its catalogue, index and encoder, ready for requests."""
 
     def __init__(self, folder: Path, spec: g.GraphSpec, name: str = "",
-                 retrieval: LatencyWindow | None = None) -> None:
+                 retrieval: LatencyWindow | None = None,
+                 batching: BatchingSettings | None = None) -> None:
         self.name = name
         self.spec = spec
         # the recent p99 of query + retrieve, which the budget is checked against
@@ -92,6 +112,29 @@ class GraphRunner:
         self.in_stock = self.cat.columns.get(spec.in_stock) if spec.in_stock else None
         self.route: Route | None = None  # set when the graph reads entity features
         self.entity_col: dict[str, int] = {}
+        # Cross-request retrieval: the model's batching settings, its runs on the loop unless
+        # long (then on this runner's own thread).
+        batching = batching or BatchingSettings()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"retrieve-{name}")
+        self.retriever = Batcher(
+            self.search, replace(batching, max_queue_delay_us=0, adaptive=False,
+                                 inline_max_us=max(batching.inline_max_us, RETRIEVE_INLINE_US)),
+            executor=self._pool, name=f"{name}:retrieve")
+        self.upstream = 0  # requests in the graph that have not reached retrieval yet
+        self.unranked = 0  # requests in the graph that have not reached ranking yet
+
+    def batch_ranker(self, handle: ModelHandle) -> None:
+        """Size the ranker's batches in requests: up to ``max_batch_size`` requests of K
+        candidate rows each run as one (its batcher counts rows)."""
+        batcher = handle.batcher
+        if batcher.batchable:
+            batcher.max_batch *= self.spec.k
+            if not batcher.settings.adaptive:
+                batcher.cap = batcher.max_batch
+
+    def close(self) -> None:
+        """Release the retrieval thread (the version no longer serves)."""
+        self._pool.shutdown(wait=False)
 
     def read_entity(self, store: OnlineStore | None, defs: FeatureDefinitions | None,
                     handle: ModelHandle) -> None:
@@ -130,16 +173,55 @@ class GraphRunner:
         q = (self.cat.embeddings[rows] * weights[:, None]).sum(axis=0)
         return np.ascontiguousarray(q, dtype=np.float32)
 
+    def search(self, inputs: Inputs) -> Outputs:
+        """The retrieval of a batch: ``queries`` [n, dim] -> ``rows`` and ``scores`` [n, K]
+        (an HNSW row may end in -1: fewer than K found)."""
+        q = inputs[QUERIES]
+        if self.index is not None:
+            scores, found = self.index.search(q, self.spec.k)
+            return {"rows": found, "scores": scores}
+        rows, scores = g.exact_top_k_rows(self.cat.embeddings, q, self.spec.k)
+        return {"rows": rows, "scores": scores}
+
     def retrieve(self, q: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        k = self.spec.k
+        """One request's candidates and scores, unbatched: the popularity order without a
+        query."""
         if q is None:
             rows = self.popular
             return rows, np.zeros(len(rows), dtype=np.float32)
-        if self.index is not None:
-            scores, found = self.index.search(q[None, :], k)
-            keep = found[0] >= 0
-            return found[0][keep], scores[0][keep]
-        return g.exact_top_k(self.cat.embeddings, q, k)
+        return _found(self.search({QUERIES: q[None, :]}))
+
+    async def retrieve_batched(self, q: np.ndarray, budget: Budget) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+        """:meth:`retrieve` of a query, searched together with the requests that reach
+        retrieval with it."""
+        inputs = {QUERIES: q[None, :]}
+        batcher = self.retriever
+        if not self.upstream:
+            # Case: no other request is on its way here, so no batch can form: run at once.
+            out = batcher.run_now(inputs, 1)
+            if out is not None:
+                return _found(out)
+        try:
+            out = await batcher.submit(inputs, 1, budget.deadline)
+        except RedlineError:
+            # Case: the batch ahead would outlast the budget (or it ran out while queued): this
+            # request runs alone, now; what follows checks what is left of the budget.
+            out = self.search(inputs)
+        return _found(out)
+
+    async def rank(self, handle: ModelHandle, x: np.ndarray, budget: Budget,
+                   record: RequestRecord) -> Outputs:
+        """The ranker's outputs for one request's candidate rows, run together with the
+        requests that reach ranking with it (the ranker version's batcher)."""
+        inputs, rows = handle.prepare({handle.session.inputs[0].name: x})
+        out = None
+        if not self.unranked:
+            # Case: no other request is on its way here: the idle fast path, when it applies.
+            out = handle.infer_now(inputs, rows, record)
+        if out is None:
+            out = await handle.infer_queued(inputs, rows, budget.deadline, LOW, record)
+        return out
 
     def rank_rows(self, rows: np.ndarray, scores: np.ndarray, fields: np.ndarray,
                   items: list[SessionItem], entity: np.ndarray | None = None) -> np.ndarray:
@@ -191,6 +273,15 @@ class GraphRunner:
         return out
 
 
+def _found(out: Outputs) -> tuple[np.ndarray, np.ndarray]:
+    """One request's (rows, scores) of a retrieval's outputs (its row of them)."""
+    rows, scores = out["rows"][0], out["scores"][0]
+    if rows[-1] < 0:  # HNSW found fewer than K
+        keep = rows >= 0
+        return rows[keep], scores[keep]
+    return rows, scores
+
+
 class _EntityPlan:
     """What a :class:`Route` needs of a plan: the graph's entity feature views."""
 
@@ -219,58 +310,76 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
                     record: RequestRecord, t: int) -> dict[str, Any]:
     """One request through the graph; the answer document (``docs/recommend.md``)."""
     reasons: list[str] = []
-    fields = runner.fields(req)
-    record.rows = 1
     entity: np.ndarray | None = None
-    route = runner.route
-    if route is not None:
-        ids = entity_ids(route.keys, route.entity_names, handle.name, req.entities, False)
-        got = await pipeline.features.read(route, ids, 1, budget, window.estimate(), reasons)
-        entity = got[0][0]
-        t = _mark(record, FEATURES, t)
     items: list[SessionItem] = []
-    retrieval_p99 = runner.retrieval.estimate()
-    if req.session_id is not None:
-        reserve = retrieval_p99 + window.estimate()  # what follows the read
-        items = await pipeline.read_session_items(req.session_id, runner.spec.session_items,
-                                                  budget, reserve, reasons)
-        t = _mark(record, SESSIONS, t)
-    path = "primary"
-    searched = runner.encoder is not None or bool(items)  # else the popularity order, free
-    p99 = retrieval_p99 if searched else 0.0
-    if p99 and not budget.fits(p99, 0.0) and not runner.retrieval.probe():
-        reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < retrieval p99 "
-                       f"{p99 * 1e3:.2f} ms: candidates in popularity order")
-        path = RETRIEVAL_PATH
-        rows, scores = runner.retrieve(None)
-    else:
-        t0 = t
-        q = runner.query(fields, items)
-        t = _mark(record, QUERY, t)
-        rows, scores = runner.retrieve(q)
-        t = _mark(record, RETRIEVE, t)
-        if q is not None:
-            runner.retrieval.add((t - t0) * 1e-9)
-    p99 = window.estimate()
-    if p99 and not budget.fits(p99, 0.0) and not window.probe():
-        reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < ranker p99 "
-                       f"{p99 * 1e3:.2f} ms: answered in retrieval order")
-        path = RETRIEVAL_PATH
-    else:
-        x = runner.rank_rows(rows, scores, fields, items, entity)
-        t = _mark(record, RANK, t)
+    # On its way to retrieval and ranking: a batch there may take it along.
+    runner.upstream += 1
+    runner.unranked += 1
+    unranked = True
+    try:
         try:
-            t0 = perf_ns()
-            out = await handle.infer({handle.session.inputs[0].name: x}, budget, record=record)
-            window.add((perf_ns() - t0) * 1e-9)
-        except (Overloaded, DeadlineExceeded, ModelNotReady) as exc:
-            reasons.append(f"ranker refused ({exc.code}): answered in retrieval order")
+            fields = runner.fields(req)
+            record.rows = 1
+            route = runner.route
+            if route is not None:
+                ids = entity_ids(route.keys, route.entity_names, handle.name, req.entities,
+                                 False)
+                got = await pipeline.features.read(route, ids, 1, budget, window.estimate(),
+                                                   reasons)
+                entity = got[0][0]
+                t = _mark(record, FEATURES, t)
+            retrieval_p99 = runner.retrieval.estimate()
+            if req.session_id is not None:
+                reserve = retrieval_p99 + window.estimate()  # what follows the read
+                items = await pipeline.read_session_items(
+                    req.session_id, runner.spec.session_items, budget, reserve, reasons)
+                t = _mark(record, SESSIONS, t)
+        finally:
+            runner.upstream -= 1
+        path = "primary"
+        searched = runner.encoder is not None or bool(items)  # else the popularity order, free
+        p99 = retrieval_p99 if searched else 0.0
+        if p99 and not budget.fits(p99, 0.0) and not runner.retrieval.probe():
+            reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < retrieval "
+                           f"p99 {p99 * 1e3:.2f} ms: candidates in popularity order")
+            path = RETRIEVAL_PATH
+            rows, scores = runner.retrieve(None)
+        else:
+            t0 = t
+            q = runner.query(fields, items)
+            t = _mark(record, QUERY, t)
+            if q is None:
+                rows, scores = runner.retrieve(None)
+            else:
+                rows, scores = await runner.retrieve_batched(q, budget)
+            t = _mark(record, RETRIEVE, t)
+            if q is not None:
+                runner.retrieval.add((t - t0) * 1e-9)
+        p99 = window.estimate()
+        if p99 and not budget.fits(p99, 0.0) and not window.probe():
+            reasons.append(f"budget: {max(0.0, budget.left()) * 1e3:.2f} ms left < ranker p99 "
+                           f"{p99 * 1e3:.2f} ms: answered in retrieval order")
             path = RETRIEVAL_PATH
         else:
-            ranked = _score(out, handle.output_names, len(rows))
-            order = np.argsort(-ranked, kind="stable")
-            rows, scores = rows[order], ranked[order]
-        t = perf_ns()
+            x = runner.rank_rows(rows, scores, fields, items, entity)
+            t = _mark(record, RANK, t)
+            runner.unranked -= 1
+            unranked = False
+            try:
+                t0 = perf_ns()
+                out = await runner.rank(handle, x, budget, record)
+                window.add((perf_ns() - t0) * 1e-9)
+            except (Overloaded, DeadlineExceeded, ModelNotReady) as exc:
+                reasons.append(f"ranker refused ({exc.code}): answered in retrieval order")
+                path = RETRIEVAL_PATH
+            else:
+                ranked = _score(out, handle.output_names, len(rows))
+                order = np.argsort(-ranked, kind="stable")
+                rows, scores = rows[order], ranked[order]
+            t = perf_ns()
+    finally:
+        if unranked:
+            runner.unranked -= 1
     answer = runner.rules(rows, scores, items)
     _mark(record, RULES, t)
     record.path = path

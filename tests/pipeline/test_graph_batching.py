@@ -1,0 +1,127 @@
+"""Inference graphs batched across requests: one top-K kernel for one query and for many, and a
+server whose concurrent requests (different sessions, users and budgets) share retrieval and
+ranking runs yet answer exactly what each would get alone, bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from redline.config import BatchingSettings, ModelSettings
+from redline.models import ModelRepository
+from redline.models.graph import exact_top_k_rows
+from tests.pipeline.conftest import ServerThread, make_settings
+from tests.pipeline.graphs import make_graph
+
+
+def test_top_k_of_a_batch_is_each_query_alone_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    emb = rng.normal(size=(3001, 16)).astype(np.float32)  # not a multiple of the group size
+    emb[2000] = emb[17]  # equal scores: the lower row comes first
+    queries = rng.normal(size=(17, 16)).astype(np.float32)
+    queries[5] = emb[17]
+    alone = [exact_top_k_rows(emb, queries[i:i + 1], 50) for i in range(len(queries))]
+    for n in (2, 3, 8, 17):
+        rows, scores = exact_top_k_rows(emb, queries[:n], 50)
+        for i in range(n):
+            assert np.array_equal(rows[i], alone[i][0][0])
+            assert scores[i].tobytes() == alone[i][1][0].tobytes()
+    # against a full sort of the same scores: the exact top-K, best first, ties by row
+    full = emb @ np.vstack([queries[5], queries[0]]).T
+    expect = np.lexsort((np.arange(len(emb)), -full[:, 0]))[:50]
+    assert np.array_equal(alone[5][0][0], expect)
+    assert list(alone[5][0][0][:2]) == [17, 2000]
+    # a catalogue smaller than the groups, and K equal to it
+    rows, _ = exact_top_k_rows(emb[:40], queries[:3], 40)
+    assert sorted(rows[0].tolist()) == list(range(40))
+
+
+RANKED = ["retrieval:score", "retrieval:position", "item:price", "session:seen",
+          "session:clicks", "session:length", "entity:card_txn:count_1h"]
+
+
+@pytest.fixture(scope="module")
+def batched_server(tmp_path_factory: pytest.TempPathFactory, defs_path: Path,
+                   redis_server_module: Any) -> Any:
+    """One graph served twice on Redis: ``rec`` batched across requests (ranker runs off the
+    loop, so they queue and batch), ``solo`` with batching off (every request alone)."""
+    root = tmp_path_factory.mktemp("batched")
+    rng = np.random.default_rng(3)
+    folder = make_graph(root / "g", n=3000, dim=16, k=50, top_n=10,
+                        embeddings=rng.normal(size=(3000, 16)).astype(np.float32),
+                        ranker_weights=[0.731, -0.0137, 0.0219, -0.9, 0.31, 0.047, 0.113],
+                        features={"session_items": 10, "entity": ["card_txn:count_1h"]},
+                        rank={"model": "ranker.onnx", "features": RANKED})
+    repo = ModelRepository(root / "models")
+    repo.add_graph("rec", folder)
+    repo.add_graph("solo", folder)
+    settings = make_settings(root / "models", defs_path, store="redis",
+                             redis_url=redis_server_module.url)
+    settings.models["rec"] = ModelSettings(batching=BatchingSettings(inline_max_us=0))
+    settings.models["solo"] = ModelSettings(batching=BatchingSettings(enabled=False))
+    srv = ServerThread(settings).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_concurrent_requests_batch_and_answer_as_if_alone(batched_server: Any) -> None:
+    srv = batched_server
+    rnd = random.Random(11)
+    tag = time.monotonic_ns()
+    with httpx.Client(base_url=srv.http, timeout=10) as client:
+        sessions = [f"b{tag}-{i}" for i in range(40)]
+        for sid in sessions:
+            clicks = [{"item_id": f"i{rnd.randrange(3000)}",
+                       "type": rnd.choice(["click", "view"]), "ts_ms": 1_000 + j}
+                      for j in range(rnd.randint(1, 8))]
+            client.post(f"/v1/sessions/{sid}/events", json=clicks).raise_for_status()
+        now = int(time.time() * 1000)
+        users = [f"u{tag}-{i}" for i in range(12)]
+        events = [{"card_id": u, "amount": 3.0, "ts": now - j}
+                  for n, u in enumerate(users) for j in range(n % 4)]
+        client.post("/v1/events", content=b"\n".join(map(orjson.dumps, events))
+                    ).raise_for_status()
+        bodies = [{"session_id": sid, "entities": {"card_id": rnd.choice(users)},
+                   "budget_ms": rnd.choice([4000, 6000, 8000, 10000]), "request": {}}
+                  for sid in sessions for _ in range(3)]
+        bodies.append({"session_id": f"b{tag}-cold", "entities": {"card_id": users[0]},
+                       "request": {}})  # a cold start rides along: the popularity order
+        alone = [client.post("/v1/models/solo/predict", json=b).json() for b in bodies]
+
+    async def together() -> list[dict[str, Any]]:
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(base_url=srv.http, timeout=30, limits=limits) as client:
+            order = list(range(len(bodies)))
+            rnd.shuffle(order)
+            replies = await asyncio.gather(*(client.post("/v1/models/rec/predict",
+                                                         json=bodies[i]) for i in order))
+            out: list[dict[str, Any]] = [{}] * len(bodies)
+            for i, r in zip(order, replies, strict=True):
+                assert r.status_code == 200, r.text
+                out[i] = r.json()
+            return out
+
+    handle = srv.server.registry.get("rec", None)
+    runner = srv.server.pipeline.checks.graph(handle)
+    retrieval, ranking = runner.retriever.stats, handle.batcher.stats
+    before = (retrieval.served, retrieval.batches, ranking.served, ranking.batches)
+    batched = asyncio.run(together())
+    served = retrieval.served - before[0], ranking.served - before[2]
+    runs = retrieval.batches - before[1], ranking.batches - before[3]
+    assert runs[0] < served[0] and runs[1] < served[1], (runs, served)  # requests shared runs
+    for one, many in zip(alone, batched, strict=True):
+        assert not one["degraded"] and not many["degraded"], (one["degraded_reasons"],
+                                                              many["degraded_reasons"])
+        assert many["items"] == one["items"]  # ids and float scores, exactly
+        assert many["retrieved"] == one["retrieved"] == 50
+        for stage in ("sessions", "features", "query", "retrieve", "rank", "inference"):
+            assert stage in many["timings_us"], many["timings_us"]
