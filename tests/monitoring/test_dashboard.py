@@ -43,7 +43,7 @@ WIDE = [f"{topic}_{i:02d}" for i, topic in enumerate(
      "customer_tenure_months_since_first_purchase", "distance_from_home_km_rolling_median"]
     * 12)][:47]
 SHIFTED = [3, 18, 29]  # columns of ``wide`` far from training in every live row
-HISTORY_TICKS = 300  # what the monitor keeps (monitoring/monitor.py)
+HISTORY_TICKS = 300  # what the monitor keeps (monitoring/timeseries.py)
 
 
 def browser():  # type: ignore[no-untyped-def]

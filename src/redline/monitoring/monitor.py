@@ -17,6 +17,9 @@ tick folds what is left (in slices, so a request waits behind at most one), then
 they gathered into the time series (``redline top``, ``/dashboard``), the Prometheus metrics,
 the drift and quality figures and the alerts. A read that needs the latest (a scrape, the
 slow log, a label) folds first.
+
+What the tick makes lives beside this module: the time series and the latency objective in
+``timeseries``, the drift and quality reports in ``reports``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import asyncio
 import logging
 import os
 import time
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from functools import partial
@@ -34,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from redline.errors import StoreUnavailable
-from redline.monitoring.buckets import TOTAL, latency_buckets
+from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.handoff import to_thread_yielding, yield_to_loop
 from redline.monitoring.joinstore import join_backend
 from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.prometheus import PrometheusExport
+from redline.monitoring.reports import VersionReports
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
 from redline.monitoring.serving_gauges import ServingGauges, loaded_versions
@@ -51,6 +53,7 @@ from redline.monitoring.stage_times import (
     v1_record,
     v2_record,
 )
+from redline.monitoring.timeseries import HISTORY_TICKS, TimeSeries
 from redline.monitoring.windows import ModelWindows
 from redline.serving.stages import RequestRecord
 
@@ -59,9 +62,7 @@ log = logging.getLogger("redline.monitoring")
 FOLD_SLICE = 250  # records folded between two chances for waiting requests (~0.25 ms of work)
 TIMES_SLICE = 1000  # requests' flat stage times folded between two such chances (~0.1 ms)
 FOLD_EVERY = 16  # records folded together right after a response is written (~15 µs)
-HISTORY_TICKS = 300  # five minutes at one tick a second
 DRIFT_EVERY_TICKS = 5
-OBJECTIVE_SHARE = 0.99  # the latency objective: 99% of requests within slo_ms
 STEP_S = 0.0002  # the tick's steps on the loop: requests get in after about this much of them
 
 
@@ -150,17 +151,28 @@ class ServerMonitor:
 
             self.alerts = AlertWebhook(mon.alert_webhook_url, mon.alert_min_interval_s,
                                        mon.alert_max_interval_s)
-        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_TICKS)
-        self._objective_window: dict[str, deque[tuple[int, int]]] = {}
-        self._last_counts: dict[tuple[str, str, str], list[int]] = {}
-        self._last_requests: dict[tuple[str, str, str], dict[tuple[str, str, str], int]] = {}
+        self.series = TimeSeries(self.metrics, self.buckets, self._slo_ms)
+        self.reports = VersionReports(self.windows, self.export)
         self._last_tick = time.monotonic()
         self._ticks = 0
-        self.drift_reports: dict[tuple[str, str], dict[str, Any]] = {}
-        self.quality_reports: dict[tuple[str, str], dict[str, Any]] = {}
         self._observers_extra: list[Any] = []
         self.rollouts: Any = None  # the rollout controller whose rollbacks are counted
         self._alert_leader = True
+
+    @property
+    def history(self) -> deque[dict[str, Any]]:
+        """The time series' points, oldest first (:class:`TimeSeries`)."""
+        return self.series.history
+
+    @property
+    def drift_reports(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The latest drift report per (model, version) (:class:`VersionReports`)."""
+        return self.reports.drift
+
+    @property
+    def quality_reports(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The latest quality report per (model, version) (:class:`VersionReports`)."""
+        return self.reports.quality
 
     # ------------------------------------------------------------------ wiring
     def observers(self) -> list[RecordFeed]:
@@ -264,9 +276,12 @@ class ServerMonitor:
             return float(mon.trace_slow_ms)
         return float(self.settings.for_model(model).slo_ms or self.settings.server.default_slo_ms)
 
+    def _slo_ms(self, model: str) -> float:
+        slo: float = self.settings.for_model(model).slo_ms or self.settings.server.default_slo_ms
+        return slo
+
     def _objective_s(self, model: str) -> float:
-        return float(self.settings.for_model(model).slo_ms
-                     or self.settings.server.default_slo_ms) / 1000.0
+        return float(self._slo_ms(model)) / 1000.0
 
     def _metadata(self, model: str, version: str) -> Any:
         try:
@@ -354,7 +369,7 @@ class ServerMonitor:
         # each in one piece, once a second, at 500 req/s.
         tick: dict[tuple[str, str, str], dict[str, Any]] = {}
         await _in_steps(self.metrics.take_tick_steps(tick))
-        point = self._series_point(dt, tick)
+        point = self.series.point(dt, tick)
         await asyncio.sleep(0)
         self.gauges.sample(point, self.rollouts)
         await asyncio.sleep(0)
@@ -367,53 +382,10 @@ class ServerMonitor:
         # (``handoff.py``): left to the interpreter, the loop waited up to 5 ms for it.
         evaluate = self._ticks % DRIFT_EVERY_TICKS == 0
         await to_thread_yielding(self._windows_work, evaluate)
-        point["drift"] = {f"{m}:{v}": r["drifted"] for (m, v), r in self.drift_reports.items()}
-        self.history.append(point)
+        point["drift"] = self.reports.drifted()
+        self.series.history.append(point)
         if self.alerts is not None and self._alert_leader:
-            self.alerts.update(self._conditions())
-
-    def _series_point(self, dt: float, tick: dict[tuple[str, str, str], dict[str, Any]]
-                      ) -> dict[str, Any]:
-        """One second of the time series: rate, errors and p50/p95/p99 per stage, per series
-        (``tick``: ``RequestMetrics.take_tick``'s)."""
-        point: dict[str, Any] = {"t": round(time.time(), 3), "dt": round(dt, 3), "series": {}}
-        for key, series in self.metrics.series.items():
-            api, model, version = key
-            last = self._last_requests.setdefault(key, {})
-            n = errors = 0
-            paths: dict[str, int] = {}
-            for rkey, count in series.requests.items():
-                d = count - last.get(rkey, 0)
-                if d:
-                    n += d
-                    if rkey[2] != "ok":
-                        errors += d
-                    paths[rkey[1]] = paths.get(rkey[1], 0) + d
-                last[rkey] = count
-            total = series.timings.get(TOTAL)
-            if total is not None:
-                self._track_objective(key, total.counts)
-            stages = tick.get(key, {})
-            if not n and not stages:
-                continue
-            point["series"][f"{api}:{model}:{version}"] = {
-                "api": api, "model": model, "version": version,
-                "rate": round(n / dt, 1), "errors": errors, "paths": paths, "stages": stages,
-            }
-        return point
-
-    def _track_objective(self, key: tuple[str, str, str], counts: list[int]) -> None:
-        """Requests and requests over the objective, per tick, for the last minute."""
-        slo_s = float(self.settings.for_model(key[1]).slo_ms
-                      or self.settings.server.default_slo_ms) / 1000.0
-        idx = bisect_left(self.buckets, round(slo_s, 9))
-        total, within = sum(counts), sum(counts[: idx + 1])
-        last = self._last_counts.get(key)
-        self._last_counts[key] = [total, within]
-        if last is None:
-            last = [0, 0]
-        window = self._objective_window.setdefault(key[1], deque(maxlen=60))
-        window.append((total - last[0], (total - within) - (last[0] - last[1])))
+            self.alerts.update({**self.reports.conditions(), **self.series.over_objective()})
 
     def refresh_metrics(self) -> None:
         """Bring the Prometheus metrics up to this moment (a scrape between two ticks)."""
@@ -435,74 +407,20 @@ class ServerMonitor:
 
     def evaluate(self) -> None:
         """Drift and quality reports for every version with live traffic, into the gauges."""
-        export = self.export
-        for key, drift in list(self.windows.drift.items()):
-            if not drift.has_reference and drift.prediction_ref is None:
-                continue
-            if not drift.calibrated:
-                continue  # still calibrating in the background: the next evaluation reports
-            if not drift.changed():
-                continue  # no new rows: its last report and gauges stand
-            report = drift.report()  # hands the GIL over between features (on the tick)
-            self.drift_reports[key] = report
-            items = list(report["features"]) + ([report["prediction"]]
-                                               if report["prediction"] else [])
-            for n, f in enumerate(items):
-                if n % 8 == 0:
-                    yield_to_loop()  # ~40 label lookups a batch
-                for stat, value in f.get("statistics", {}).items():
-                    export.drift_score.labels(*key, f["feature"], stat).set(value)
-                export.drift_alarm.labels(*key, f["feature"]).set(1 if f["drift"] else 0)
-            yield_to_loop()
-        for key, quality in list(self.windows.quality.items()):
-            try:
-                report = quality.report()
-            except StoreUnavailable:
-                continue  # a shared label join is down: the last report stands, routes say 503
-            self.quality_reports[key] = report
-            for kind in ("realised", "estimated"):
-                for metric, value in (report.get(kind) or {}).items():
-                    if value is not None:
-                        export.quality.labels(*key, metric, kind).set(value)
-            for metric, value in report["reference"].items():
-                export.quality.labels(*key, metric, "reference").set(value)
-            export.quality_alarm.labels(*key).set(1 if report["alarm"] else 0)
-            yield_to_loop()
-
-    def _conditions(self) -> dict[str, dict[str, Any]]:
-        """What is wrong right now, for the webhook."""
-        out: dict[str, dict[str, Any]] = {}
-        for (m, v), r in self.drift_reports.items():
-            if r["drift"]:
-                out[f"drift:{m}:{v}"] = {"kind": "drift", "model": m, "version": v,
-                                         "features": r["drifted"]}
-        for (m, v), r in self.quality_reports.items():
-            if r["alarm"]:
-                out[f"quality:{m}:{v}"] = {"kind": "quality", "model": m, "version": v,
-                                           "metrics": r["alarms"], "realised": r["realised"],
-                                           "reference": r["reference"]}
-        for model, window in self._objective_window.items():
-            n = sum(a for a, _ in window)
-            over = sum(b for _, b in window)
-            if n >= 100 and over / n > 1 - OBJECTIVE_SHARE:
-                slo = self.settings.for_model(model).slo_ms or self.settings.server.default_slo_ms
-                out[f"latency:{model}"] = {"kind": "latency", "model": model, "slo_ms": slo,
-                                           "requests": n, "over_objective": over,
-                                           "share_over": round(over / n, 4)}
-        return out
+        self.reports.evaluate()
 
     # ------------------------------------------------------------------ read side
     def summary(self, ticks: int = 60) -> dict[str, Any]:
         """The last ``ticks`` points of the time series and the latest drift, quality, review
         and alert state (``history_ticks``: how many points the server keeps)."""
-        history = list(self.history)[-ticks:]
+        history = list(self.series.history)[-ticks:]
         return {
             "now": round(time.time(), 3), "tick_s": self.tick_s, "history": history,
             "history_ticks": HISTORY_TICKS,
             # with several workers these figures are this worker's (/metrics merges them all)
             "worker_pid": os.getpid(),
-            "drift": {f"{m}:{v}": _drift_brief(r) for (m, v), r in self.drift_reports.items()},
-            "quality": {f"{m}:{v}": r for (m, v), r in self.quality_reports.items()},
+            "drift": self.reports.drift_briefs(),
+            "quality": {f"{m}:{v}": r for (m, v), r in self.reports.quality.items()},
             "tracing": self.tracing.stats() if self.tracing is not None else None,
             "review": self.review.stats(fresh=False),  # refreshed by the tick
             "alerts": self.alerts.stats() if self.alerts is not None else None,
@@ -516,15 +434,3 @@ async def _in_steps(steps: Iterator[None]) -> None:
         if time.perf_counter() - start > STEP_S:
             await asyncio.sleep(0)
             start = time.perf_counter()
-
-
-def _drift_brief(report: dict[str, Any]) -> dict[str, Any]:
-    """Per feature (and the prediction): the verdict, each statistic, its threshold and which
-    went beyond (the dashboard ranks features by statistic over threshold)."""
-    items = list(report["features"])
-    if report.get("prediction"):
-        items.append(report["prediction"])
-    feats = {f["feature"]: {"drift": f["drift"], **f.get("statistics", {}),
-                            "thresholds": f.get("thresholds", {}),
-                            "beyond": f.get("beyond", [])} for f in items}
-    return {"rows": report["window"]["rows"], "drifted": report["drifted"], "features": feats}

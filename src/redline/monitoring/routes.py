@@ -15,7 +15,7 @@ from typing import Any
 
 from redline.errors import InvalidInput, NotFound
 from redline.monitoring.joinstore import JoinOutcome
-from redline.monitoring.monitor import HISTORY_TICKS
+from redline.monitoring.timeseries import HISTORY_TICKS
 
 MAX_LABELS = 10_000
 
