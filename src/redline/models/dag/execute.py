@@ -83,13 +83,15 @@ class GraphRun:
             ok = False
             if step.fallback is None:
                 raise
-            self.values[step.name] = self._fall_back(step, f"{exc.code}: {exc.message}")
+            self.values[step.name] = self._fall_back(step, f"failed ({exc.code}): "
+                                                           f"{exc.message}")
         except Exception as exc:  # noqa: BLE001 - a step's own bug falls back as declared
             ok = False
             if step.fallback is None:
                 raise ModelError(f"graph '{self.graph}' step '{step.name}' failed: "
                                  f"{type(exc).__name__}: {exc}") from exc
-            self.values[step.name] = self._fall_back(step, f"{type(exc).__name__}: {exc}")
+            self.values[step.name] = self._fall_back(step, f"failed: {type(exc).__name__}: "
+                                                           f"{exc}")
         finally:
             env.observe(step, t0, time.perf_counter_ns(), ok)
 
