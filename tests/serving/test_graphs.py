@@ -67,6 +67,10 @@ def slow(inputs):
     time.sleep(0.2)
     return {"z": inputs["raw"] + 100}
 
+def stuck(inputs):
+    time.sleep(1.0)
+    return {"w": inputs["raw"]}
+
 def quick(inputs):
     return {"z": inputs["raw"] + 1}
 
@@ -152,6 +156,31 @@ outputs:
   y: flaky.y
   z: slow.z
 ''',
+    "hangs": '''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  stuck:
+    kind: python
+    function: steps.py:stuck
+    inputs: [raw]
+    outputs: {w: {datatype: FP32, shape: [-1, 4]}}
+    fallback: {value: {w: [7, 7, 7, 7]}}
+outputs:
+  w: stuck.w
+''',
+    "hangs_on": '''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  stuck:
+    kind: python
+    function: steps.py:stuck
+    inputs: [raw]
+    outputs: {w: {datatype: FP32, shape: [-1, 4]}}
+outputs:
+  w: stuck.w
+''',
     "broken": '''
 inputs:
   raw: {datatype: FP32, shape: [-1, 4]}
@@ -175,9 +204,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
         (folder / "graph.yaml").write_text(text)
         (folder / "steps.py").write_text(STEPS)
         (folder / "double.onnx").write_bytes(affine_model(4, 2.0, 0.0))
-        repo.add_graph(name, folder, trust_code=True,
-                       sample=None if name == "broken" else sample,
-                       ) if name != "broken" else _add_broken(repo, folder)
+        if name == "broken":
+            _add_broken(repo, folder)
+        else:
+            repo.add_graph(name, folder, trust_code=True,
+                           sample=None if name.startswith("hangs") else sample)
     settings = Settings()
     settings.server.watch_repository = False
     settings.runtime.warmup_batch_sizes = [1]
@@ -307,6 +338,18 @@ def test_fallbacks_answer_flagged_degraded_with_the_reason(served: ServerThread)
     assert rushed["z"].tolist() == [[2.0] * 4]
     assert "step 'slow' skipped" in rushed["degraded"][0]
     assert "below its recent p99" in rushed["degraded"][0]
+
+
+def test_a_step_past_the_deadline_falls_back_else_the_request_is_late(
+        served: ServerThread) -> None:
+    x = np.ones((1, 4), np.float32)
+    t0 = time.perf_counter()
+    got = outputs(infer(served, "hangs", x, budget_ms=200))
+    assert time.perf_counter() - t0 < 0.8  # answered at the deadline, not after the 1 s run
+    assert got["w"].tolist() == [[7.0] * 4]
+    assert "step 'stuck' failed (deadline_exceeded)" in got["degraded"][0]
+    resp = infer(served, "hangs_on", x, budget_ms=200)
+    assert resp.status_code == 504 and resp.json()["code"] == "deadline_exceeded"
 
 
 def test_a_step_that_raises_is_a_model_error_and_others_are_untouched(
