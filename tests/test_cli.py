@@ -186,7 +186,7 @@ def test_the_top_level_help_teaches_the_one_shape(capsys) -> None:
 
 
 def test_ingest_http_old_port_option_still_works() -> None:
-    from redline.commands.features import ingest_http
+    from redline.commands.ingest import ingest_http
 
     ctx = ingest_http.make_context("http", ["--port", "9999"])
     assert ctx.params["legacy_port"] == 9999 and ctx.params["port"] is None

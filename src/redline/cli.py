@@ -48,7 +48,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Feature definitions: plan, apply, training sets, skew verification.",
     ),
     "ingest": (
-        "redline.commands.features",
+        "redline.commands.ingest",
         "ingest",
         "Ingest events into the online store (Redis Streams, HTTP push, file replay).",
     ),
