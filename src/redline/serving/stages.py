@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # The stages, in the order a request meets them. A request records only the ones it passes.
 DECODE = "decode"
@@ -345,6 +345,7 @@ class RequestObserver(Protocol):
     def request_finished(self, record: RequestRecord) -> None: ...
 
 
+@runtime_checkable
 class TracingObserver(RequestObserver, Protocol):
     """An observer that also names the W3C ``traceparent`` a response carries (tracing), asked
     once the record is finished and before the response is sent (None: none)."""
@@ -352,6 +353,7 @@ class TracingObserver(RequestObserver, Protocol):
     def response_traceparent(self, record: RequestRecord) -> str | None: ...
 
 
+@runtime_checkable
 class StageTimesObserver(RequestObserver, Protocol):
     """An observer that also keeps the flat stage times of the series' common requests of
     ``api`` ("v2" or "v1") over ``transport`` ("rest" or "grpc"), used only while it is the one
@@ -424,10 +426,10 @@ class Observers:
         self.observed = True
         self.finished = (observer.request_finished if len(self._items) == 1
                          else self._finished_all)
-        self.stage_times = (getattr(observer, "stage_times", None) if len(self._items) == 1
-                            else None)
-        tracer = getattr(observer, "response_traceparent", None)
-        if tracer is not None:
+        self.stage_times = (observer.stage_times if len(self._items) == 1
+                            and isinstance(observer, StageTimesObserver) else None)
+        if isinstance(observer, TracingObserver):
+            tracer = observer.response_traceparent
             self._tracers = (*self._tracers, tracer)
             self.traceparent = tracer if len(self._tracers) == 1 else self._traceparent_all
 
