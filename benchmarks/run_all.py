@@ -39,6 +39,7 @@ from benchmarks.bench_page import (  # noqa: E402
     table,
     targets_table,
 )
+from benchmarks.models import python_area  # noqa: E402
 from benchmarks.peers import envs  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -46,8 +47,9 @@ PY = sys.executable
 DEFAULT_AREAS = ("serving", "feature-reads", "ingest", "offline", "monitoring")
 PEER_AREAS = ("mlserver", "v1", "feast-offline")
 # The peer environments (benchmarks/peers/envs.py) an area runs.
-AREA_PEERS = {"mlserver": "mlserver", "v1": "feast", "feast-offline": "feast",
-              "recommend-ray": "ray-serve"}
+AREA_PEERS: dict[str, str | tuple[str, ...]] = {
+    "mlserver": "mlserver", "v1": "feast", "feast-offline": "feast", "recommend-ray": "ray-serve",
+    "python-peers": python_area.PEERS}
 RAY_PEERS = ("one:proxy", "one:haproxy", "three:haproxy:8")  # the Ray Serve configurations
 
 
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                         (*DEFAULT_AREAS, *PEER_AREAS)) + "; the last three run peers from their "
                     "own environments, benchmarks/peers/setup.sh makes them); also: hedging "
                     "(three minutes), graph (the inference-graph steps, two minutes), "
-                    "recommend-ray (the recommender against Ray Serve, fifteen minutes)")
+                    "recommend-ray (the recommender against Ray Serve, fifteen minutes), "
+                    "python-peers (Python models and a three-step graph against Triton, MLServer "
+                    "and Ray Serve, fifteen minutes)")
     ap.add_argument("--install-peers", action="store_true",
                     help="make the peer environments the areas need when they are missing "
                     "(what `bash benchmarks/peers/setup.sh` does; minutes each)")
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         command = plan(args)
         why = _missing(area, args)
         if not why and args.install_peers and area in AREA_PEERS:
-            envs.ensure(AREA_PEERS[area])
+            for peer in _peers_of(area):
+                envs.ensure(peer)
         if why:
             outcomes.append(Outcome(area, skipped=why))
             print(f"== {area}: skipped. {why}", flush=True)
@@ -485,6 +490,16 @@ def _graph(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Ou
     return Outcome("graph", "\n".join(lines), [])
 
 
+def _python_plan(args: argparse.Namespace) -> list[str]:
+    return python_area.plan(PY, args.rounds, _scratch(python_area.RESULT))
+
+
+def _python_peers(args: argparse.Namespace, command: list[str],
+                  runs: list[dict]) -> Outcome:  # type: ignore[type-arg]
+    body, targets = python_area.render(_stamp(args, command), runs[0])
+    return Outcome("python-peers", body, targets)
+
+
 AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "serving": (_serving_plan, _serving),
     "feature-reads": (_reads_plan, _reads),
@@ -497,6 +512,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "graph": (_graph_plan, _graph),
     "feast-offline": (_feast_offline_plan, _feast_offline),
     "recommend-ray": (_ray_plan, _ray),
+    "python-peers": (_python_plan, _python_peers),
 }
 
 _RATIO_NAMES = {
@@ -531,7 +547,7 @@ _SERVER_NAMES = {
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
                  "hedging": "hedging.json",
                  "graph": "graph.json", "feast-offline": "feast_offline.json",
-                 "recommend-ray": "ray.json"}
+                 "recommend-ray": "ray.json", "python-peers": python_area.RESULT}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -567,14 +583,24 @@ def _missing(area: str, args: argparse.Namespace) -> str:
             return ("the recommender example's data and artifacts are missing: in "
                     "examples/recommend run `python generate.py --out data` and `python train.py "
                     "--data data --out artifacts` (about ten minutes)")
-    peer = AREA_PEERS.get(area)
     given = (area == "feast-offline" and args.feast_python) or (
         area == "recommend-ray" and args.ray_python)
-    if peer is None or given or args.install_peers or envs.find(peer) is not None:
+    missing = [peer for peer in _peers_of(area) if envs.find(peer) is None]
+    if not missing or given or args.install_peers:
         return ""
-    return (f"{envs.PEERS[peer].title} runs from its own environment, not made yet: `bash "
-            f"benchmarks/peers/setup.sh {peer}` makes it (about {envs.PEERS[peer].minutes} min), "
+    titles = " and ".join(envs.PEERS[peer].title for peer in missing)
+    minutes = sum(envs.PEERS[peer].minutes for peer in missing)
+    return (f"{titles} {'runs' if len(missing) == 1 else 'run'} from "
+            f"{'its' if len(missing) == 1 else 'their'} own environment, not made yet: `bash "
+            f"benchmarks/peers/setup.sh {' '.join(missing)}` makes "
+            f"{'it' if len(missing) == 1 else 'them'} (about {minutes} min), "
             "or pass --install-peers")
+
+
+def _peers_of(area: str) -> tuple[str, ...]:
+    """The peer environments an area runs (none, one or several)."""
+    peers = AREA_PEERS.get(area, ())
+    return (peers,) if isinstance(peers, str) else peers
 
 
 def _run(command: list[str], show: bool = False) -> str:

@@ -11,9 +11,9 @@ from benchmarks.bench_page import areas
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "performance.md"
-MAX_LINES = 320
-AREAS = ["serving", "mlserver", "v1", "graph", "recommend-ray", "feature-reads", "ingest",
-         "offline", "feast-offline", "monitoring", "hedging"]
+MAX_LINES = 380  # 320, and the Python models against the peers (one area)
+AREAS = ["serving", "mlserver", "v1", "graph", "recommend-ray", "python-peers", "feature-reads",
+         "ingest", "offline", "feast-offline", "monitoring", "hedging"]
 
 
 def _slug(heading: str) -> str:
