@@ -94,7 +94,7 @@ WORKLOADS = {"rowsum": "no work", "graph": "3 steps"}
 def render(stamp: str, result: dict) -> tuple[str, list[Target]]:  # type: ignore[type-arg]
     """The page's block and its targets."""
     found = targets(result)
-    header = ["model", "server", "", "c=1 req/s (min–max)", "c=1 p50 / p99 ms",
+    header = ["model", "server", "protocol", "c=1 req/s (min–max)", "c=1 p50 / p99 ms",
               "c=8 req/s (min–max)", "c=8 p50 / p99 ms", "CPU µs/req (c=8)",
               f"top rate, p99 ≤ {result['p99_bound_ms']:g} ms"]
     skipped = [f"{TARGET_NAMES.get(k, k)}: {e['note']}" for k, e in result["ratios"].items()

@@ -61,8 +61,9 @@ PEERS = ("triton", "mlserver", "ray")
 PEER_ENVS = {"triton": "pytriton", "mlserver": "mlserver", "ray": "ray-serve"}
 WORKLOADS = ("rowsum", "graph")
 INPUT = f"INPUT0:FP32:1x{workload.WIDTH}"
-RATES = {"rowsum": (500, 1000, 2000, 4000, 6000, 8000, 11000, 15000, 20000),
-         "graph": (100, 250, 500, 1000, 2000, 3000, 4500, 6000, 8000, 11000, 15000)}
+RATES: dict[str, tuple[float, ...]] = {
+    "rowsum": (250, 500, 1000, 2000, 4000, 6000, 8000, 11000, 15000, 20000),
+    "graph": (100, 250, 500, 1000, 2000, 3000, 4500, 6000, 8000, 11000, 15000)}
 
 # The targets, each a ratio of two cells of the same round (``best:`` the peer configuration with
 # the higher median): name -> (workload, measured, reference, c, metric, op, bound)
@@ -319,7 +320,8 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
 
 
 def measure(run: Run, targets: list[Target], rounds: int, duration: float, warmup: float,
-            ladder_duration: float, p99_ms: float) -> dict:  # type: ignore[type-arg]
+            ladder_duration: float, p99_ms: float,
+            rates: dict[str, tuple[float, ...]]) -> dict:  # type: ignore[type-arg]
     """Closed loop c=1 and c=8 and the ladder, every round, every target in turn."""
     closed: dict[str, dict[int, list[dict]]] = {t.name: {1: [], 8: []} for t in targets}  # type: ignore[type-arg]
     ladders: dict[str, list[dict]] = {t.name: [] for t in targets}  # type: ignore[type-arg]
@@ -341,7 +343,7 @@ def measure(run: Run, targets: list[Target], rounds: int, duration: float, warmu
             alive = {t.name for t in group}
             top: dict[str, float] = {t.name: 0.0 for t in group}
             steps: dict[str, list] = {t.name: [] for t in group}  # type: ignore[type-arg]
-            for rate in RATES[name]:
+            for rate in rates[name]:
                 for t in group:
                     if t.name not in alive:
                         continue
@@ -469,6 +471,10 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
     ap.add_argument("--ladder-duration", type=float, default=1.5,
                     help="seconds per open-loop rate")
     ap.add_argument("--p99-ms", type=float, default=5.0, help="the ladder's p99 bound")
+    ap.add_argument("--rates", default="",
+                    help="the ladder's rates, comma-separated, for every workload (default: "
+                    + "; ".join(f"{w}: {','.join(map(str, r))}" for w, r in RATES.items())
+                    + ")")
     ap.add_argument("--replicas", type=int, default=1,
                     help="Ray Serve's replicas per deployment: as many as redline's workers "
                     "(one: the servers share one core)")
@@ -496,8 +502,10 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
             targets += add_ray(run, workloads, files, args.replicas)
         check_answers(run, targets)
         time.sleep(2)  # let start-up work settle before anything is timed
+        rates = ({w: tuple(float(r) for r in args.rates.split(",")) for w in workloads}
+                 if args.rates else RATES)
         data = measure(run, targets, args.rounds, args.duration, args.warmup,
-                       args.ladder_duration, args.p99_ms)
+                       args.ladder_duration, args.p99_ms, rates)
         result = {"command": " ".join(["python", *sys.argv[0:1], *(argv or sys.argv[1:])]),
                   "rounds": args.rounds, "duration_s": args.duration,
                   "p99_bound_ms": args.p99_ms, "peers": peers, "workloads": workloads,

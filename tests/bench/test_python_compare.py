@@ -1,0 +1,67 @@
+"""The Python-model peer comparison runs: redline's side end to end for a moment, and its
+ratios and page table from a known result (the peers run from their own environments, which a
+test does not make)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.models import python_area, python_compare
+
+
+def _data() -> dict:  # type: ignore[type-arg]
+    def cell(rps: float, p99: float, r: int) -> dict:  # type: ignore[type-arg]
+        return {"rps": rps, "p50": p99 / 3, "p90": p99 / 2, "p99": p99, "ok": 100, "errors": 0,
+                "cpu_us": 50.0, "round": r}
+
+    closed = {
+        "redline": {1: [cell(9000, 0.3, 0), cell(8000, 0.4, 1)],
+                    8: [cell(30000, 0.6, 0), cell(28000, 0.7, 1)]},
+        "redline_onnx": {1: [cell(9500, 0.3, 0), cell(8100, 0.3, 1)],
+                         8: [cell(33000, 0.6, 0), cell(30000, 0.6, 1)]},
+        "triton": {1: [cell(5000, 0.5, 0), cell(4000, 0.6, 1)],
+                   8: [cell(9000, 1.5, 0), cell(8000, 1.6, 1)]},
+        "triton_batched": {1: [cell(4000, 0.5, 0), cell(3000, 0.6, 1)],
+                           8: [cell(12000, 1.2, 0), cell(13000, 1.1, 1)]},
+    }
+    ladders = {name: [{"round": r, "max_rate": 4000 if "triton" in name else 15000,
+                       "steps": []} for r in (0, 1)] for name in closed}
+    return {"closed": closed, "ladders": ladders}
+
+
+def _targets() -> list[python_compare.Target]:
+    t = python_compare.Target
+    return [t("redline", "redline", "rowsum", "redline", "rowsum"),
+            t("redline_onnx", "redline_onnx", "rowsum", "redline", "rowsum_onnx"),
+            t("triton", "triton", "rowsum", "triton", "rowsum"),
+            t("triton_batched", "triton", "rowsum", "triton", "rowsum_batched")]
+
+
+def test_each_ratio_is_against_the_peers_best_configuration_round_by_round() -> None:
+    ratios = python_compare.ratios(_targets(), _data())
+    c8 = ratios["rowsum_c8_rps_vs_triton"]
+    assert c8["against"] == "triton_batched"  # the higher c=8 median of Triton's two
+    assert c8["ratio"] == pytest.approx(29000 / 12500, abs=1e-3)
+    assert c8["min"] == pytest.approx(28000 / 13000, abs=1e-3) and c8["rounds_met"] == "1/2"
+    assert ratios["rowsum_c1_rps_vs_triton"]["against"] == "triton"
+    assert ratios["rowsum_c8_rps_vs_onnx"]["met"] and ratios["rowsum_c8_p99_vs_triton"]["met"]
+    assert "rowsum_c8_rps_vs_ray" not in ratios  # Ray not run: no ratio, no verdict
+    result = {"p99_bound_ms": 5.0, "ratios": ratios,
+              "cells": python_compare.summarize(_targets(), _data())}
+    body, found = python_area.render("stamp", result)
+    assert "| Python model c=8 req/s over Triton's best (Triton, Python backend, dynamic " \
+           "batching) >= 2.500x | 2.320x | 2.154–2.500, met in 1/2 rounds | not met" in body
+    assert "| no work | **redline**, `model.py` | JSON | 8,500 (8,000–9,000) |" in body
+    assert {t.met for t in found} == {True, False}
+
+
+@pytest.mark.slow
+def test_redline_alone_runs_end_to_end() -> None:
+    result = python_compare.main(["--peers", "none", "--workloads", "rowsum", "--rounds", "1",
+                                  "--duration", "0.2", "--warmup", "0.1",
+                                  "--ladder-duration", "0.2", "--rates", "100"])
+    cells = {(c["target"], c["concurrency"]): c for c in result["cells"]}
+    assert set(cells) == {(n, c) for n in ("redline", "redline_onnx", "redline_grpc")
+                          for c in (1, 8)}
+    assert all(c["rps"] > 0 and c["errors"] == 0 for c in cells.values())
+    assert result["ratios"]["rowsum_c8_rps_vs_onnx"]["ratio"] > 0
