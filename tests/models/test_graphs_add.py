@@ -164,3 +164,73 @@ def test_the_recommender_graph_format_still_goes_its_own_way(tmp_path) -> None:
 
     assert not is_dag({"steps": [{"retrieve": {"k": 10}}, {"rank": {"model": "r.onnx"}}]})
     assert is_dag({"steps": {"a": {"kind": "model"}}})
+
+
+def test_ensembles_vote_and_average(tmp_path) -> None:
+    from redline.models.dag.spec import Step
+    from redline.models.dag.steps import combine
+
+    a = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]], np.float32)
+    b = np.array([[0.7, 0.3], [0.6, 0.4], [0.1, 0.9]], np.float32)
+    c = np.array([[0.4, 0.6], [0.3, 0.7], [0.2, 0.8]], np.float32)
+    answers = [{"p": a}, {"p": b}, {"p": c}]
+    vote = combine(Step("e", "ensemble", members=["a", "b", "c"], method="vote", output="p"),
+                   answers)
+    assert vote["label"].tolist() == [0, 1, 1]
+    np.testing.assert_allclose(vote["p"], [[2 / 3, 1 / 3], [1 / 3, 2 / 3], [1 / 3, 2 / 3]])
+    mean = combine(Step("e", "ensemble", members=["a", "b", "c"], output="p"), answers)
+    np.testing.assert_allclose(mean["p"], (a + b + c) / 3, rtol=1e-6)
+    assert mean["p"].dtype == np.float32
+    weighted = combine(Step("e", "ensemble", members=["a", "b", "c"], method="weighted_mean",
+                            weights=[1, 0, 3], output="p"), answers)
+    np.testing.assert_allclose(weighted["p"], (a + 3 * c) / 4, rtol=1e-6)
+    labels = combine(Step("e", "ensemble", members=["a", "b", "c"], method="vote",
+                          output="y"), [{"y": np.array([1, 2, 3])}, {"y": np.array([2, 2, 4])},
+                                        {"y": np.array([1, 5, 6])}])
+    assert labels["y"].tolist() == [1, 2, 3]  # the most common; a tie goes to the first step
+
+
+SCORER = '''
+import numpy as np
+
+
+class Model:
+    inputs = {"x": ("FP32", [-1, 4])}
+    outputs = {"score": ("FP32", [-1])}
+
+    def predict(self, inputs):
+        return {"score": inputs["x"].sum(axis=1)}
+'''
+
+
+def test_in_folder_and_repository_models_and_the_load_check(tmp_path) -> None:
+    folder = tmp_path / "g"
+    (folder / "scorer").mkdir(parents=True)
+    (folder / "scorer" / "model.py").write_text(SCORER)
+    (folder / "graph.yaml").write_text('''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  mine: {kind: model, model: scorer/, inputs: [raw]}
+  theirs: {kind: model, model: "affine:1", inputs: [raw]}
+outputs:
+  score: mine.score
+  y: theirs.y
+''')
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model(4, 3.0, 0.0))
+    with pytest.raises(Exception, match="step 'mine' runs Python code"):
+        repo.add_graph("g", folder)
+    meta = repo.add_graph("g", folder, trust_code=True)
+    assert [t.name for t in meta.outputs] == ["score", "y"]
+    runner = load_runner(repo, "g")
+    got = runner.run({"raw": np.ones((2, 4), np.float32)})
+    assert got["score"].tolist() == [4.0, 4.0] and got["y"].tolist() == [[3.0] * 4] * 2
+    runner.close()
+    # the repository model's version 1 replaced by one of another width: refused at load
+    import shutil
+
+    shutil.rmtree(repo.root / "affine")
+    repo.add_onnx("affine", affine_model(6, 3.0, 0.0))
+    with pytest.raises(Exception, match="repository model affine:1 now takes"):
+        load_runner(repo, "g")

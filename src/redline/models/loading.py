@@ -30,10 +30,17 @@ def load_runner(
     """
     meta = repo.metadata(name, version)
     if repo.is_dag(name, meta.version):
+        from redline.models.dag.check import check_repository_steps
         from redline.models.dag.runner import DagRunner
 
-        return DagRunner.load(meta, repo.version_dir(name, meta.version), settings,
-                              lambda model, number: load_runner(repo, model, number, settings))
+        runner = DagRunner.load(meta, repo.version_dir(name, meta.version), settings,
+                                lambda model, number: load_runner(repo, model, number, settings))
+        try:
+            check_repository_steps(meta, runner.spec, repo)
+        except BaseException:
+            runner.close()
+            raise
+        return runner
     if repo.is_python(name, meta.version):
         return PythonSession.load(meta, repo.version_dir(name, meta.version), settings,
                                   runtime=python_runtime, workers=python_workers)

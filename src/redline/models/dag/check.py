@@ -46,6 +46,9 @@ def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
     spec = parse_dag(doc, origin)
     _check_trust(spec, origin, trust_code)
     sigs, bindings = signatures(spec, src, origin, repo)
+    repository_inputs = {
+        step.name: [t.to_dict() for t in _model_signature(step, src, "", repo)[0]]
+        for step in spec.steps.values() if step.kind == "model" and model_source(step)}
     meta = ModelMetadata(
         name=name, version=0, inputs=list(spec.inputs), outputs=[], sha256="",
         framework="graph", missing_values="allow", description=description,
@@ -58,7 +61,7 @@ def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
                  for p in sorted(staged.rglob("*")) if p.is_file()}
         meta.sha256 = files[GRAPH_FILE]
         meta.extra = {"dag": {"files": files, "bindings": bindings,
-                              "signatures": _dump(sigs)}}
+                              "signatures": _dump(sigs), "repository_inputs": repository_inputs}}
         if sample is not None:
             rows = _sample(spec, sample, origin)
             sigs = _sample_run(repo, meta, staged, spec, rows, sigs, origin)
@@ -299,3 +302,25 @@ def _observed(name: str, array: np.ndarray) -> TensorSpec:
 
 def _dump(sigs: Signatures) -> dict[str, Any]:
     return {k: None if v is None else [t.to_dict() for t in v] for k, v in sigs.items()}
+
+
+def check_repository_steps(meta: ModelMetadata, spec: DagSpec, repo: ModelRepository) -> None:
+    """At load: each repository model a step reads still takes the inputs it took at ``add``
+    (a new default version with another signature would fail every request instead)."""
+    recorded = meta.extra.get("dag", {}).get("repository_inputs", {})
+    for name, specs in recorded.items():
+        step = spec.steps[name]
+        source = model_source(step)
+        assert source is not None
+        try:
+            now = repo.metadata(source[0], source[1]).inputs
+        except RedlineError as exc:
+            raise InvalidInput(f"graph '{meta.name}' step '{name}': {exc.message}") from None
+        then = [TensorSpec.from_dict(t) for t in specs]
+        if [(t.name, t.datatype) for t in now] != [(t.name, t.datatype) for t in then] or not all(
+                compatible(a, b) for a, b in zip(then, now, strict=True)):
+            raise InvalidInput(
+                f"graph '{meta.name}' step '{name}': repository model {step.model} now takes "
+                f"{[(t.name, t.datatype, t.shape) for t in now]}, not the "
+                f"{[(t.name, t.datatype, t.shape) for t in then]} the graph was added with; "
+                "pin the step to a version (model: NAME:VERSION) or add the graph again")
