@@ -385,3 +385,18 @@ def test_each_step_is_a_stage_of_the_request(served: ServerThread) -> None:
         assert f"step:{step}" in stages
     assert "inference" in stages
     assert GraphRun and _RequestEnv  # the types the stages come from
+
+
+def test_step_stages_reach_the_metrics(served: ServerThread) -> None:
+    x = np.ones((1, 4), np.float32)
+    for _ in range(3):
+        outputs(infer(served, "chain", x))
+    deadline = time.time() + 10
+    text = ""
+    while time.time() < deadline:  # the monitor folds finished requests on its tick
+        text = httpx.get(f"{served.http}/metrics").text
+        if 'stage="step:post"' in text:
+            break
+        time.sleep(0.2)
+    for step in ("pre", "double", "triple", "blend", "post"):
+        assert f'stage="step:{step}"' in text
