@@ -20,14 +20,21 @@ one [n, dim] matrix: one matrix product and a top-K per row, or one HNSW search 
 and requests that reach ranking together are one ranker run over all their candidates
 ([sum K, features]). Both go through the dynamic batcher (``serving/batcher.py``): retrieval
 through the runner's own, ranking through the ranker version's, whose batches hold up to
-``max_batch_size`` requests of K rows. A lone request (none other on its way to retrieval) takes
-the batcher's idle fast path and runs at once; one whose budget cannot wait for the batch ahead
-of it runs alone. A query's answer is the same whatever it is batched with, bit for bit: one
-kernel serves one query and many (``models/graph.py``'s ``exact_top_k_rows``).
+``max_batch_size`` requests of K rows. A request that reaches retrieval while others are still
+reading their features and session waits for them, at most the recent p99 of that way
+(``GATHER_MAX_S`` at most) and never past what its budget leaves for retrieval and ranking; a
+lone request takes the batcher's idle fast path and runs at once; one whose budget cannot wait
+for the batch ahead of it runs alone. A query's answer is the same whatever it is batched with,
+bit for bit: one kernel serves one query and many (``models/graph.py``'s ``exact_top_k_rows``).
+The entity features and the session items are read at once, over the event loop's one Redis
+connection: one round trip.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -73,6 +80,9 @@ QUERIES = "queries"  # the retrieval batcher's input: [n, dim] query vectors
 # A retrieval batch predicted shorter than this runs on the event loop (as one request's search
 # always did); a longer one, on the runner's own thread.
 RETRIEVE_INLINE_US = 5000
+# The longest a request waits at retrieval for the requests on their way there (less when their
+# recent way there is shorter, or its budget is tighter).
+GATHER_MAX_S = 0.001
 
 
 class GraphRunner:
@@ -122,6 +132,12 @@ class GraphRunner:
             executor=self._pool, name=f"{name}:retrieve")
         self.upstream = 0  # requests in the graph that have not reached retrieval yet
         self.unranked = 0  # requests in the graph that have not reached ranking yet
+        # how long requests take from entering the graph to retrieval: what a batch waits for
+        self.way_there = LatencyWindow(256)
+        self._gate: asyncio.Future[None] | None = None  # requests waiting for the others
+        self._gate_timer: asyncio.TimerHandle | None = None
+        self._gate_at = math.inf
+        self._gathered = 0  # requests between the gate and the retrieval queue
 
     def batch_ranker(self, handle: ModelHandle) -> None:
         """Size the ranker's batches in requests: up to ``max_batch_size`` requests of K
@@ -191,13 +207,20 @@ class GraphRunner:
             return rows, np.zeros(len(rows), dtype=np.float32)
         return _found(self.search({QUERIES: q[None, :]}))
 
-    async def retrieve_batched(self, q: np.ndarray, budget: Budget) -> tuple[np.ndarray,
-                                                                             np.ndarray]:
+    async def retrieve_batched(self, q: np.ndarray, budget: Budget,
+                               reserve_s: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`retrieve` of a query, searched together with the requests that reach
-        retrieval with it."""
+        retrieval with it. ``reserve_s``: what the steps after retrieval need of the budget."""
         inputs = {QUERIES: q[None, :]}
         batcher = self.retriever
-        if not self.upstream:
+        if self.upstream:
+            # Case: requests are on their way here: wait for them (bounded), search as one.
+            self._gathered += 1
+            try:
+                await self._wait_for_others(budget, reserve_s)
+            finally:
+                self._gathered -= 1
+        elif not self._gathered:
             # Case: no other request is on its way here, so no batch can form: run at once.
             out = batcher.run_now(inputs, 1)
             if out is not None:
@@ -209,6 +232,37 @@ class GraphRunner:
             # request runs alone, now; what follows checks what is left of the budget.
             out = self.search(inputs)
         return _found(out)
+
+    async def _wait_for_others(self, budget: Budget, reserve_s: float) -> None:
+        """Until no request is on its way to retrieval, at most the recent p99 of the way
+        there (and ``GATHER_MAX_S``), and never past what the budget leaves after
+        ``reserve_s``: the window closes at the tightest of the waiting requests' bounds."""
+        wait = min(self.way_there.estimate(), GATHER_MAX_S,
+                   budget.left() - self.retrieval.estimate() - reserve_s)
+        if wait <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        gate = self._gate
+        if gate is None:
+            gate = self._gate = loop.create_future()
+        at = loop.time() + wait
+        if at < self._gate_at:
+            if self._gate_timer is not None:
+                self._gate_timer.cancel()
+            self._gate_at = at
+            self._gate_timer = loop.call_at(at, self.open_gate)
+        await gate
+
+    def open_gate(self) -> None:
+        """Let the waiting requests go on to the retrieval queue (all of them arrived, or the
+        window closed): they resume together, so their searches are one batch."""
+        gate, self._gate = self._gate, None
+        if self._gate_timer is not None:
+            self._gate_timer.cancel()
+            self._gate_timer = None
+        self._gate_at = math.inf
+        if gate is not None and not gate.done():
+            gate.set_result(None)
 
     async def rank(self, handle: ModelHandle, x: np.ndarray, budget: Budget,
                    record: RequestRecord) -> Outputs:
@@ -316,11 +370,20 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
     runner.upstream += 1
     runner.unranked += 1
     unranked = True
+    session_read: asyncio.Future[tuple[list[SessionItem], int]] | None = None
     try:
         try:
             fields = runner.fields(req)
             record.rows = 1
             route = runner.route
+            retrieval_p99 = runner.retrieval.estimate()
+            sid = req.session_id
+            reserve = retrieval_p99 + window.estimate()  # what follows the session read
+            if sid is not None and route is not None and pipeline.features.loop_redis:
+                # Sent now, beside the features' read: the two share one round trip.
+                session_read = asyncio.ensure_future(_timed(pipeline.read_session_items(
+                    sid, runner.spec.session_items, budget, reserve, reasons)))
+            start = t
             if route is not None:
                 ids = entity_ids(route.keys, route.entity_names, handle.name, req.entities,
                                  False)
@@ -328,14 +391,21 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
                                                    reasons)
                 entity = got[0][0]
                 t = _mark(record, FEATURES, t)
-            retrieval_p99 = runner.retrieval.estimate()
-            if req.session_id is not None:
-                reserve = retrieval_p99 + window.estimate()  # what follows the read
-                items = await pipeline.read_session_items(
-                    req.session_id, runner.spec.session_items, budget, reserve, reasons)
+            if session_read is not None:
+                items, ended = await session_read
+                record.add(SESSIONS, start, ended)
+            elif sid is not None:  # the only read, or one that runs inline
+                items = await pipeline.read_session_items(sid, runner.spec.session_items,
+                                                          budget, reserve, reasons)
                 t = _mark(record, SESSIONS, t)
+            t = perf_ns()
+            runner.way_there.add((t - record.start_ns) * 1e-9)
         finally:
             runner.upstream -= 1
+            if not runner.upstream:
+                runner.open_gate()  # the last one on its way arrived: the batch can go
+            if session_read is not None and not session_read.done():
+                session_read.cancel()  # the features' read failed the request
         path = "primary"
         searched = runner.encoder is not None or bool(items)  # else the popularity order, free
         p99 = retrieval_p99 if searched else 0.0
@@ -351,7 +421,7 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
             if q is None:
                 rows, scores = runner.retrieve(None)
             else:
-                rows, scores = await runner.retrieve_batched(q, budget)
+                rows, scores = await runner.retrieve_batched(q, budget, window.estimate())
             t = _mark(record, RETRIEVE, t)
             if q is not None:
                 runner.retrieval.add((t - t0) * 1e-9)
@@ -393,6 +463,12 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
     doc["retrieved"] = len(rows)
     doc["timings_us"] = record.timings_us()
     return doc
+
+
+async def _timed(read: Awaitable[list[SessionItem]]) -> tuple[list[SessionItem], int]:
+    """The session items and when their read ended (it runs beside the features' read)."""
+    items = await read
+    return items, perf_ns()
 
 
 def _mark(record: RequestRecord, stage: str, since: int) -> int:
