@@ -2,7 +2,7 @@
 
 ``EventDecoder._add`` decides the common case (JSON values already of their schema types) inline
 and by exact type; :func:`_reference` is the decoder before that change, written with the general
-functions (``to_ms``, ``entity_id_of``, ``_coerce``, ``admit``, ``place``, the plan's
+functions (``to_ms``, ``entity_id_of``, ``coerce``, ``admit``, ``place``, the plan's
 ``stable_id``). Hypothesis events mix every value the general path accepts or refuses, and each
 is decoded as JSON bytes, as a dict and as a flat string map: tile updates, keys, accepted tags
 and dead-letter reasons must be equal.
@@ -28,13 +28,13 @@ from redline.features import (
     last,
     mean,
 )
+from redline.features.event_values import coerce
 from redline.features.events import (
     MAX_TS_MS,
     MIN_TS_MS,
     EventDecoder,
     Rejected,
     UpdateBatch,
-    _coerce,
     entity_id_of,
     event_id_of,
     stable_id,
@@ -79,7 +79,7 @@ def _reference(dec: EventDecoder, batch: UpdateBatch, ev: dict[str, Any], flat: 
     for name, typ in plan.fields:
         if name not in ev:
             return f"missing field '{name}'"
-        v = _coerce(ev[name], typ, flat)
+        v = coerce(ev[name], typ, flat)
         if v is None:
             return f"field '{name}' must be {typ}, got {ev[name]!r}"
         values[name] = v

@@ -29,8 +29,8 @@ from redline.features import (
     stddev,
 )
 from redline.features.aggregates import LT, N, NumericTile, record_value
-from redline.features.events import view_tag
 from redline.features.online.redis_lua import NUMERIC_TILE_BYTES
+from redline.features.updates import view_tag
 
 T0 = 1_767_225_600_000
 CARD = Entity("card", "card_id")

@@ -30,9 +30,10 @@ from redline.features.definitions import (
     request_transform,
     stddev,
 )
-from redline.features.events import EventDecoder, UpdateBatch, entity_key
+from redline.features.events import EventDecoder
 from redline.features.ingest import Ingestor
 from redline.features.online import FeatureReader, MemoryStore, OnlineStore, open_online_store
+from redline.features.updates import UpdateBatch, entity_key
 from redline.features.versioning import check_model_views
 
 __all__ = [

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from redline.errors import InvalidInput
-from redline.features.events import MAX_TS_MS, MIN_TS_MS, EventDecoder, to_ms
+from redline.features.event_values import MAX_TS_MS, MIN_TS_MS, to_ms
+from redline.features.events import EventDecoder
 
 ARRIVAL = "_arrival_ms"
 

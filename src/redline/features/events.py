@@ -13,209 +13,40 @@ on the stable id that breaks ``last`` ties after event time and arrival.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from redline.features.aggregates import hll_hash, value_identity
 from redline.features.definitions import EventSource, FeatureDefinitions, FeatureView
+from redline.features.event_values import (
+    MAX_TS_MS,
+    MIN_TS_MS,
+    coerce,
+    entity_id_of,
+    event_id_of,
+    stable_id,
+    to_ms,
+)
 from redline.features.sessions import SESSION_SOURCE, SessionEvent
+from redline.features.updates import (
+    KEY_PREFIX,
+    STORE_PREFIX,
+    Rejected,
+    UpdateBatch,
+    entity_key,
+    store_key,
+    view_tag,
+)
 
-KEY_PREFIX = "rl"
-# Redis key schema 2: one hash per (entity, source) holds every view's tiles
-# (docs/features-reference.md, "Store layouts")
-STORE_PREFIX = "rl2"
-
-
-def entity_key(entity: str, entity_id: str, view: FeatureView) -> str:
-    """Memory-store key of one entity's tiles in one view version (also the name a batch gives
-    an entity-view); ``{...}`` is the hash tag, so every key of one entity is on one shard."""
-    return f"{KEY_PREFIX}:{{{entity}:{entity_id}}}:{view.name}:{view.version}"
-
-
-def store_key(entity: str, entity_id: str, source: str) -> str:
-    """Redis key of one entity's tiles of every view of ``source`` (key schema 2): one hash, so a
-    batch touches it once for all the source's views, and a read gets them in one call."""
-    return f"{STORE_PREFIX}:{{{entity}:{entity_id}}}:{source}"
-
-
-def view_tag(view: FeatureView) -> int:
-    """A number naming a view version inside a schema-2 hash: 40 bits of its version, times 256
-    (the tile group is added), so ``tag + gid`` is exact as a double in Lua and in numpy."""
-    return int(view.version[:10], 16) * 256
-
-
-@dataclass
-class Rejected:
-    """A dead letter: the raw event, the reason, and where it came from (a stream id or index)."""
-
-    reason: str
-    raw: bytes
-    tag: int
-
-
-@dataclass
-class UpdateBatch:
-    """Tile updates for a batch of events, columnar so stores can apply them without objects.
-
-    ``ops`` rows: (key index, group id, tile index, ring slot, event ts, arrival, stable id,
-    value, register, rank, event tag). ``value`` is used by numeric groups, ``register``/``rank``
-    by distinct groups (``register`` is -1 for numeric ops).
-    """
-
-    keys: list[str] = field(default_factory=list)
-    key_ttl_ms: list[int] = field(default_factory=list)
-    key_dedup_ms: list[int] = field(default_factory=list)  # event-id window per key (0: off)
-    key_index: dict[str, int] = field(default_factory=dict)
-    # per key, where Redis keeps it (key schema 2): the (entity, source) hash and the view's tag
-    key_store: list[str] = field(default_factory=list)
-    key_tag: list[int] = field(default_factory=list)
-    ops: list[tuple[int, int, int, int, int, int, int, float, int, int, int]] = field(
-        default_factory=list)
-    accepted: list[int] = field(default_factory=list)  # tags of accepted events
-    # session item events (source "session"): not tiles, handed to the session store
-    sessions: list[SessionEvent] = field(default_factory=list)
-    event_ts: list[int] = field(default_factory=list)  # their event times (for freshness)
-    rejected: list[Rejected] = field(default_factory=list)
-
-    def key(self, name: str, ttl_ms: int, dedup_ms: int = 0, store: str = "", tag: int = 0
-            ) -> int:
-        i = self.key_index.get(name)
-        if i is None:
-            i = self.key_index[name] = len(self.keys)
-            self.keys.append(name)
-            self.key_ttl_ms.append(ttl_ms)
-            self.key_dedup_ms.append(dedup_ms)
-            self.key_store.append(store)
-            self.key_tag.append(tag)
-        return i
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
-MIN_TS_MS = -62_135_596_800_000  # 0001-01-01: the range ISO-8601 and datetime share
-MAX_TS_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999
-# A number with a fraction or an exponent, as JSON writes one (a leading "+" or "." allowed)
-_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-
-
-def to_ms(value: Any) -> int | None:
-    """Event time in epoch milliseconds, the same way on every path and under any pandas: an
-    integer, an integral-or-not float (floored), a numeric string (read as the same number would
-    be in JSON: an integer exactly, else as a float, floored), an ISO-8601 string (no zone: UTC),
-    or a ``datetime`` (pandas ``Timestamp`` included); ``None`` when it is none of those or
-    outside years 1-9999.
-
-    >>> to_ms(1700000000123), to_ms("1700000000123"), to_ms("2023-11-14T22:13:20.123Z")
-    (1700000000123, 1700000000123, 1700000000123)
-    >>> to_ms(1790000000000.75), to_ms("1790000000000.75"), to_ms("1.79e12")
-    (1790000000000, 1790000000000, 1790000000000)
-    """
-    ms: int | None = None
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        ms = value
-    elif isinstance(value, float):
-        ms = math.floor(value) if math.isfinite(value) else None
-    elif isinstance(value, datetime):
-        ms = _datetime_ms(value)
-    elif isinstance(value, str | bytes):
-        text = (value.decode(errors="replace") if isinstance(value, bytes) else value).strip()
-        try:
-            ms = int(text)
-        except ValueError:
-            if _DECIMAL.fullmatch(text):  # a fraction or an exponent: the float JSON would give
-                return to_ms(float(text))
-            try:
-                dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                return None
-            ms = _datetime_ms(dt)
-    elif hasattr(value, "item"):  # a numpy scalar
-        return to_ms(value.item())
-    if ms is None or not MIN_TS_MS <= ms <= MAX_TS_MS:
-        return None
-    return ms
-
-
-def _datetime_ms(dt: datetime) -> int:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return (dt - _EPOCH) // _MS
-
-
-
-
-def _coerce(value: Any, typ: str, flat: bool) -> Any:
-    """Value of a schema type, or ``None`` when it is not one (strings only from flat maps)."""
-    if hasattr(value, "item") and not isinstance(value, str | bytes | float | int):
-        value = value.item()  # a numpy scalar (events from a DataFrame)
-    if flat and isinstance(value, bytes | str):
-        text = value.decode() if isinstance(value, bytes) else value
-        try:
-            if typ == "int":
-                return int(text)
-            if typ == "float":
-                x = float(text)
-                return x if math.isfinite(x) else None
-            if typ == "bool":
-                return {"true": True, "false": False, "1": True, "0": False}.get(text.lower())
-        except ValueError:
-            return None
-        return text
-    if typ == "float":
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            x = float(value)
-            return x if math.isfinite(x) else None
-        return None
-    if typ == "int":  # an integral float (2.0) is an int, as in the offline builder's columns
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-    if typ == "bool":
-        return value if isinstance(value, bool) else None
-    return value if isinstance(value, str) else None
-
-
-def entity_id_of(value: Any) -> str | None:
-    """An event's entity id as text (a string, or an integer: ``42`` is entity ``"42"``); ``None``
-    when it is anything else (a float, a bool, empty)."""
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if value is not None and hasattr(value, "item") and not isinstance(value, str):
-        value = value.item()  # a numpy scalar (events from a DataFrame)
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not value:
-        return None
-    return value
-
-
-def event_id_of(value: Any) -> str | None:
-    """An event's id as text (a non-empty string or an integer); ``None`` when it is not one."""
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
-        return None
-    return str(value)
-
-
-_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
-
-
-def stable_id(parts: Sequence[bytes]) -> int:
-    """A 53-bit id of an event (exact as a double, so Lua and Python compare it alike): the last
-    tie-breaker of ``last``, after event time and arrival."""
-    h = _BLAKE2B_8.copy()  # cheaper than a new hash object, which parses its options
-    h.update(b"\x1f".join(parts))
-    return int.from_bytes(h.digest(), "little") >> 11
+# the names this module held before the values and the updates moved out, for code that
+# imports them from here
+__all__ = [
+    "KEY_PREFIX", "MAX_TS_MS", "MIN_TS_MS", "STORE_PREFIX", "EventDecoder", "Rejected",
+    "UpdateBatch", "entity_id_of", "entity_key", "event_id_of", "raw_bytes", "stable_id",
+    "store_key", "to_ms", "view_tag",
+]
 
 
 class _SourcePlan:
@@ -369,7 +200,7 @@ class EventDecoder:
              tag: int, sink: dict[Any, list[Any]] | None = None) -> str:
         # Per event this is most of ingest's Python time, so the common case — a JSON event whose
         # values already have their schema types — is decided inline, by exact type, without the
-        # general functions (``to_ms``, ``entity_id_of``, ``_coerce``, ``value_identity``,
+        # general functions (``to_ms``, ``entity_id_of``, ``coerce``, ``value_identity``,
         # ``admit``, ``place``); anything else goes through them, so the result is the same.
         src_name = ev.get("source", self.default_source)
         if isinstance(src_name, bytes):
@@ -402,7 +233,7 @@ class EventDecoder:
                 got = ev[plan.join_key]
                 return f"field '{plan.join_key}' must be a string or integer id, got {got!r}"
         # the field values and (without an event id) their identities for the stable id,
-        # exactly as ``_coerce`` and ``value_identity`` make them
+        # exactly as ``coerce`` and ``value_identity`` make them
         need_ident = not plan.event_id
         values: dict[str, Any] = {}
         parts = [plan.name_bytes, str(ts).encode(), eid.encode()] if need_ident else []
@@ -415,7 +246,7 @@ class EventDecoder:
                 if need_ident:
                     parts.append(repr(raw).encode())
             else:
-                v = _coerce(raw, typ, flat)
+                v = coerce(raw, typ, flat)
                 if v is None:
                     return f"field '{name}' must be {typ}, got {raw!r}"
                 if need_ident:
@@ -496,3 +327,4 @@ def raw_bytes(raw: Any) -> bytes:
         return orjson.dumps(raw, default=str)
     except TypeError:
         return repr(raw).encode()
+

@@ -35,8 +35,8 @@ import pandas as pd
 
 from redline.errors import InvalidInput
 from redline.features.definitions import FeatureDefinitions
+from redline.features.event_values import entity_id_of
 from redline.features.eventfile import text_log
-from redline.features.events import entity_id_of
 from redline.features.training.kernel import (
     _label_id,
     apply_transforms,

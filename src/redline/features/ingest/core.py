@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from redline.features.definitions import FeatureDefinitions
-from redline.features.events import EventDecoder, Rejected, UpdateBatch, raw_bytes
+from redline.features.events import EventDecoder, raw_bytes
 from redline.features.online.base import OnlineStore, now_ms
 from redline.features.sessions import SESSION_SOURCE, SessionSink
+from redline.features.updates import Rejected, UpdateBatch
 
 NO_SESSIONS = (f"session: this ingest has no session store for events of source "
                f"'{SESSION_SOURCE}'; send them to a server or an ingest with features.store: redis")

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from redline.features.events import Rejected
 from redline.features.ingest.core import Ingestor, IngestResult
 from redline.features.online.base import now_ms
+from redline.features.updates import Rejected
 
 
 def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,

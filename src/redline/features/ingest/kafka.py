@@ -35,11 +35,12 @@ import orjson
 
 from redline.errors import ConfigError
 from redline.features.definitions import FeatureDefinitions
-from redline.features.events import EventDecoder, UpdateBatch
+from redline.features.events import EventDecoder
 from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
 from redline.features.online.base import now_ms
 from redline.features.online.redis_failover import position_key, start_offsets
 from redline.features.sessions import SessionSink
+from redline.features.updates import UpdateBatch
 
 log = logging.getLogger("redline.ingest")
 

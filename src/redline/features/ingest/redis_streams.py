@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redline.features.definitions import FeatureDefinitions
-from redline.features.events import EventDecoder, UpdateBatch
+from redline.features.events import EventDecoder
 from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
 from redline.features.sessions import SessionSink
+from redline.features.updates import UpdateBatch
 
 
 def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:

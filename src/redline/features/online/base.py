@@ -10,7 +10,7 @@ import numpy as np
 
 from redline.errors import FeatureNotFound, InvalidInput
 from redline.features.definitions import FeatureView
-from redline.features.events import KEY_PREFIX, UpdateBatch
+from redline.features.updates import KEY_PREFIX, UpdateBatch
 
 EntityIds = Sequence[str] | Mapping[str, Sequence[str]]
 

@@ -25,10 +25,10 @@ from redline.features.aggregates import (
     record_update,
 )
 from redline.features.definitions import FeatureView, ViewLayout
-from redline.features.events import UpdateBatch
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.bulk import BulkLoader
 from redline.features.online.keystate import KeyState
+from redline.features.updates import UpdateBatch
 
 
 def merge_windows(state: KeyState, layout: ViewLayout, now: int) -> None:

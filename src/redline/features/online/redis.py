@@ -33,7 +33,6 @@ import redis
 
 from redline.errors import ConfigError
 from redline.features.definitions import FeatureView
-from redline.features.events import UpdateBatch
 from redline.features.online.base import ReadPlan
 from redline.features.online.redis_client import CONNECTION_ERRORS, connect, guarded
 from redline.features.online.redis_failover import (
@@ -62,6 +61,7 @@ from redline.features.online.redis_write import (
     write_call,
     write_keys,
 )
+from redline.features.updates import UpdateBatch
 
 # the names this module held before its parts moved out, for code that imports them from here
 __all__ = [

@@ -149,7 +149,7 @@ def read_script(views: list[FeatureView], cache: bool = True) -> str:
     for one signature; writes delete it, and a new tile changes the signature, so a hit returns
     exactly what merging the tiles would.
     """
-    from redline.features.events import view_tag
+    from redline.features.updates import view_tag
 
     nv = len(views)
     groups = source_groups(views)

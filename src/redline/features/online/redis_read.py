@@ -16,11 +16,11 @@ from redis.commands.core import Script
 
 from redline.errors import StoreUnavailable
 from redline.features.definitions import FeatureView
-from redline.features.events import store_key
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.redis_client import CONNECTION_ERRORS, guarded
 from redline.features.online.redis_failover import SlotMapRefresh
 from redline.features.online.redis_lua import read_script, source_groups
+from redline.features.updates import store_key
 
 
 class ReaderStore(Protocol):

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from redline.features.events import UpdateBatch
 from redline.features.online.redis_failover import batch_tops, tops_blob
+from redline.features.updates import UpdateBatch
 
 
 def cache_key(key: str) -> str:

@@ -1,5 +1,5 @@
 """Events as columns, as the decoder would receive them, each value coerced by the decoder's own
-per-value functions (``events._coerce``, ``to_ms``, ``entity_id_of``); a typed column takes a
+per-value functions (``event_values.coerce``, ``to_ms``, ``entity_id_of``); a typed column takes a
 vectorised branch only where the per-value result is the same for every value of its dtype.
 
 Inputs the column path does not take (events of several sources, nested ``{"d": ...}`` entries,
@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from redline.features.event_values import MAX_TS_MS, MIN_TS_MS, coerce, to_ms
 from redline.features.eventfile import EventLog
-from redline.features.events import MAX_TS_MS, MIN_TS_MS, _coerce, to_ms
 from redline.features.frames import frame_value
 
 
@@ -105,7 +105,7 @@ def _mask(vals: list[Any]) -> np.ndarray:
 
 
 def times_ms(col: Column) -> tuple[np.ndarray, np.ndarray]:
-    """(valid, epoch ms) of a time column, by ``events.to_ms``'s rules."""
+    """(valid, epoch ms) of a time column, by ``event_values.to_ms``'s rules."""
     a = col.arr
     if a is not None and not isinstance(a, np.ndarray):  # datetimes (tz-aware or not)
         unit = getattr(a, "unit", "ns")
@@ -133,10 +133,10 @@ ALL_VALID = np.ones(0, dtype=bool)  # a validity mask meaning "every event": not
 
 
 class Field:
-    """A schema field coerced like ``events._coerce``: which events have a valid value, the value
-    as a double (what numeric aggregates add), and the Python value (what a distinct counts).
-    A typed numeric column keeps its own array (``raw``) and casts to doubles only what is
-    asked: the values a ``last`` picks, or the whole column when something adds them."""
+    """A schema field coerced like ``event_values.coerce``: which events have a valid value,
+    the value as a double (what numeric aggregates add), and the Python value (what a distinct
+    counts). A typed numeric column keeps its own array (``raw``) and casts to doubles only what
+    is asked: the values a ``last`` picks, or the whole column when something adds them."""
 
     def __init__(self, col: Column, typ: str, flat: bool) -> None:
         self.typ = typ
@@ -181,7 +181,7 @@ class Field:
         if typ == "str" and col.obj is not None and col.is_text():
             py = col.obj  # text is a valid str value as it is (JSON, CSV or a frame)
         else:
-            py = per_value(col, lambda v: _coerce(v, typ, flat))
+            py = per_value(col, lambda v: coerce(v, typ, flat))
         self.py = py
         self.ok = _mask(py)
         if typ in ("int", "float", "bool"):

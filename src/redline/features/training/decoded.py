@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from redline.features.definitions import FeatureView
+from redline.features.event_values import entity_id_of, event_id_of, stable_id
 from redline.features.eventfile import ARRIVAL
-from redline.features.events import EventDecoder, entity_id_of, event_id_of, stable_id
+from redline.features.events import EventDecoder
 from redline.features.tiles import admitted_array
 from redline.features.training.columns import ALL_VALID, Field, columns, times_ms
 from redline.features.training.ids import Ids, LabelIds, as_int64

@@ -9,7 +9,7 @@ Contract of :func:`build_partition`
 event, as ingest would receive it:
 
 * the timestamp column of each source (``EventSource.timestamp``): epoch milliseconds (int64, or
-  any value ``events.to_ms`` takes: float, datetime64, ISO text);
+  any value ``event_values.to_ms`` takes: float, datetime64, ISO text);
 * the join key column of each source's entity (``Entity.join_key``): text or int64 (``42`` is
   entity ``"42"``; floats and bools are not ids, so such events are dropped as ingest drops them);
 * the schema fields of each source, any dtype: each value is coerced by the decoder's own rules;
