@@ -146,7 +146,7 @@ class GraphHandle(ModelHandle):
         for batcher in self._python.values():
             await batcher.drain(timeout_s)
         for handle in self._local.values():
-            await handle.retire(timeout_s)
+            await handle.retire(timeout_s)  # closes the in-folder models' runners
         self._pool.shutdown(wait=False)
         await super().retire(timeout_s)
 
@@ -169,8 +169,8 @@ class _RequestEnv(StepEnv):
     def skip_reason(self, step: Step) -> str | None:
         return self.handle.skip_reason(step, self.deadline)
 
-    def observe(self, step: Step, start_ns: int, end_ns: int, ok: bool) -> None:
+    def observe(self, step: Step, start_ns: int, end_ns: int, ran: bool) -> None:
         if self.record is not None:
             self.record.add(f"step:{step.name}", start_ns, end_ns)
-        if ok:
+        if ran:  # a failure's time counts too: a step that runs out of time is that slow
             self.handle._p99[step.name].add((end_ns - start_ns) / 1e9)

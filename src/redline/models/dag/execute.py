@@ -32,8 +32,9 @@ class StepEnv(Protocol):
         """Why ``step`` should not start now (the budget left is below its recent p99), or
         None: it fits."""
 
-    def observe(self, step: Step, start_ns: int, end_ns: int, ok: bool) -> None:
-        """``step`` ran from ``start_ns`` to ``end_ns`` (``perf_counter_ns``)."""
+    def observe(self, step: Step, start_ns: int, end_ns: int, ran: bool) -> None:
+        """``step`` took from ``start_ns`` to ``end_ns`` (``perf_counter_ns``); ``ran`` is
+        False when it was skipped for its fallback (no run its p99 can learn from)."""
 
 
 class GraphRun:
@@ -71,29 +72,28 @@ class GraphRun:
     async def _step(self, step: Step) -> None:
         env = self.env
         t0 = time.perf_counter_ns()
-        ok = True
+        ran = True
         try:
             if step.fallback is not None:
                 why = env.skip_reason(step)
                 if why is not None:
+                    ran = False
                     self.values[step.name] = self._fall_back(step, f"skipped: {why}")
                     return
             self.values[step.name] = await self._compute(step)
         except RedlineError as exc:
-            ok = False
             if step.fallback is None:
                 raise
             self.values[step.name] = self._fall_back(step, f"failed ({exc.code}): "
                                                            f"{exc.message}")
         except Exception as exc:  # noqa: BLE001 - a step's own bug falls back as declared
-            ok = False
             if step.fallback is None:
                 raise ModelError(f"graph '{self.graph}' step '{step.name}' failed: "
                                  f"{type(exc).__name__}: {exc}") from exc
             self.values[step.name] = self._fall_back(step, f"failed: {type(exc).__name__}: "
                                                            f"{exc}")
         finally:
-            env.observe(step, t0, time.perf_counter_ns(), ok)
+            env.observe(step, t0, time.perf_counter_ns(), ran)
 
     async def _compute(self, step: Step) -> Arrays:
         if step.kind == "ensemble":
@@ -147,7 +147,7 @@ class GraphRun:
             try:
                 got = await env.run(member, self.inputs_of(member, sub), remaining.size)
             except Exception as exc:  # noqa: BLE001 - the next member takes its rows
-                env.observe(member, t0, time.perf_counter_ns(), False)
+                env.observe(member, t0, time.perf_counter_ns(), True)
                 error = exc
                 text = exc.message if isinstance(exc, RedlineError) else str(exc)
                 if last:

@@ -117,7 +117,10 @@ class DagRunner(ModelRunner):
         return runner.run(runner.validate(inputs))
 
     def close(self) -> None:
-        for runner in [*self.local.values(), *self._repo_runners.values()]:
+        """Release the in-folder models (and those loaded for direct runs); once."""
+        runners = [*self.local.values(), *self._repo_runners.values()]
+        self.local, self._repo_runners = {}, {}
+        for runner in runners:
             runner.close()
 
 
@@ -136,7 +139,7 @@ class DirectEnv(StepEnv):
     def skip_reason(self, step: Step) -> str | None:
         return None
 
-    def observe(self, step: Step, start_ns: int, end_ns: int, ok: bool) -> None:
+    def observe(self, step: Step, start_ns: int, end_ns: int, ran: bool) -> None:
         pass
 
 
