@@ -87,6 +87,13 @@ def test_a_graph_is_added_with_its_sample_run_and_runs(capsys, tmp_path) -> None
         load_runner(repo, "g")
 
 
+def test_a_folder_with_a_model_file_of_its_own_is_refused(capsys, tmp_path) -> None:
+    folder = graph(tmp_path, GOOD)
+    (folder / "model.py").write_text("")
+    code, _, err = add(capsys, tmp_path, folder, "--trust-code")
+    assert code == 2 and "the folder holds model.py" in err
+
+
 def test_without_a_sample_an_undeclared_python_output_is_refused(capsys, tmp_path) -> None:
     folder = graph(tmp_path, GOOD)
     code, _, err = add(capsys, tmp_path, folder, "--trust-code")

@@ -165,7 +165,8 @@ def add(
         source = rest[0]
     mlflow = from_mlflow is not None
     saved_model = not mlflow and is_saved_model(source)
-    python = not mlflow and _is_python_model(source)
+    python = (not mlflow and _is_python_model(source)
+              and not (Path(source) / "graph.yaml").is_file())  # a graph's folder is a graph
     is_graph = Path(source).is_dir() and not (saved_model or python or mlflow)
     if not (is_graph or saved_model or mlflow) and not Path(source).is_file():
         raise InvalidInput(f"model file {source} does not exist")

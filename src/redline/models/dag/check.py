@@ -44,6 +44,10 @@ def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
     graph's rows, as a model's do, so ``/v1`` can serve it after features."""
     origin = str(src / GRAPH_FILE)
     spec = parse_dag(doc, origin)
+    for reserved in ("model.onnx", "model.py"):  # a version holding one is that kind of model
+        if (src / reserved).exists():
+            raise InvalidInput(f"{origin}: the folder holds {reserved}, which would make the "
+                               "version a single model; rename it and name it in its step")
     _check_trust(spec, origin, trust_code)
     sigs, bindings = signatures(spec, src, origin, repo)
     repository_inputs = {
