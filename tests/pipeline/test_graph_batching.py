@@ -94,7 +94,7 @@ def test_concurrent_requests_batch_and_answer_as_if_alone(batched_server: Any) -
                    "budget_ms": rnd.choice([4000, 6000, 8000, 10000]), "request": {}}
                   for sid in sessions for _ in range(3)]
         bodies.append({"session_id": f"b{tag}-cold", "entities": {"card_id": users[0]},
-                       "request": {}})  # a cold start rides along: the popularity order
+                       "budget_ms": 10000, "request": {}})  # a cold start rides along
         alone = [client.post("/v1/models/solo/predict", json=b).json() for b in bodies]
 
     async def together() -> list[dict[str, Any]]:
