@@ -166,6 +166,38 @@ def test_a_step_that_fails_on_the_sample_is_refused(capsys, tmp_path) -> None:
     assert "the sample run failed" in err and "step 'post' raised ZeroDivisionError" in err
 
 
+def test_a_step_that_hangs_or_answers_nan_or_off_its_outputs_is_refused(capsys,
+                                                                        tmp_path) -> None:
+    hang = STEPS.replace('def post(inputs):\n', 'def post(inputs):\n    import time\n'
+                                                 '    time.sleep(30)\n')
+    folder = graph(tmp_path, GOOD, steps=hang)
+    code, _, err = add(capsys, tmp_path, folder, "--trust-code", "--timeout", "0.5",
+                       "--sample", str(tmp_path / "rows.npy"))
+    assert code == 2 and "the sample run did not finish within 0.5 s" in err
+    assert "steps that answered: ['pre']" in err
+    nan = STEPS.replace('* 2}', '* np.nan}')
+    folder = graph(tmp_path, GOOD, steps=nan)
+    code, _, err = add(capsys, tmp_path, folder, "--trust-code", "--sample",
+                       str(tmp_path / "rows.npy"))
+    assert code == 2 and "step 'pre' returned 'x' with NaN or infinity" in err
+    folder = graph(tmp_path, """
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  pre:
+    kind: python
+    function: steps.py:pre
+    inputs: [raw]
+    outputs: {x: {datatype: FP64, shape: [-1, 4]}}
+outputs:
+  x: pre.x
+""")
+    code, _, err = add(capsys, tmp_path, folder, "--trust-code", "--sample",
+                       str(tmp_path / "rows.npy"))
+    assert code == 2
+    assert "step 'pre' broke its declared outputs: output 'x' is float32" in err
+
+
 def test_the_recommender_graph_format_still_goes_its_own_way(tmp_path) -> None:
     from redline.models.dag import is_dag
 

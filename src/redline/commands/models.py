@@ -77,8 +77,8 @@ def models() -> None:
               "processes (for Python that holds the GIL); redline.yaml's models.NAME.runtime "
               "overrides it.")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
-              help="Python models: seconds the model may take to load, and to answer the "
-              "sample, before it is refused.")
+              help="Python models and graphs: seconds the model may take to load, and to "
+              "answer the sample, before it is refused.")
 @click.option(
     "--sample",
     type=click.Path(dir_okay=False),
@@ -182,7 +182,7 @@ def add(
             name, source, version=number, description=description, trust_code=trust_code,
             sample=_named_sample(sample) if sample else None,
             feature_names=[s.strip() for s in feature_names.split(",")] if feature_names
-            else None)
+            else None, timeout_s=timeout_s)
         if "dag" in meta.extra:
             click.echo(f"added graph {meta.name} version {meta.version} "
                        f"({len(meta.extra['dag']['signatures'])} steps; inputs "

@@ -399,6 +399,7 @@ class ModelRepository:
         sample: Any = None,
         feature_names: list[str] | None = None,
         feature_views: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
     ) -> ModelMetadata:
         """Check a graph folder (``graph.yaml``) and store it as a new version, atomically.
 
@@ -434,7 +435,7 @@ class ModelRepository:
 
             return add_dag(self, name, src, doc, version=version, description=description,
                            trust_code=trust_code, sample=sample, feature_names=feature_names,
-                           feature_views=feature_views)
+                           feature_views=feature_views, timeout_s=timeout_s)
         if sample is not None or feature_names is not None:
             raise InvalidInput(f"{spec_path}: a recommender graph takes no --sample nor "
                                "--feature-names (its steps name what they read)")

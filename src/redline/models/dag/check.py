@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +38,13 @@ _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
             version: int | None = None, description: str = "", trust_code: bool = False,
             sample: Any = None, feature_names: list[str] | None = None,
-            feature_views: dict[str, str] | None = None) -> ModelMetadata:
+            feature_views: dict[str, str] | None = None, timeout_s: float = 60.0
+            ) -> ModelMetadata:
     """Check a general graph folder and store it as a new version, atomically.
 
     ``feature_names`` (and the pinned ``feature_views``) name the columns of a one-input
-    graph's rows, as a model's do, so ``/v1`` can serve it after features."""
+    graph's rows, as a model's do, so ``/v1`` can serve it after features; the sample run is
+    refused after ``timeout_s``."""
     origin = str(src / GRAPH_FILE)
     spec = parse_dag(doc, origin)
     for reserved in ("model.onnx", "model.py"):  # a version holding one is that kind of model
@@ -68,7 +71,7 @@ def add_dag(repo: ModelRepository, name: str, src: Path, doc: Any, *,
                               "signatures": _dump(sigs), "repository_inputs": repository_inputs}}
         if sample is not None:
             rows = _sample(spec, sample, origin)
-            sigs = _sample_run(repo, meta, staged, spec, rows, sigs, origin)
+            sigs = _sample_run(repo, meta, staged, spec, rows, sigs, origin, timeout_s)
             meta.extra["dag"]["signatures"] = _dump(sigs)
         meta.outputs = output_specs(spec, sigs, origin)
         return repo.write_files(name, meta, version, staged)
@@ -257,7 +260,8 @@ def _sample(spec: DagSpec, sample: Any, origin: str) -> dict[str, np.ndarray]:
 
 
 def _sample_run(repo: ModelRepository, meta: ModelMetadata, folder: Path, spec: DagSpec,
-                rows: dict[str, np.ndarray], sigs: Signatures, origin: str) -> Signatures:
+                rows: dict[str, np.ndarray], sigs: Signatures, origin: str,
+                timeout_s: float) -> Signatures:
     """Run the graph once on the sample; what a step returned fills in what was unknown."""
     from redline.models.loading import load_runner
 
@@ -274,18 +278,41 @@ def _sample_run(repo: ModelRepository, meta: ModelMetadata, folder: Path, spec: 
 
     runner.call_python = recorded  # type: ignore[method-assign,assignment]
     env = DirectEnv(runner)
-    try:
+    failure: list[BaseException] = []
+
+    async def whole() -> None:
         checked = runner.validate(rows)
         count = len(next(iter(checked.values())))
         run = GraphRun(spec, sigs, runner.waves, env, meta.name)
-        asyncio.run(run.answer(checked, count))
+        await run.answer(checked, count)
         for step in spec.steps.values():  # a cascade's later steps run on the sample too
             if step.kind == "python" and step.name not in seen:
-                asyncio.run(env.run(step, run.inputs_of(step), count))
-    except RedlineError as exc:
-        raise type(exc)(f"{origin}: the sample run failed: {exc.message}") from None
+                await env.run(step, run.inputs_of(step), count)
+
+    def main() -> None:
+        try:
+            asyncio.run(whole())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            failure.append(exc)
+
+    # On a thread of its own, so that a step that hangs on the sample is refused in time
+    # (the thread is left behind; the command ends).
+    thread = threading.Thread(target=main, name="graph-sample", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    try:
+        if thread.is_alive():
+            raise ModelError(f"{origin}: the sample run did not finish within {timeout_s:g} s "
+                             f"(steps that answered: {sorted(seen) or 'none'}); fix the step "
+                             "that hangs, or raise --timeout")
+        if failure:
+            exc = failure[0]
+            if isinstance(exc, RedlineError):
+                raise type(exc)(f"{origin}: the sample run failed: {exc.message}") from None
+            raise exc
     finally:
-        runner.close()
+        if not thread.is_alive():
+            runner.close()
     filled = dict(sigs)
     for name, out in seen.items():
         if filled.get(name) is None:

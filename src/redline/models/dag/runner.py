@@ -23,6 +23,7 @@ from redline.models.dag.execute import GraphRun, StepEnv, waves
 from redline.models.dag.spec import DagSpec, Step, parse_dag
 from redline.models.dag.steps import StepFunction, call_function, import_function
 from redline.models.metadata import ModelMetadata, TensorSpec
+from redline.models.python.contract import OutputCheck
 from redline.models.runner import ModelRunner
 
 GRAPH_FILE = "graph.yaml"
@@ -63,6 +64,7 @@ class DagRunner(ModelRunner):
                 spec.steps[name].inputs = dict(bound)
         self.waves = waves(spec)
         self.functions: dict[str, StepFunction] = {}
+        self.checks: dict[str, OutputCheck] = {}   # Python steps that declare their outputs
         self.local: dict[str, ModelRunner] = {}   # in-folder model steps
         self.repository_model = repository_model
         self._repo_runners: dict[str, ModelRunner] = {}
@@ -71,6 +73,8 @@ class DagRunner(ModelRunner):
                 label = self.label(step)
                 if step.kind == "python":
                     self.functions[step.name] = import_function(folder, step.function, label)
+                    if step.outputs is not None:
+                        self.checks[step.name] = OutputCheck(step.outputs)
                 elif step.kind == "model" and model_source(step) is None:
                     self.local[step.name] = load_local_model(folder, step, metadata, settings)
         except BaseException:
@@ -89,8 +93,8 @@ class DagRunner(ModelRunner):
     def call_python(self, step: Step, inputs: Mapping[str, np.ndarray],
                     rows: int) -> dict[str, np.ndarray]:
         """A Python step's outputs, checked (rows first, declared dtypes)."""
-        return call_function(self.functions[step.name], dict(inputs), rows, step, self.folder,
-                             self.label(step))
+        return call_function(self.functions[step.name], dict(inputs), rows, self.folder,
+                             self.label(step), self.checks.get(step.name))
 
     # ------------------------------------------------------------------ direct runs
     def run(self, inputs: Mapping[str, np.ndarray],

@@ -19,6 +19,7 @@ from redline.models.dag.spec import ANSWERED_BY, Step
 from redline.models.datatypes import V2_TO_NUMPY
 from redline.models.metadata import TensorSpec
 from redline.models.python.code import describe_failure, forget, user_traceback, where
+from redline.models.python.contract import BrokenSignature, OutputCheck
 
 Arrays = dict[str, np.ndarray]
 StepFunction = Callable[[Arrays], Arrays]
@@ -53,17 +54,24 @@ def import_function(folder: Path, function: str, label: str) -> StepFunction:
     return found  # type: ignore[no-any-return]
 
 
-def call_function(func: StepFunction, inputs: Arrays, rows: int, step: Step, folder: Path,
-                  label: str, checks: dict[str, Any] | None = None) -> Arrays:
-    """Run a Python step: its answer must be a dict of arrays with ``rows`` rows (and the
-    declared dtypes, when it declares outputs). Any failure is a ``ModelError`` naming the step
-    and the user's line."""
+def call_function(func: StepFunction, inputs: Arrays, rows: int, folder: Path, label: str,
+                  check: OutputCheck | None = None) -> Arrays:
+    """Run a Python step: its answer must be a dict of arrays with ``rows`` rows and no NaN
+    (and exactly its declared outputs, when it declares them: ``check``). Any failure is a
+    ``ModelError`` naming the step and the user's line."""
     try:
         outputs = func(dict(inputs))
     except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
         raise ModelError(f"{label} raised {describe_failure(exc, folder)}",
                          traceback=user_traceback(exc, folder),
                          key=f"{type(exc).__name__}{where(exc, folder)}") from None
+    if check is not None:
+        try:
+            return check(outputs, rows)
+        except BrokenSignature as exc:
+            said = str(exc).replace("predict returned", "it returned")
+            raise ModelError(f"{label} broke its declared outputs: {said}",
+                             key=exc.key) from None
     if not isinstance(outputs, dict):
         raise ModelError(f"{label} returned {type(outputs).__name__}; return a dict of output "
                          "name -> numpy array", key="not a dict")
@@ -73,17 +81,9 @@ def call_function(func: StepFunction, inputs: Arrays, rows: int, step: Step, fol
         if array.ndim == 0 or array.shape[0] != rows:
             raise ModelError(f"{label} returned '{name}' with shape {list(array.shape)} for "
                              f"{rows} rows; return rows first", key=f"rows of {name}")
+        if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            raise ModelError(f"{label} returned '{name}' with NaN or infinity", key=f"nan {name}")
         out[str(name)] = array
-    for spec in step.outputs or []:
-        got = out.get(spec.name)
-        if got is None:
-            raise ModelError(f"{label} returned no '{spec.name}' (it declares it); returned "
-                             f"{sorted(out)}", key=f"missing {spec.name}")
-        array = got
-        want = V2_TO_NUMPY[spec.datatype]
-        if array.dtype != want and not (spec.datatype == "BYTES" and array.dtype.kind in "US"):
-            raise ModelError(f"{label} returned '{spec.name}' as {array.dtype}, declared "
-                             f"{spec.datatype}; cast it", key=f"dtype of {spec.name}")
     return out
 
 
