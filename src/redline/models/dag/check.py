@@ -24,7 +24,12 @@ from redline.errors import InvalidInput, ModelError, RedlineError
 from redline.models.dag.execute import GraphRun
 from redline.models.dag.runner import GRAPH_FILE, DagRunner, DirectEnv, model_source
 from redline.models.dag.spec import DEGRADED, DagSpec, Step, parse_dag, split_ref
-from redline.models.dag.steps import cascade_specs, combined_specs, import_function
+from redline.models.dag.steps import (
+    cascade_specs,
+    combined_specs,
+    forget_function,
+    import_function,
+)
 from redline.models.datatypes import NUMPY_TO_V2
 from redline.models.metadata import ModelMetadata, TensorSpec
 
@@ -121,7 +126,8 @@ def signatures(spec: DagSpec, folder: Path, origin: str,
                         "(or cast it in a python step)")
             sigs[name] = outs
         elif step.kind == "python":
-            import_function(folder, step.function, where)  # a syntax or import error: refused
+            # a syntax or import error is refused here, before anything runs
+            forget_function(import_function(folder, step.function, where))
             sigs[name] = step.outputs
         elif step.kind == "ensemble":
             first = sigs[step.members[0]]

@@ -21,7 +21,12 @@ from redline.config import RuntimeSettings
 from redline.errors import CorruptModel, InvalidInput, ModelError
 from redline.models.dag.execute import GraphRun, StepEnv, waves
 from redline.models.dag.spec import DagSpec, Step, parse_dag
-from redline.models.dag.steps import StepFunction, call_function, import_function
+from redline.models.dag.steps import (
+    StepFunction,
+    call_function,
+    forget_function,
+    import_function,
+)
 from redline.models.metadata import ModelMetadata, TensorSpec
 from redline.models.python.contract import OutputCheck
 from redline.models.runner import ModelRunner
@@ -124,6 +129,8 @@ class DagRunner(ModelRunner):
         """Release the in-folder models (and those loaded for direct runs); once."""
         runners = [*self.local.values(), *self._repo_runners.values()]
         self.local, self._repo_runners = {}, {}
+        for func in self.functions.values():
+            forget_function(func)
         for runner in runners:
             runner.close()
 

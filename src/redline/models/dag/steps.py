@@ -54,6 +54,13 @@ def import_function(folder: Path, function: str, label: str) -> StepFunction:
     return found  # type: ignore[no-any-return]
 
 
+def forget_function(func: StepFunction) -> None:
+    """Drop a step function's modules from ``sys.modules`` (a retired version is collected)."""
+    module = sys.modules.get(getattr(func, "__module__", "") or "")
+    if module is not None and module.__name__.startswith("_redline_graph_"):
+        forget(module)
+
+
 def call_function(func: StepFunction, inputs: Arrays, rows: int, folder: Path, label: str,
                   check: OutputCheck | None = None) -> Arrays:
     """Run a Python step: its answer must be a dict of arrays with ``rows`` rows and no NaN
