@@ -234,13 +234,17 @@ def summarize(peers: dict[str, dict[str, dict]]) -> dict:
     peer, ours = peers[best_config][f"ray-serve {best_config}"], peers[best_config]["redline"]
     ours_at = {r["rate"]: r["p99_ms"] for r in ours.get("ladder", [])}
     sustained = [r for r in peer.get("ladder", []) if r["rate"] <= rate(peer)]
+    not_lower = [r["rate"] for r in sustained
+                 if not ours_at.get(r["rate"], float("inf")) < r["p99_ms"]]
     return {"best_peer": best_config, "peer_max_rate": rate(peer),
             "redline_max_rate": rate(ours),
             "rate_ratio": rate(ours) / rate(peer) if rate(peer) else None,
             "c1_rps_ratio": ours["c1"]["rps"] / peer["c1"]["rps"],
             "c8_rps_ratio": ours["c8"]["rps"] / peer["c8"]["rps"],
-            "p99_lower_at_every_sustained_rate": all(
-                ours_at.get(r["rate"], float("inf")) < r["p99_ms"] for r in sustained)}
+            "c1_p50_ratio": ours["c1"]["p50_ms"] / peer["c1"]["p50_ms"],
+            "peer_sustained_rates": len(sustained),
+            "p99_not_lower_at_rates": not_lower,
+            "p99_lower_at_every_sustained_rate": not not_lower}
 
 
 def measure(targets: dict[str, tuple[str, object]], rounds: int, duration: float,

@@ -110,9 +110,10 @@ def test_a_ray_peer_configuration_names_layout_ingress_and_batch() -> None:
     for bad in ("one:1:8", "two:proxy", "three:haproxy:x"):
         with pytest.raises(ValueError, match="LAYOUT:INGRESS"):
             parse_peer(bad)
-    # make bench runs both ingresses, batching, and a replica per redline worker
+    # make bench runs both of Ray's modes, each with and without batching, and a replica per
+    # redline worker
     plan = run_all._ray_plan(_args())
-    assert {"one:proxy", "one:haproxy", "three:haproxy:8"} <= set(plan)
+    assert {"one:proxy", "one:proxy:8", "one:haproxy", "one:haproxy:8"} <= set(plan)
     assert plan[plan.index("--workers") + 1] == str(os.cpu_count() or 1)
 
 
@@ -168,6 +169,18 @@ def test_the_sentence_beside_the_ray_table_is_written_from_its_rows() -> None:
     assert "(one:proxy)" in lead
     assert "7.5x its highest rate with p99 ≤ 20 ms (600 against 80 req/s)" in lead
     assert "4.4x its throughput at c=1 and 4.7x at c=8" in lead
+    # both of Ray's modes are named, and which one the targets are measured against
+    assert ("in its default mode (Python proxy), one:proxy: 80 req/s" in body
+            and "in its throughput-optimized mode (HAProxy), three:haproxy:8: 0 req/s" in body)
+    assert "The peer's best, which the targets are measured against: one:proxy" in body
+    assert "| throughput-optimized, HAProxy, @serve.batch 8 |" in body
+    # the targets, each against that best configuration
+    for target in ("c=8 throughput, redline over Ray Serve one:proxy >= 3.000x",
+                   "highest rate with p99 ≤ 20 ms, redline over Ray Serve one:proxy >= 3.000x",
+                   "c=1 p50, redline over Ray Serve one:proxy <= 1.000x",
+                   "rates Ray Serve one:proxy sustained (1) where redline's p99 was not "
+                   "lower <= 0.000"):
+        assert f"| {target} |" in body, body
 
 
 def test_the_page_says_what_its_ray_table_says() -> None:
