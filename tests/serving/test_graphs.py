@@ -400,3 +400,26 @@ def test_step_stages_reach_the_metrics(served: ServerThread) -> None:
         time.sleep(0.2)
     for step in ("pre", "double", "triple", "blend", "post"):
         assert f'stage="step:{step}"' in text
+
+
+def test_a_new_graph_version_swaps_in_like_a_model(served: ServerThread, tmp_path) -> None:
+    repo = served.server.registry.repository
+    folder = tmp_path / "swap"
+    folder.mkdir()
+    (folder / "steps.py").write_text(STEPS)
+    x = np.ones((1, 4), np.float32)
+    for version, step in ((1, "pre"), (2, "quick")):
+        output = "x" if step == "pre" else "z"
+        (folder / "graph.yaml").write_text(f"""
+inputs:
+  raw: {{datatype: FP32, shape: [-1, 4]}}
+steps:
+  only: {{kind: python, function: "steps.py:{step}", inputs: [raw]}}
+outputs:
+  out: only.{output}
+""")
+        repo.add_graph("swap", folder, trust_code=True, sample=x)
+        served.call(served.server.registry.sync(["swap"]))
+        resp = infer(served, "swap", x)
+        assert resp.json()["model_version"] == str(version)
+        assert outputs(resp)["out"].tolist() == [[2.0] * 4]  # raw + 1 both ways
