@@ -13,7 +13,8 @@ Two workloads (``peer_apps/workload.py``), V2 REST JSON, one FP32 row of 16 per 
   composition of three deployments.
 
 Every server runs pinned to CPU 0 (one worker process for redline, one instance or replica per
-model for the peers, MLServer's one worker), the load tool (``redline bench``) to CPU 1. The
+model for the peers, MLServer's one worker), the load tool (``redline bench``'s, run in this
+process) pinned to CPU 1. The
 peers run from their own environments (``bash benchmarks/peers/setup.sh pytriton mlserver
 ray-serve``, made on first use otherwise), each started with a tag in its environment and every
 process carrying it stopped at the end (``benchmarks/peers/procs.py``). All servers are up at
@@ -62,8 +63,8 @@ PEER_ENVS = {"triton": "pytriton", "mlserver": "mlserver", "ray": "ray-serve"}
 WORKLOADS = ("rowsum", "graph")
 INPUT = f"INPUT0:FP32:1x{workload.WIDTH}"
 RATES: dict[str, tuple[float, ...]] = {
-    "rowsum": (250, 500, 1000, 2000, 4000, 6000, 8000, 11000, 15000, 20000),
-    "graph": (100, 250, 500, 1000, 2000, 3000, 4500, 6000, 8000, 11000, 15000)}
+    "rowsum": (100, 250, 500, 1000, 2000, 4000, 6000, 8000, 11000, 15000, 20000),
+    "graph": (50, 100, 250, 500, 1000, 2000, 3000, 4500, 6000, 8000, 11000, 15000)}
 
 # The targets, each a ratio of two cells of the same round (``best:`` the peer configuration with
 # the higher median): name -> (workload, measured, reference, c, metric, op, bound)
@@ -299,19 +300,25 @@ def check_answers(run: Run, targets: list[Target]) -> None:
 # --------------------------------------------------------------------------- measuring
 def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
           rate: float = 0.0) -> dict | None:  # type: ignore[type-arg]
+    """One cell with ``redline bench``'s load tool, run in this process (pinned to CPU 1 by
+    ``main``): closed loop at ``c``, or open loop at ``rate``."""
+    import numpy as np
+
+    from redline.bench.runner import LoadSpec, run_load
+
     server = run.servers[t.server]
     url = (f"127.0.0.1:{server.grpc}" if t.protocol == "grpc"
            else f"http://127.0.0.1:{server.http}")
-    cmd = [PY, "-m", "redline.cli", "bench", "--url", url, "--model", t.model, "--input", INPUT,
-           "--protocol", t.protocol, "--duration", str(duration), "--warmup", str(warmup),
-           "--json"]
-    cmd += ["--rate", str(rate), "-c", "64"] if rate else ["-c", str(c)]
+    row = np.random.default_rng(0).standard_normal((1, workload.WIDTH)).astype(np.float32)
+    spec = LoadSpec(url=url, model=t.model, protocol=t.protocol, rate=rate or None,
+                    connections=64 if rate else c, duration_s=duration, warmup_s=warmup,
+                    inputs={"INPUT0": ("FP32", row)})
     before = server.cpu_seconds()
-    done = subprocess.run(["taskset", "-c", "1", *cmd], capture_output=True, text=True, cwd=ROOT)
-    if done.returncode:
-        print(f"{t.name} c={c} rate={rate}: {done.stderr[-300:]}", file=sys.stderr)
+    try:
+        report = run_load(spec).to_dict()
+    except Exception as exc:  # noqa: BLE001 - a cell that fails is reported, the run goes on
+        print(f"{t.name} c={c} rate={rate}: {exc}", file=sys.stderr)
         return None
-    report = json.loads(done.stdout)
     lat = report["latency_ms"]
     return {"rps": report["throughput_rps"], "p50": lat["p50"], "p90": lat["p90"],
             "p99": lat["p99"], "ok": report["ok"],
@@ -490,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
             ap.error(f"unknown workload {w}: choose among {', '.join(WORKLOADS)}")
     scratch = Path(tempfile.mkdtemp(prefix="redline-pycompare-"))
     run = Run(scratch)
+    cpus = os.sched_getaffinity(0)
     try:
         files = scratch / "graph-files"
         workload.write_files(files)
@@ -501,6 +509,7 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
         if "ray" in peers:
             targets += add_ray(run, workloads, files, args.replicas)
         check_answers(run, targets)
+        os.sched_setaffinity(0, {1})  # the load tool runs here, on the other core
         time.sleep(2)  # let start-up work settle before anything is timed
         rates = ({w: tuple(float(r) for r in args.rates.split(",")) for w in workloads}
                  if args.rates else RATES)
@@ -517,6 +526,7 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
         print(markdown(result))
         return result
     finally:
+        os.sched_setaffinity(0, cpus)
         run.stop()
         ray_dir = scratch / "ray-run-dir"
         if ray_dir.exists():
