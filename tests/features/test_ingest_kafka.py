@@ -39,9 +39,12 @@ FAST_GROUP = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}
 
 
 def _produce(bootstrap: str, topic: str, n: int, *, seed: int, bad_every: int = 0,
-             rate: float = 0.0) -> tuple[dict[str, list[float]], int]:
-    """Produce ``n`` good events keyed by card (and a bad one every ``bad_every``); returns the
-    brute-force (count, sum) per card and the number of bad messages."""
+             rate: float = 0.0, until: threading.Event | None = None
+             ) -> tuple[dict[str, list[float]], int]:
+    """Produce ``n`` good events keyed by card (and a bad one every ``bad_every``), and on at
+    ``rate`` until ``until`` is set when it is given (a slow machine's members may take longer
+    to start than ``n`` events last); returns the brute-force (count, sum) per card and the
+    number of bad messages."""
     from confluent_kafka import Producer
 
     rng = random.Random(seed)
@@ -49,7 +52,8 @@ def _produce(bootstrap: str, topic: str, n: int, *, seed: int, bad_every: int = 
     want: dict[str, list[float]] = {}
     bad = 0
     t0 = time.monotonic()
-    for i in range(n):
+    i = 0
+    while i < n or (until is not None and not until.is_set() and i < 50 * n):
         card = f"c{rng.randrange(200)}"
         amount = round(rng.uniform(1, 500), 2)
         cnt = want.setdefault(card, [0, 0.0])
@@ -67,6 +71,7 @@ def _produce(bootstrap: str, topic: str, n: int, *, seed: int, bad_every: int = 
                 ahead = i / rate - (time.monotonic() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
+        i += 1
     assert prod.flush(30) == 0
     return want, bad
 
@@ -168,11 +173,12 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
     and restarted, then a third joins (a rebalance); at the end every card's count and sum equal
     the brute force: 0 lost, 0 doubled."""
     kafka_broker.create_topic(topic, 4)
-    n = 12_000
+    n = 12_000  # at least; on until the kill is over, however slow the members' start
+    killed = threading.Event()
     result: dict[str, Any] = {}
     def produce() -> None:
         result["want"], result["bad"] = _produce(kafka_broker.bootstrap, topic, n, seed=7,
-                                                 rate=1500.0)
+                                                 rate=1500.0, until=killed)
 
     producer = threading.Thread(target=produce)
     a = _member(kafka_broker.bootstrap, url, topic, "a", *extra)
@@ -187,12 +193,14 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         assert producer.is_alive(), "the stream ended before the kill: not mid-stream"
         a.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, offsets not committed
         a.wait(10)
+        killed.set()
         a2 = _member(kafka_broker.bootstrap, url, topic, "a2", *extra)
         procs.append(a2)
         _wait_until("the restarted member polling", lambda: _last_stats(a2), [a2, b])
         procs.append(_member(kafka_broker.bootstrap, url, topic, "c", *extra))  # joins: rebalance
         producer.join(60)
         want = result["want"]
+        n = sum(int(c) for c, _ in want.values())
         _wait_for(store, want, n)
         # a second wave once the third member has joined: the group's rebalance is over when
         # the three live members own the four partitions between them, each once
@@ -218,6 +226,7 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         stats = orjson.loads(out.decode().strip().splitlines()[-1])
         assert stats["accepted"] > 0, joined.log_text()[-2000:]  # the rebalance gave it partitions
     finally:
+        killed.set()  # (a failure before the kill: the producer stops too)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
