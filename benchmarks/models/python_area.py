@@ -105,6 +105,35 @@ def render(stamp: str, result: dict) -> tuple[str, list[Target]]:  # type: ignor
     if grpc:
         lines += ["", "gRPC, beside it: redline's Python model over Triton's best gRPC "
                   f"configuration, req/s: {', '.join(sorted(grpc, key=lambda g: g[-1]))}."]
+    cpu = _cpu_line(result)
+    if cpu:
+        lines += ["", cpu]
     if skipped:
         lines += ["", "Not compared: " + "; ".join(skipped) + "."]
     return "\n".join([*lines, "", *table(header, _rows(result))]), found
+
+
+# (ratio whose "against" names the peer configuration, redline's target, what the line calls it)
+_CPU_PAIRS = (("rowsum_c8_rps_vs_onnx", "redline", "redline's ONNX path"),
+              ("rowsum_c8_rps_vs_triton", "redline", "Triton"),
+              ("rowsum_c8_rps_vs_mlserver", "redline", "MLServer"),
+              ("rowsum_c8_rps_vs_ray", "redline", "Ray Serve"),
+              ("graph_c8_rps_vs_triton", "redline_graph", "Triton's ensemble"),
+              ("graph_c8_rps_vs_ray", "redline_graph", "Ray Serve's composition"))
+
+
+def _cpu_line(result: dict) -> str:  # type: ignore[type-arg]
+    """Server CPU time per request at c=8, each peer's (its configuration the c=8 targets are
+    against) over redline's: the figure a busy shared machine disturbs least."""
+    cpu = {c["target"]: c["server_cpu_us_per_req"] for c in result["cells"]
+           if c["concurrency"] == 8}
+    parts = []
+    for key, mine, label in _CPU_PAIRS:
+        entry = result["ratios"].get(key)
+        theirs = cpu.get(entry["against"]) if entry else None
+        if theirs and cpu.get(mine):
+            parts.append(f"{label} {theirs / cpu[mine]:.1f}x")
+    if not parts:
+        return ""
+    return ("Server CPU time per request at c=8 (the figure a busy machine disturbs least), "
+            "each peer's over redline's: " + ", ".join(parts) + ".")
