@@ -14,7 +14,7 @@ from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.prometheus import PrometheusExport
 from redline.monitoring.slowlog import SlowLog
-from redline.serving.stages import Observers
+from redline.serving.observers import Observers
 from tests.monitoring.helpers import record
 
 

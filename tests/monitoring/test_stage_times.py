@@ -13,12 +13,13 @@ import httpx
 import numpy as np
 import pytest
 
-import redline.serving.stages as stages_module
+import redline.serving.request_end as request_end_module
 from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import NEVER, StageTimesBuffer, v2_record
-from redline.serving.stages import Observers, RequestRecord
+from redline.serving.observers import Observers
+from redline.serving.stages import RequestRecord
 from tests.monitoring.helpers import record
 from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, v2_body
 from tests.monitoring.test_server import metric_samples
@@ -29,7 +30,7 @@ BUDGET = {"x-redline-budget-ms": "5000"}  # a busy machine's hiccup must not mak
 
 
 class _Counted(RequestRecord):
-    """RequestRecord, counted: how many records the V2 path made (``stages.V2End``)."""
+    """RequestRecord, counted: how many records the V2 path made (``request_end.V2End``)."""
 
     __slots__ = ()
     made = 0
@@ -67,7 +68,7 @@ def _serve(tmp: Path, ratio: float | None, rows_per_s: float = 1.0) -> ServerThr
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Counted]]:
-    monkeypatch.setattr(stages_module, "RequestRecord", _Counted)
+    monkeypatch.setattr(request_end_module, "RequestRecord", _Counted)
     _Counted.made = 0
     yield _Counted
 

@@ -19,7 +19,8 @@ import pytest
 from redline.config import BatchingSettings, ModelSettings
 from redline.proto import redline_v1_pb2 as v1
 from redline.proto import redline_v1_pb2_grpc as v1g
-from redline.serving.stages import RequestObserver, RequestRecord
+from redline.serving.observers import RequestObserver
+from redline.serving.stages import RequestRecord
 from tests.pipeline.conftest import make_settings
 from tests.pipeline.test_degradation import score
 

@@ -20,7 +20,8 @@ from redline.config import Settings
 from redline.models import ModelRepository
 from redline.proto import grpc_service_pb2 as pb
 from redline.proto import grpc_service_pb2_grpc as pbg
-from redline.serving.stages import RequestObserver, RequestRecord
+from redline.serving.observers import RequestObserver
+from redline.serving.stages import RequestRecord
 from tests.serving.conftest import ADMIN_TOKEN
 from tests.serving.helpers import ServerThread, affine_model
 

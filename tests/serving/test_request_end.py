@@ -1,4 +1,4 @@
-"""How an edge ends a request (``stages.RequestEnd``), and which way the packages import.
+"""How an edge ends a request (``request_end.RequestEnd``), and which way the packages import.
 
 ``RequestEnd.finish`` is each edge's one monitoring call: with nobody observing it only
 finishes the record; with the monitor's real feed it keeps a common ``/v1`` request's stage
@@ -11,15 +11,9 @@ import sys
 
 from redline.config import Settings
 from redline.monitoring.monitor import RecordFeed, ServerMonitor
-from redline.serving.stages import (
-    NEVER,
-    Observers,
-    RequestEnd,
-    RequestRecord,
-    StageTimesObserver,
-    TracingObserver,
-    v1_times,
-)
+from redline.serving.observers import Observers, StageTimesObserver, TracingObserver
+from redline.serving.request_end import RequestEnd
+from redline.serving.stages import NEVER, RequestRecord, v1_times
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

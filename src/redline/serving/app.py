@@ -44,8 +44,9 @@ from redline.serving.asgi import (
 )
 from redline.serving.deadline import now
 from redline.serving.edge import JSON_HEADER, error_body, http_headers
+from redline.serving.observers import Observers
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers, perf_ns
+from redline.serving.stages import perf_ns
 from redline.serving.v2_infer import Queued, V2Infer, sent_traceparent
 
 

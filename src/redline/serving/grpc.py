@@ -38,9 +38,11 @@ from redline.serving.edge import (
 from redline.serving.grpc_wire import infer_response, serialize
 from redline.serving.handle import ModelHandle
 from redline.serving.metadata import EXTENSIONS, model_metadata
+from redline.serving.observers import Observers
 from redline.serving.protocol import InferRequest, decode_grpc
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers, RequestRecord, V2End, perf_ns
+from redline.serving.request_end import V2End
+from redline.serving.stages import RequestRecord, perf_ns
 
 log = logging.getLogger("redline.serving")
 SERVICE = "inference.GRPCInferenceService"
@@ -124,7 +126,7 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> bytes:  # noqa: N802 - gRPC names
         """Parse, run, answer: the answer as wire bytes (``grpc_wire``), which the service's
         serializer passes on. While someone observes, monitoring is one call at the end
-        (``stages.V2End``), from the clock reads taken on the way: the REST path's steps."""
+        (``request_end.V2End``), from the clock reads taken on the way: the REST path's steps."""
         start_ns = perf_ns()
         observed = self.observers.observed
         handle: ModelHandle | None = None

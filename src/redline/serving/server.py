@@ -25,6 +25,7 @@ from redline.models import ModelRepository
 from redline.serving.app import RestApp
 from redline.serving.grpc import InferenceServicer, create_grpc_server
 from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
+from redline.serving.observers import Observers, RequestObserver
 from redline.serving.predict import (
     PredictPipeline,
     VersionChecks,
@@ -32,7 +33,6 @@ from redline.serving.predict import (
     open_features,
 )
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers, RequestObserver
 from redline.serving.startup import StartupPhases
 from redline.serving.store_health import StoreHealth
 from redline.serving.tfserving import TfServingRest

@@ -10,7 +10,7 @@ stable code in the ``x-redline-error-code`` header).
 Which path a ``:predict`` request takes (``docs/protocol.md``):
 
 - **tensors**: the model's inputs (a row per instance; named inputs as objects) go through the
-  same handle, budget, batcher and monitoring call as V2 infer (``stages.V2End``);
+  same handle, budget, batcher and monitoring call as V2 infer (``request_end.V2End``);
 - **entities**: for a model that records ``feature_names`` (a ``/v1`` model), instances that are
   objects whose keys are not all input names are ``/v1`` rows -- keys that are the model's entity
   keys become ``entities``, the others ``request`` fields -- and go through
@@ -46,7 +46,8 @@ from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
 from redline.serving.protocol import array_from_json
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import RequestEnd, RequestRecord, V2End, perf_ns, v1_times
+from redline.serving.request_end import RequestEnd, V2End
+from redline.serving.stages import RequestRecord, perf_ns, v1_times
 
 SIGNATURE = "serving_default"
 _TRACEPARENT = b"traceparent"

@@ -33,10 +33,12 @@ from redline.serving.edge import (
 )
 from redline.serving.grpc import Undecodable, lenient
 from redline.serving.handle import ModelHandle
+from redline.serving.observers import Observers
 from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
 from redline.serving.predict.sessions import check_session_id
-from redline.serving.stages import Observers, RequestEnd, RequestRecord, perf_ns, v1_times
+from redline.serving.request_end import RequestEnd
+from redline.serving.stages import RequestRecord, perf_ns, v1_times
 
 log = logging.getLogger("redline.serving")
 _METADATA_KEYS = frozenset((BUDGET_KEY, TRACEPARENT))

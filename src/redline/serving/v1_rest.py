@@ -21,7 +21,8 @@ from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, parse_request
 from redline.serving.predict.session_events import parse_session_events
 from redline.serving.predict.sessions import check_session_id
-from redline.serving.stages import RequestEnd, RequestRecord, v1_times
+from redline.serving.request_end import RequestEnd
+from redline.serving.stages import RequestRecord, v1_times
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
 _JSON = JSON_HEADER

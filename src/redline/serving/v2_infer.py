@@ -11,7 +11,7 @@ ASGI scope or task) -- and then takes one path, these steps:
   then ``ModelHandle.infer_now``; when the model cannot run at once, the request waits in its
   batcher (``ModelHandle.infer_queued``, :meth:`~V2Infer.finish`);
 - **answer**: encode, or the error's answer (:meth:`~V2Infer.failed`: the one error mapping);
-  while someone observes, monitoring is one call at the end (``stages.V2End``).
+  while someone observes, monitoring is one call at the end (``request_end.V2End``).
 
 Why the fast decoder is tried first: at one row a request, the general decoder, the model's
 input check and the general encoder cost more than the model run (``serving/fastjson.py``).
@@ -43,9 +43,11 @@ from redline.serving.deadline import (
 from redline.serving.edge import JSON_HEADER, repeated
 from redline.serving.fastjson import JsonFastPath
 from redline.serving.handle import ModelHandle
+from redline.serving.observers import Observers
 from redline.serving.protocol import InferRequest, decode_rest, encode_rest
 from redline.serving.registry import ModelRegistry
-from redline.serving.stages import Observers, RequestRecord, V2End, perf_ns
+from redline.serving.request_end import V2End
+from redline.serving.stages import RequestRecord, perf_ns
 
 _OCTET = (b"content-type", b"application/octet-stream")
 _HLEN = b"inference-header-content-length"

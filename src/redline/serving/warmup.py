@@ -251,8 +251,8 @@ async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed:
     ``SLOW_WARMUP_S``); returns how many requests each model answered 200, and each model's
     first other answer as (path, status, the error body's message)."""
     from redline.serving.app import RestApp
+    from redline.serving.observers import Observers, StageTimesObserver
     from redline.serving.predict import MemorySessionStore, PredictPipeline
-    from redline.serving.stages import Observers, StageTimesObserver
     from redline.serving.v1_rest import V1Rest
 
     twins = _TwinRegistry(registry)
