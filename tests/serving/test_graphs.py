@@ -270,6 +270,8 @@ def test_a_graph_over_grpc_and_binary_rest(served: ServerThread) -> None:
     want = expected_chain(x)
     assert result.as_numpy("label").tolist() == want["label"].tolist()
     np.testing.assert_allclose(result.as_numpy("y"), want["y"], rtol=1e-6)
+    meta = client.get_model_metadata("chain")
+    assert meta.platform == "ensemble" and [i.name for i in meta.inputs] == ["raw"]
     client.close()
     import tritonclient.http as thttp
 
