@@ -14,7 +14,6 @@ request has finished (tail sampling decides then whether to keep them).
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any, Protocol
 
@@ -180,18 +179,3 @@ class StageTimes(Protocol):
     countdown: int
 
     def gap(self) -> int: ...
-
-
-# Where the names this module held before moved, for code that imports them from here.
-_MOVED = {
-    "Observers": "observers", "RequestObserver": "observers", "StageTimesObserver": "observers",
-    "TracingObserver": "observers", "FlatSeries": "request_end", "FlatTimes": "request_end",
-    "RequestEnd": "request_end", "V2End": "request_end", "VersionRef": "request_end",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"redline.serving.{module}"), name)
