@@ -57,7 +57,9 @@ def test_v1_serves_a_graph_after_features(serve, repo_path, defs_path, tmp_path)
     ModelRepository(repo_path).add_graph(
         "cards_graph", folder, trust_code=True, sample=np.ones((2, 5), np.float32),
         feature_names=PRIMARY_FEATURES, feature_views=defs.versions())
-    server = serve(make_settings(repo_path, defs_path))
+    settings = make_settings(repo_path, defs_path)
+    settings.cache.prediction_cache_entries = 100  # a degraded answer is never cached
+    server = serve(settings)
     ts = int(time.time() * 1000)
     events = b"\n".join(orjson.dumps({"card_id": "g1", "amount": a, "ts": ts - i})
                         for i, a in enumerate([10.0, 30.0]))
@@ -77,6 +79,12 @@ def test_v1_serves_a_graph_after_features(serve, repo_path, defs_path, tmp_path)
         assert doc["prediction"] == 0.0 and doc["degraded"] is True
         assert any("step 'guard'" in why and "amount above 1000" in why
                    for why in doc["degraded_reasons"])
+        again = c.post("/v1/models/cards_graph/predict", json={
+            "entities": {"card_id": "g1"}, "request": {"amount": 5000.0}}).json()
+        assert again["path"] == "primary" and again["degraded"] is True
+        cached = c.post("/v1/models/cards_graph/predict", json={
+            "entities": {"card_id": "g1"}, "request": {"amount": 120.0}}).json()
+        assert cached["path"] == "cache" and cached["degraded"] is False
     with grpc.insecure_channel(server.grpc) as channel:
         reply = pb_grpc.PredictionServiceStub(channel).Predict(pb.PredictRequest(
             model_name="cards_graph", instances=[pb.Instance(

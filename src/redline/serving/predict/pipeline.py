@@ -322,9 +322,12 @@ class PredictPipeline:
             ran = await handle.infer({plan.input_name: x[todo]}, budget, record=record)
             if window is not None:
                 window.add((perf_ns() - t0) * 1e-9)
+            attrs = record.attributes  # a graph whose steps fell back: not an answer to keep
+            keep = not (attrs and "degraded_reasons" in attrs)
             for k, r in enumerate(todo):
                 row_out = {name: v[k:k + 1] for name, v in ran.items()}
-                cache.put(handle.name, handle.version, rows[r], row_out)
+                if keep:
+                    cache.put(handle.name, handle.version, rows[r], row_out)
                 hits[r] = row_out
         out = {name: np.concatenate([h[name] for h in hits])  # type: ignore[index]
                for name in handle.output_names}
