@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 
 from redline.errors import ConfigError, FeatureNotFound
+from redline.features.layout import ViewLayout
 from redline.features.tiles import (
     TileWindow,
     default_tile_ms,
     format_duration,
     parse_duration,
-    ring_size,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -154,35 +154,6 @@ def distinct(field_name: str, window: str | int, **kw: Any) -> Aggregation:
     return Aggregation("distinct", field_name, window, **kw)
 
 
-@dataclass(frozen=True)
-class TileGroup:
-    """One tile grid of one field (``None``: events only): what an online store keeps per entity."""
-
-    gid: int
-    field: str | None
-    hll: bool
-    tile_ms: int
-    tiles: int  # the longest window on this grid, in tiles
-    ring: int  # slots kept (see tiles.ring_size)
-
-
-@dataclass(frozen=True)
-class WindowRef:
-    """A (tile group, window length) pair that reads merge once and derive features from."""
-
-    wid: int
-    gid: int
-    window: TileWindow
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    name: str
-    kind: str
-    wid: int
-    default: float
-
-
 @dataclass
 class FeatureView:
     """Aggregations of one source's events per entity, over sliding windows."""
@@ -237,7 +208,9 @@ class FeatureView:
 
     def layout(self) -> ViewLayout:
         if self._layout is None:
-            self._layout = ViewLayout.build(self)
+            self.validate()
+            self._layout = ViewLayout.build(self.name, self.features, self.source.skew_ms,
+                                            self.source.lateness_ms)
         return self._layout
 
     def validate(self) -> None:
@@ -275,58 +248,6 @@ class FeatureView:
                 raise ConfigError(f"{where}: {a.window_ms // a.tile_ms} tiles per window is too "
                                   "many (at most 10000; every read merges them): use a larger "
                                   "tile=")
-
-
-@dataclass(frozen=True)
-class ViewLayout:
-    """The compiled shape of a view: tile groups, the windows reads merge, and the outputs."""
-
-    groups: tuple[TileGroup, ...]
-    windows: tuple[WindowRef, ...]
-    outputs: tuple[OutputSpec, ...]
-    ttl_ms: int
-
-    @staticmethod
-    def build(view: FeatureView) -> ViewLayout:
-        view.validate()
-        skew = view.source.skew_ms
-        # A count rides on a numeric group of the same tile size when there is one (its records
-        # count events too): one less ring to store and to merge on every read.
-        numeric = {a.tile_ms: a.field for a in sorted(view.features, key=lambda a: a.field or "")
-                   if a.kind not in ("count", "distinct")}
-
-        def group_key(a: Aggregation) -> tuple[str | None, bool, int]:
-            if a.kind == "count":
-                return (numeric.get(a.tile_ms), False, a.tile_ms)
-            return (a.field, a.kind == "distinct", a.tile_ms)
-
-        grid: dict[tuple[str | None, bool, int], int] = {}
-        for a in view.features:
-            key = group_key(a)
-            grid[key] = max(grid.get(key, 0), a.window_ms // a.tile_ms)
-        groups = tuple(
-            TileGroup(i, fld, hll, tile, k, ring_size(k, tile, skew))
-            for i, ((fld, hll, tile), k) in enumerate(sorted(grid.items(), key=_group_order))
-        )
-        if len(groups) > 256:  # a group is one byte of its tag in the Redis hash
-            raise ConfigError(f"view '{view.name}' needs {len(groups)} tile grids (at most 256): "
-                              "use fewer distinct (field, tile size) pairs or split the view")
-        by_key = {(g.field, g.hll, g.tile_ms): g.gid for g in groups}
-        windows: dict[tuple[int, int], WindowRef] = {}
-        outputs = []
-        for a in view.features:
-            gid = by_key[group_key(a)]
-            wkey = (gid, a.window_ms)
-            if wkey not in windows:
-                windows[wkey] = WindowRef(len(windows), gid, TileWindow(a.window_ms, a.tile_ms))
-            outputs.append(OutputSpec(a.feature_name, a.kind, windows[wkey].wid, a.default_value))
-        ttl = max(g.ring * g.tile_ms for g in groups) + view.source.lateness_ms
-        return ViewLayout(groups, tuple(windows.values()), tuple(outputs), ttl)
-
-
-def _group_order(item: Any) -> tuple[str, bool, int]:
-    (fld, hll, tile), _ = item
-    return (fld or "", hll, tile)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from redline.features.definitions import ViewLayout
+from redline.features.layout import ViewLayout
 
 
 class KeyState:

@@ -24,7 +24,8 @@ from redline.features.aggregates import (
     hll_estimate,
     record_update,
 )
-from redline.features.definitions import FeatureView, ViewLayout
+from redline.features.definitions import FeatureView
+from redline.features.layout import ViewLayout
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.bulk import BulkLoader
 from redline.features.online.keystate import KeyState
