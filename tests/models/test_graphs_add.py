@@ -273,3 +273,30 @@ outputs:
     repo.add_onnx("affine", affine_model(6, 3.0, 0.0))
     with pytest.raises(Exception, match="repository model affine:1 now takes"):
         load_runner(repo, "g")
+
+
+def test_a_chain_runs_without_tasks_and_branches_as_a_dataflow() -> None:
+    import yaml
+
+    from redline.models.dag import Schedule, parse_dag
+
+    def schedule(steps: str) -> Schedule:
+        doc = yaml.safe_load(f"inputs: {{raw: {{datatype: FP32, shape: [-1, 4]}}}}\n{steps}")
+        return Schedule(parse_dag(doc, "graph.yaml"))
+
+    chain = schedule('''
+steps:
+  f: {kind: python, function: "s.py:f", inputs: [raw]}
+  m1: {kind: model, model: a.onnx, inputs: [f.x]}
+  m2: {kind: model, model: b.onnx, inputs: [f.x]}
+  c: {kind: cascade, confidence: p, threshold: 0.9, steps: [m1, m2]}
+  post: {kind: python, function: "s.py:g", inputs: [c.p]}
+outputs: {y: post.y}''')
+    assert chain.chain and chain.deps == {"f": [], "c": ["f"], "post": ["c"]}
+    branches = schedule('''
+steps:
+  a: {kind: python, function: "s.py:a", inputs: [raw]}
+  b: {kind: python, function: "s.py:b", inputs: [raw]}
+  both: {kind: ensemble, steps: [a, b], output: y}
+outputs: {y: both.y}''')
+    assert not branches.chain and branches.deps["both"] == ["a", "b"]

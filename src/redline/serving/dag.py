@@ -93,7 +93,8 @@ class GraphHandle(ModelHandle):
     async def infer_queued(self, inputs: Arrays, rows: int, deadline: float | None,
                            priority: int = LOW, record: RequestRecord | None = None) -> Arrays:
         env = _RequestEnv(self, deadline, priority, record)
-        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.waves, env, self.name)
+        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule, env,
+                       self.name)
         t0 = perf_ns()
         outputs = await run.answer(inputs, rows)
         if record is not None:

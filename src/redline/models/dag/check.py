@@ -289,7 +289,7 @@ def _sample_run(repo: ModelRepository, meta: ModelMetadata, folder: Path, spec: 
     async def whole() -> None:
         checked = runner.validate(rows)
         count = len(next(iter(checked.values())))
-        run = GraphRun(spec, sigs, runner.waves, env, meta.name)
+        run = GraphRun(spec, sigs, runner.schedule, env, meta.name)
         await run.answer(checked, count)
         for step in spec.steps.values():  # a cascade's later steps run on the sample too
             if step.kind == "python" and step.name not in seen:

@@ -1,11 +1,13 @@
-"""One request through a graph: steps in dependency order, those at the same depth at once.
+"""One request through a graph: each step as soon as the steps it reads have answered.
 
-Why waves and not a task per step: a chain of steps (the common featurize → model → post-step
-shape) then runs with no task at all, each step awaited in turn, and steps that may run together
-(an ensemble's members, two branches) are gathered. The ``StepEnv`` runs the leaves (models and
-Python functions) and knows the budget: the server's runs them through batchers within the
-request's budget (``serving/dag.py``), ``models add``'s sample run calls them directly
-(``runner.py``); this module is the one definition of what a graph answers.
+Why two ways to run: a chain of steps (the common featurize -> model -> post-step shape, or any
+graph whose steps each read the one before) runs with no task at all, each step awaited in turn;
+a graph with branches that may run together (an ensemble's members, two featurizers) gets a task
+per step, each awaiting only the steps it reads, so a slow branch never holds up another. The
+``StepEnv`` runs the leaves (models and Python functions) and knows the budget: the server's
+runs them through batchers within the request's budget (``serving/dag.py``), ``models add``'s
+sample run calls them directly (``runner.py``); this module is the one definition of what a
+graph answers.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ class GraphRun:
     """The values of one request's steps as they are computed, and why it degraded."""
 
     def __init__(self, spec: DagSpec, signatures: dict[str, list[TensorSpec] | None],
-                 waves: list[list[str]], env: StepEnv, graph: str) -> None:
+                 schedule: Schedule, env: StepEnv, graph: str) -> None:
         self.spec = spec
         self.signatures = signatures
-        self.waves = waves
+        self.schedule = schedule
         self.env = env
         self.graph = graph
         self.values: dict[str, Arrays] = {}
@@ -56,17 +58,32 @@ class GraphRun:
         """The graph's outputs for ``inputs`` (``rows`` rows); a step that fails without a
         fallback raises its error."""
         self.inputs, self.rows = inputs, rows
-        for wave in self.waves:
-            if len(wave) == 1:
-                await self._step(self.spec.steps[wave[0]])
-            else:
-                await _gather([self._step(self.spec.steps[n]) for n in wave])
+        steps = self.spec.steps
+        if self.schedule.chain:
+            for name in self.spec.order:
+                await self._step(steps[name])
+        else:
+            await self._dataflow()
         out = {name: self._read(ref, f"output '{name}'") for name, ref in
                self.spec.outputs.items()}
         if self.spec.has_fallback and DEGRADED not in out:
             why = "; ".join(self.reasons)
             out[DEGRADED] = np.full(rows, why, dtype=object)
         return out
+
+    async def _dataflow(self) -> None:
+        """A task per step, started in order, each awaiting the tasks of what it reads."""
+        tasks: dict[str, asyncio.Future[None]] = {}
+        steps, deps = self.spec.steps, self.schedule.deps
+
+        async def after(name: str, before: list[asyncio.Future[None]]) -> None:
+            if before:
+                await asyncio.gather(*before)
+            await self._step(steps[name])
+
+        for name in self.spec.order:
+            tasks[name] = asyncio.ensure_future(after(name, [tasks[d] for d in deps[name]]))
+        await _gather(list(tasks.values()))
 
     # ------------------------------------------------------------------ one step
     async def _step(self, step: Step) -> None:
@@ -185,9 +202,8 @@ class GraphRun:
         return answer
 
 
-async def _gather(coros: list) -> None:  # type: ignore[type-arg]
-    """Run steps at once; the first failure cancels the others and is raised."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
+async def _gather(tasks: list[asyncio.Future[None]]) -> None:
+    """Wait for every step; the first failure cancels the others and is raised."""
     try:
         await asyncio.gather(*tasks)
     except BaseException:
@@ -196,16 +212,18 @@ async def _gather(coros: list) -> None:  # type: ignore[type-arg]
         raise
 
 
-def waves(spec: DagSpec) -> list[list[str]]:
-    """``spec.order`` grouped by depth: a step's wave comes after every wave it reads from."""
-    from redline.models.dag.spec import dependencies
+class Schedule:
+    """How a graph's steps wait for each other: ``deps`` (each step's steps to await, a
+    cascade's members standing for their cascade) and ``chain``: whether each step reads the
+    one before it and no other, so the steps run one after another without tasks."""
 
-    members = spec.members()
-    depth: dict[str, int] = {}
-    for name in spec.order:
-        deps = [members.get(d, d) for d in dependencies(spec, spec.steps[name])]
-        depth[name] = 1 + max((depth[d] for d in deps), default=-1)
-    out: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for name in spec.order:
-        out[depth[name]].append(name)
-    return out
+    def __init__(self, spec: DagSpec) -> None:
+        from redline.models.dag.spec import dependencies
+
+        members = spec.members()
+        self.deps: dict[str, list[str]] = {
+            name: list(dict.fromkeys(members.get(d, d)
+                                     for d in dependencies(spec, spec.steps[name])))
+            for name in spec.order}
+        order = spec.order
+        self.chain = all(self.deps[n] == [order[i - 1]] for i, n in enumerate(order) if i)

@@ -19,7 +19,7 @@ import yaml
 
 from redline.config import RuntimeSettings
 from redline.errors import CorruptModel, InvalidInput, ModelError
-from redline.models.dag.execute import GraphRun, StepEnv, waves
+from redline.models.dag.execute import GraphRun, Schedule, StepEnv
 from redline.models.dag.spec import DagSpec, Step, parse_dag
 from redline.models.dag.steps import (
     StepFunction,
@@ -67,7 +67,7 @@ class DagRunner(ModelRunner):
         for name, bound in metadata.extra.get("dag", {}).get("bindings", {}).items():
             if name in spec.steps:  # model inputs by the model's names, as checked at add
                 spec.steps[name].inputs = dict(bound)
-        self.waves = waves(spec)
+        self.schedule = Schedule(spec)
         self.functions: dict[str, StepFunction] = {}
         self.checks: dict[str, OutputCheck] = {}   # Python steps that declare their outputs
         self.local: dict[str, ModelRunner] = {}   # in-folder model steps
@@ -107,7 +107,7 @@ class DagRunner(ModelRunner):
         """The graph's outputs, every step run here in turn (no batching, no budget)."""
         first = next(iter(inputs.values()))
         rows = int(first.shape[0]) if first.ndim else 1
-        run = GraphRun(self.spec, self.signatures, self.waves, DirectEnv(self),
+        run = GraphRun(self.spec, self.signatures, self.schedule, DirectEnv(self),
                        self.metadata.name)
         out = asyncio.run(run.answer(dict(inputs), rows))
         return {n: out[n] for n in output_names} if output_names else out
