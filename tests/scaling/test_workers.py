@@ -83,12 +83,13 @@ def replacement_phases(serve: Serve, slot: int) -> dict[str, float]:
     return {name: float(s) for name, s in found}
 
 
-def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -> None:
+def test_a_worker_killed_every_3s_under_load_fails_no_request(tmp_path: Path) -> None:
     """Two workers with monitoring on and a profiled model; at a steady rate one worker is
-    SIGKILLed every 10 s, the slots in turn: each replacement becomes ready and answers
-    (checked on the ports, not only as a process; on a machine too busy to start one in 10 s
+    SIGKILLed every 3 s, the slots in turn: each replacement becomes ready and answers
+    (checked on the ports, not only as a process; on a machine too busy to start one in 3 s
     the next kill waits for it rather than take both down), and no request fails after one
-    resend."""
+    resend. (Every 3 s, not 10: the same two kills, each still among requests in flight and
+    after the previous replacement answered; the extra 7 s of steady load proved nothing more.)"""
     body = profiled_repo(tmp_path, width=16)
     serve = Serve(tmp_path, "--workers", "2").wait_ready()
     try:
@@ -101,13 +102,13 @@ def test_a_worker_killed_every_10s_under_load_fails_no_request(tmp_path: Path) -
                         pause_s=0.01) as load:
             time.sleep(1.0)
             for slot in (0, 1):
-                next_kill = time.monotonic() + 10.0
+                next_kill = time.monotonic() + 3.0
                 victim = slot_pid(serve, slot)
                 before = load.result.ok
                 killed_at = time.monotonic()
                 os.kill(victim, signal.SIGKILL)
                 while slot_pid(serve, slot) == victim:  # the supervisor starts a replacement
-                    assert time.monotonic() < next_kill, serve.log.read_text()[-2000:]
+                    assert time.monotonic() < killed_at + 10.0, serve.log.read_text()[-2000:]
                     time.sleep(0.05)
                 replacement = slot_pid(serve, slot)
                 assert served_by(serve.url, replacement, max(next_kill, time.monotonic() + 60)), (
