@@ -5,7 +5,7 @@
 2. **features** — one coalesced, budget-bound read (``features.py``), then request-time
    transforms on the fetched columns.
 3. **sessions** — when a ``session_id`` is given, its counters and last events are updated and
-   read atomically in the shared store (``sessions.py``).
+   read atomically in the shared store (``session_access.py``, over ``sessions.py``).
 4. **admission** — the primary unless the budget left is below its recent p99 (``latency.py``,
    which ages and probes), else the fallback model or the default answer.
 5. **queue / inference** — ``ModelHandle.infer`` within the budget.
@@ -17,14 +17,12 @@ Each stage is a span on the request's :class:`~redline.serving.stages.RequestRec
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import orjson
 
 from redline.config import Settings
 from redline.errors import (
@@ -48,9 +46,9 @@ from redline.serving.predict.graph import run_graph
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
+from redline.serving.predict.session_access import SessionAccess
 from redline.serving.predict.session_events import SessionEventWriter, load_catalogue
 from redline.serving.predict.sessions import (
-    RedisSessionStore,
     SessionItem,
     SessionState,
     SessionStore,
@@ -89,10 +87,11 @@ class PredictPipeline:
                                     loop_redis=_loop_redis(store, settings),
                                     spin_s=max(0.0, settings.features.redis_spin_us) / 1e6)
         self.sessions = sessions
-        self.sessions_shared = sessions.kind == "redis"
         self.catalogue = (load_catalogue(cfg.session_catalogue) if cfg.session_catalogue
                           else None)
         self.session_events = SessionEventWriter(sessions, self.catalogue)
+        self.session_access = SessionAccess(sessions, self.breaker, self.features,
+                                            self.session_events)
         self.max_instances = cfg.max_instances
         self._routes: dict[tuple[Any, ...], Route] = {}
         self._latency: dict[tuple[str, int], LatencyWindow] = {}
@@ -156,7 +155,7 @@ class PredictPipeline:
         t = _mark(record, FEATURES, t)
         session = None
         if req.session_id is not None:
-            session = self._session(req, fields, reasons)
+            session = self.session_access.update(req, fields, reasons)
             t = _mark(record, SESSIONS, t)
         plan, path = self._choose(route, budget, window, reasons)
         t = _mark(record, ADMISSION, t)
@@ -208,99 +207,21 @@ class PredictPipeline:
             return None, DEFAULT
         return route.primary, PRIMARY  # nothing cheaper configured: try the primary anyway
 
-    def _session(self, req: PredictRequest, fields: dict[str, np.ndarray], reasons: list[str]
-                 ) -> SessionState | None:
-        assert req.session_id is not None
-        increments: dict[str, float] = {"requests": float(len(req.fields))}
-        for name, col in fields.items():
-            finite = col[np.isfinite(col)]
-            increments[f"{name}_sum"] = float(finite.sum())
-        event = orjson.dumps(req.fields[-1]) if req.fields else None
-        shared = self.sessions_shared
-        if shared and not self.breaker.allow():
-            reasons.append("session store circuit open: session state not updated")
-            return None
-        try:
-            state = self.sessions.update(req.session_id, increments, event)
-        except Exception as exc:  # noqa: BLE001 - degrade: answer without session state
-            if shared:
-                self.breaker.failure()
-            reasons.append(f"session store unavailable ({type(exc).__name__}): session state "
-                           "not updated")
-            return None
-        if shared:
-            self.breaker.success()
-        return state
-
     def session_items(self, session_id: str, limit: int | None = None,
                       reasons: list[str] | None = None) -> list[SessionItem]:
-        """The session's items, most recent first (at most ``limit``), for a request's graph.
-
-        Each :class:`SessionItem` has ``item_id``, ``type`` (``click``...) and ``ts_ms``. An unknown
-        or expired session has no items (a cold start, not an error). When the shared store is
-        down or its circuit is open the answer is ``[]`` and the reason is appended to
-        ``reasons`` (the request's ``degraded_reasons``), so the caller answers degraded
-        instead of failing. Reads only: it neither changes the session nor extends its TTL.
-        """
-        shared = self.sessions_shared
-        if shared and not self.breaker.allow():
-            _session_reason(reasons, "session store circuit open")
-            return []
-        try:
-            items = self.sessions.items(session_id, limit)
-        except Exception as exc:  # noqa: BLE001 - degrade: answer without session items
-            if shared:
-                self.breaker.failure()
-            _session_reason(reasons, f"session store unavailable ({type(exc).__name__})")
-            return []
-        if shared:
-            self.breaker.success()
-        return items
+        """The session's items, most recent first (:meth:`SessionAccess.items`)."""
+        return self.session_access.items(session_id, limit, reasons)
 
     async def read_session_items(self, session_id: str, limit: int | None, budget: Budget,
                                  reserve_s: float, reasons: list[str]) -> list[SessionItem]:
-        """:meth:`session_items` for a request, bound by its budget.
-
-        On a single Redis the read goes over the event loop's own connection (the feature
-        reads' one) and is waited for no longer than the budget leaves after ``reserve_s`` (the
-        steps that follow): a slow store degrades this request alone, and the late reply still
-        reaches the circuit breaker. Elsewhere the read is the store's own, inline: the memory
-        store's costs microseconds, Redis Cluster's is bound by ``features.redis_timeout_ms``.
-        """
-        client = self.features.loop_redis
-        sessions = self.sessions
-        if client is None or not isinstance(sessions, RedisSessionStore) or (
-                limit is not None and limit <= 0):
-            return self.session_items(session_id, limit, reasons)
-        if not self.breaker.allow():
-            _session_reason(reasons, "session store circuit open")
-            return []
-        answer: asyncio.Future[tuple[Any, BaseException | None]] = (
-            asyncio.get_running_loop().create_future())
-
-        def done(reply: Any, exc: BaseException | None) -> None:
-            self.features.store_call_ended(exc)  # a late reply still tells the breaker
-            if not answer.done():
-                answer.set_result((reply, exc))
-
-        client.call(sessions.items_command(session_id, limit), done)
-        wait = budget.wait_for(reserve_s)
-        try:
-            reply, exc = await asyncio.wait_for(answer, wait)
-        except TimeoutError:
-            _session_reason(reasons, f"session store slow (no answer within {wait * 1e3:.1f} ms)")
-            return []
-        if exc is not None:
-            _session_reason(reasons, f"session store unavailable ({type(exc).__name__})")
-            return []
-        return sessions.decode_items(reply)
+        """The session's items for a request, bound by its budget
+        (:meth:`SessionAccess.read_items`)."""
+        return await self.session_access.read_items(session_id, limit, budget, reserve_s,
+                                                    reasons)
 
     def add_session_events(self, session_id: str, items: list[SessionItem]) -> SessionState:
-        """Store a session's new item events (oldest first) atomically and return its state:
-        the next read on any replica sharing the store sees them. A store that is down is a
-        :class:`~redline.errors.StoreUnavailable` (503): an event is never dropped silently.
-        With ``pipeline.session_catalogue`` set, an unknown item id is an ``InvalidInput``."""
-        return self.session_events.add(session_id, items)
+        """Store a session's new item events (:meth:`SessionAccess.add_events`)."""
+        return self.session_access.add_events(session_id, items)
 
     async def _run(self, plan: ModelPlan, x: np.ndarray, budget: Budget | None,
                    window: LatencyWindow | None, record: RequestRecord
@@ -446,12 +367,6 @@ class PredictPipeline:
         patient = getattr(self.sessions, "patient_client", None)
         if patient is not None and patient is not getattr(self.sessions, "client", None):
             patient.close()
-
-
-def _session_reason(reasons: list[str] | None, why: str) -> None:
-    """A request answered without its session's items says why (``degraded_reasons``)."""
-    if reasons is not None:
-        reasons.append(f"{why}: session items not read")
 
 
 def _loop_redis(store: OnlineStore | None, settings: Settings) -> LoopRedis | None:
