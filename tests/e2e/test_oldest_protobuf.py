@@ -4,7 +4,8 @@ same environment: the server starts, and tritonclient's gRPC client gets a right
 The generated modules in ``redline/proto`` must load on every protobuf the range allows; code
 from a newer protoc refuses any older runtime (a ``VersionError`` at import, so no server). The
 environment is a venv of redline's own dependencies with protobuf and grpcio at their lower
-bounds; it is built once per pyproject.toml (about a minute) and kept in the user's cache folder.
+bounds; it is built once per set of requirements (about a minute) and kept in the user's cache
+folder.
 """
 
 from __future__ import annotations
@@ -81,12 +82,14 @@ def cache_root() -> Path:
 
 
 def oldest_venv() -> Path:
-    """The venv for this pyproject.toml: built under a lock (one builder at a time, the others
-    wait and reuse it), marked complete only when pip succeeded. Each use touches the mark;
-    venvs of other pyproject.tomls unused for a day are removed (another checkout may be
+    """The venv for these requirements on this Python: built under a lock (one builder at a
+    time, the others wait and reuse it), marked complete only when pip succeeded. Keyed on what
+    goes into it (the requirements and the interpreter), not on the whole pyproject.toml, so an
+    edit elsewhere in it (a dev extra, a tool's settings) does not rebuild it. Each use touches
+    the mark; venvs of other requirements unused for a day are removed (another checkout may be
     using one right now)."""
     reqs = requirements()
-    key = hashlib.sha256(PYPROJECT.read_bytes() + "\n".join(reqs).encode()).hexdigest()[:16]
+    key = hashlib.sha256(("\n".join(reqs) + "\n" + sys.version).encode()).hexdigest()[:16]
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     venv = root / f"oldest-protobuf-{key}"
