@@ -144,7 +144,7 @@ class GraphRunner:
         candidate rows each run as one (its batcher counts rows)."""
         batcher = handle.batcher
         if batcher.batchable:
-            batcher.max_batch *= self.spec.k
+            batcher.max_batch = max(1, batcher.settings.max_batch_size) * self.spec.k
             if not batcher.settings.adaptive:
                 batcher.cap = batcher.max_batch
 
