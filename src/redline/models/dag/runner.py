@@ -136,16 +136,22 @@ class DagRunner(ModelRunner):
 
 
 class DirectEnv(StepEnv):
-    """Steps run on the calling thread, one after another, with no budget."""
+    """Steps run on the calling thread, one after another, with no budget; what each Python
+    step returned is kept in ``seen`` when given (``models add`` reads unknown outputs off it)."""
 
-    def __init__(self, runner: DagRunner) -> None:
+    def __init__(self, runner: DagRunner,
+                 seen: dict[str, dict[str, np.ndarray]] | None = None) -> None:
         self.runner = runner
+        self.seen = seen
 
     async def run(self, step: Step, inputs: dict[str, np.ndarray],
                   rows: int) -> dict[str, np.ndarray]:
-        if step.kind == "python":
-            return self.runner.call_python(step, inputs, rows)
-        return self.runner.run_model(step, inputs)
+        if step.kind != "python":
+            return self.runner.run_model(step, inputs)
+        out = self.runner.call_python(step, inputs, rows)
+        if self.seen is not None:
+            self.seen[step.name] = out
+        return out
 
     def skip_reason(self, step: Step) -> str | None:
         return None
