@@ -257,6 +257,8 @@ def test_a_chain_of_python_model_ensemble_and_repository_steps(served: ServerThr
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
     meta = httpx.get(f"{served.http}/v2/models/chain").json()
     assert meta["platform"] == "ensemble"
+    stats = httpx.get(f"{served.http}/v2/models/chain/stats").json()
+    assert stats["served"] >= 1 and stats["rows"] >= 2
     assert [i["name"] for i in meta["inputs"]] == ["raw"]
     assert [o["name"] for o in meta["outputs"]] == ["label", "y"]
 

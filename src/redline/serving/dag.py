@@ -96,7 +96,11 @@ class GraphHandle(ModelHandle):
         run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule, env,
                        self.name)
         t0 = perf_ns()
+        stats = self.stats  # the graph's own requests (its steps count theirs)
+        stats.admitted += 1
         outputs = await run.answer(inputs, rows)
+        stats.served += 1
+        stats.rows += rows
         if record is not None:
             record.add(INFERENCE, t0, perf_ns())
             if run.reasons:
