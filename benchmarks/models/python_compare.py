@@ -313,7 +313,7 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
     spec = LoadSpec(url=url, model=t.model, protocol=t.protocol, rate=rate or None,
                     connections=64 if rate else c, duration_s=duration, warmup_s=warmup,
                     inputs={"INPUT0": ("FP32", row)})
-    before = server.cpu_seconds()
+    before, client = server.cpu_seconds(), time.process_time()
     try:
         report = run_load(spec).to_dict()
     except Exception as exc:  # noqa: BLE001 - a cell that fails is reported, the run goes on
@@ -323,7 +323,10 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
     return {"rps": report["throughput_rps"], "p50": lat["p50"], "p90": lat["p90"],
             "p99": lat["p99"], "ok": report["ok"],
             "errors": sum(report["errors"].values()),
-            "cpu_us": round((server.cpu_seconds() - before) * 1e6 / max(1, report["ok"]), 1)}
+            "cpu_us": round((server.cpu_seconds() - before) * 1e6 / max(1, report["ok"]), 1),
+            # the load tool's own CPU time per request: near its core's share, it is the limit
+            "client_cpu_us": round((time.process_time() - client) * 1e6 / max(1, report["ok"]),
+                                   1)}
 
 
 def measure(run: Run, targets: list[Target], rounds: int, duration: float, warmup: float,
@@ -341,7 +344,8 @@ def measure(run: Run, targets: list[Target], rounds: int, duration: float, warmu
                 closed[t.name][c].append({**got, "round": r})
                 print(f"round {r + 1} {t.name:24s} {t.protocol:4s} c={c:<2d} {got['rps']:>8.0f} "
                       f"req/s  p50 {got['p50']:.3f}  p99 {got['p99']:.3f} ms  "
-                      f"{got['cpu_us']:.0f} CPU µs/req", flush=True)
+                      f"{got['cpu_us']:.0f} CPU µs/req (load tool {got['client_cpu_us']:.0f})",
+                      flush=True)
         by_workload: dict[str, list[Target]] = {}
         for t in targets:
             if t.ladder:
@@ -390,6 +394,7 @@ def summarize(targets: list[Target], data: dict) -> list[dict]:  # type: ignore[
                 "p99_ms_min": round(min(x["p99"] for x in runs), 4),
                 "p99_ms_max": round(max(x["p99"] for x in runs), 4),
                 "server_cpu_us_per_req": med("cpu_us"),
+                "client_cpu_us_per_req": med("client_cpu_us"),
                 "errors": sum(x["errors"] for x in runs),
                 "max_rate_p99_ok": statistics.median(
                     x["max_rate"] for x in data["ladders"][t.name]) if
@@ -428,7 +433,9 @@ def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignor
         per = {r: a[r] / b[r] for r in a if b.get(r)}
         entry: dict[str, object] = {"against": ref, "mine": ma, "theirs": mb}
         if not per or not mb:
-            entry.update(ratio=None, note=f"{ref} sustained no rate with the p99 bound")
+            entry.update(ratio=None, note=(
+                f"{ref} sustained none of the ladder's rates with the p99 bound"
+                + (f" ({mine}: {ma:g} req/s)" if ma else f", nor did {mine}")))
             out[key] = entry
             continue
         ratio = ma / mb
