@@ -300,3 +300,58 @@ steps:
   both: {kind: ensemble, steps: [a, b], output: y}
 outputs: {y: both.y}''')
     assert not branches.chain and branches.deps["both"] == ["a", "b"]
+
+
+CASCADE_STEPS = '''
+import numpy as np
+
+def broken(inputs):
+    raise ValueError("no model today")
+
+def sure(inputs):
+    n = len(inputs["raw"])
+    return {"p": np.tile(np.array([[0.1, 0.9]], np.float32), (n, 1))}
+
+def unsure(inputs):
+    n = len(inputs["raw"])
+    return {"p": np.tile(np.array([[0.5, 0.5]], np.float32), (n, 1))}
+'''
+
+
+def cascade_graph(tmp_path: Path, members: list[str], fallback: str = "") -> Path:
+    folder = tmp_path / "c"
+    folder.mkdir(exist_ok=True)
+    (folder / "steps.py").write_text(CASCADE_STEPS)
+    steps = "".join(f"""  {m}: {{kind: python, function: "steps.py:{m}", inputs: [raw],
+       outputs: {{p: {{datatype: FP32, shape: [-1, 2]}}}}}}
+""" for m in members)
+    listed = ", ".join(members)
+    (folder / "graph.yaml").write_text(f"""
+inputs:
+  raw: {{datatype: FP32, shape: [-1, 4]}}
+steps:
+{steps}  c: {{kind: cascade, confidence: p, threshold: 0.8, steps: [{listed}]{fallback}}}
+outputs:
+  p: c.p
+  by: c.answered_by
+""")
+    return folder
+
+
+def test_a_cascade_passes_a_failed_steps_rows_on_and_falls_back_at_its_end(tmp_path) -> None:
+    repo = ModelRepository(tmp_path / "repo")
+    x = {"raw": np.ones((2, 4), np.float32)}
+    repo.add_graph("c1", cascade_graph(tmp_path, ["unsure", "broken", "sure"]), trust_code=True)
+    got = load_runner(repo, "c1").run(x)
+    assert got["by"].tolist() == ["sure", "sure"]
+    assert "step 'broken' failed (graph 'c1' step 'broken' raised ValueError: no model today" \
+        in got["degraded"][0] and "'sure' answered its rows" in got["degraded"][0]
+    repo.add_graph("c2", cascade_graph(
+        tmp_path, ["unsure", "broken"], ", fallback: {value: {p: [1, 0], answered_by: none}}"),
+        trust_code=True)
+    got = load_runner(repo, "c2").run(x)
+    assert got["p"].tolist() == [[1.0, 0.0]] * 2 and got["by"].tolist() == ["none"] * 2
+    assert "step 'c' failed (model_error)" in got["degraded"][0]
+    repo.add_graph("c3", cascade_graph(tmp_path, ["unsure", "broken"]), trust_code=True)
+    with pytest.raises(Exception, match="step 'broken' raised ValueError: no model today"):
+        load_runner(repo, "c3").run(x)
