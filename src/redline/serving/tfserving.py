@@ -5,7 +5,8 @@ or columnar (``inputs``) body, answered ``{"predictions": ...}`` or ``{"outputs"
 ``GET /v1/models/{name}[/versions/{v}|/labels/{alias}]`` (``model_version_status``) and
 ``.../metadata`` (``model_spec`` and ``signature_def``); ``GET /v1/models`` (KServe's list).
 Errors are TF Serving's ``{"error": "<message>"}`` with redline's status and message (its
-stable code in the ``x-redline-error-code`` header).
+stable code in the ``x-redline-error-code`` header). The bodies' conversion to and from
+arrays is ``tfserving_codec``.
 
 Which path a ``:predict`` request takes (``docs/protocol.md``):
 
@@ -23,14 +24,11 @@ parameter and the verb is split off here (``{target}``), not in the router.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import numpy as np
 import orjson
 
 from redline.errors import InvalidInput, ModelNotReady, NotFound
-from redline.models.datatypes import V2_TO_NUMPY
 from redline.serving.app import HttpRequest, HttpResponse, RestApp
 from redline.serving.deadline import (
     BUDGET_HEADER,
@@ -44,12 +42,19 @@ from redline.serving.edge import JSON_HEADER, as_redline_error, http_error
 from redline.serving.handle import ModelHandle
 from redline.serving.predict import PredictPipeline, PredictRequest
 from redline.serving.predict.request import check_count
-from redline.serving.protocol import array_from_json
 from redline.serving.registry import ModelRegistry
 from redline.serving.request_end import RequestEnd, V2End
 from redline.serving.stages import RequestRecord, perf_ns, v1_times
+from redline.serving.tfserving_codec import (
+    SIGNATURE,
+    columns_to_rows,
+    encode_answer,
+    input_tensors,
+    is_entity_rows,
+    load_body,
+    payload_of,
+)
 
-SIGNATURE = "serving_default"
 _TRACEPARENT = b"traceparent"
 _DT = {"BOOL": "DT_BOOL", "INT8": "DT_INT8", "INT16": "DT_INT16", "INT32": "DT_INT32",
        "INT64": "DT_INT64", "UINT8": "DT_UINT8", "UINT16": "DT_UINT16", "UINT32": "DT_UINT32",
@@ -147,8 +152,8 @@ class TfServingRest:
         traceparent = sent.decode("latin-1") if sent is not None else None
         try:
             name, version = _name_version(request, verb=True)
-            doc, lenient = _load(request.body)
-            payload, rows_format = _payload(doc)
+            doc, lenient = load_body(request.body)
+            payload, rows_format = payload_of(doc)
             handle = self.registry.get(name, version)
         except Exception as exc:  # noqa: BLE001 - TF Serving's error body
             if self.observers.observed:
@@ -156,7 +161,7 @@ class TfServingRest:
                 self._tensor_end.failed(error.code if error is not None else "internal",
                                         start_ns, traceparent)
             return _error(exc)
-        if _entity_rows(handle, payload, rows_format):
+        if is_entity_rows(handle, payload, rows_format):
             return await self._entities(request, name, version, handle, payload, rows_format,
                                         start_ns, traceparent)
         return await self._tensors(request, handle, payload, rows_format, lenient, start_ns,
@@ -170,7 +175,7 @@ class TfServingRest:
         record: RequestRecord | None = None
         rows = decoded_ns = 0
         try:
-            inputs = _tensors(handle, payload, rows_format, lenient)
+            inputs = input_tensors(handle, payload, rows_format, lenient)
             budget = parse_budget(request.headers.get(BUDGET_HEADER), FROM_HEADER,
                                   default_ms=handle.slo_ms, start=request.start)
             priority = parse_priority(request.headers.get(PRIORITY_HEADER))
@@ -185,7 +190,7 @@ class TfServingRest:
                 outputs = await handle.infer_queued(inputs, rows, budget.deadline, priority,
                                                     record)
             inferred_ns = perf_ns() if observed else 0
-            body = orjson.dumps(_encode(handle, outputs, rows, rows_format))
+            body = orjson.dumps(encode_answer(handle, outputs, rows, rows_format))
         except Exception as exc:  # noqa: BLE001 - TF Serving's error body
             if observed or record is not None:
                 error = as_redline_error(exc)
@@ -208,7 +213,7 @@ class TfServingRest:
         record = RequestRecord("v1", "rest", start_ns)
         record.traceparent = traceparent
         try:
-            rows = payload if rows_format else _columns_to_rows(payload)
+            rows = payload if rows_format else columns_to_rows(payload)
             check_count(len(rows), self.pipeline.max_instances)
             keys = self.pipeline.route(handle).keys
             entities: list[dict[str, Any]] = []
@@ -266,145 +271,7 @@ def _name_version(request: HttpRequest, *, verb: bool) -> tuple[str, str | None]
     return target, None
 
 
-def _load(body: bytes) -> tuple[Any, bool]:
-    """The JSON body, and whether it needed the lenient parser: TF Serving's JSON allows the
-    ``NaN``, ``Infinity`` and ``-Infinity`` tokens, which strict JSON (and orjson) refuse."""
-    try:
-        return orjson.loads(body), False
-    except orjson.JSONDecodeError as exc:
-        strict_error = exc
-    try:
-        return json.loads(body), True
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidInput(
-            f"request body is not valid JSON ({strict_error}); send an object like "
-            '{"instances": [[1.0, 2.0]]} (rows) or {"inputs": {"x": [[1.0, 2.0]]}} (columns)'
-        ) from None
-
-
-def _payload(doc: Any) -> tuple[Any, bool]:
-    """(the instances or inputs, whether it is the row format)."""
-    if not isinstance(doc, dict):
-        raise InvalidInput("the request body must be a JSON object with 'instances' (rows) or "
-                           "'inputs' (columns)")
-    signature = doc.get("signature_name")
-    if signature not in (None, "", SIGNATURE):
-        raise InvalidInput(f"signature_name {signature!r} is not served: redline models have "
-                           f"one signature, '{SIGNATURE}'; leave signature_name out")
-    if ("instances" in doc) == ("inputs" in doc):
-        raise InvalidInput("send either 'instances' (row format) or 'inputs' (columnar "
-                           "format), not both and not neither")
-    if "instances" in doc:
-        rows = doc["instances"]
-        if not isinstance(rows, list) or not rows:
-            raise InvalidInput("'instances' must be a non-empty list, one entry per row")
-        return rows, True
-    return doc["inputs"], False
-
-
-def _entity_rows(handle: ModelHandle, payload: Any, rows_format: bool) -> bool:
-    """Whether a request is ``/v1`` rows: the model records feature names and the instances
-    (or columns) are named by something other than its inputs."""
-    if not handle.metadata.feature_names:
-        return False
-    first = payload[0] if rows_format else payload
-    return isinstance(first, dict) and not set(first) <= handle.input_specs.keys()
-
-
-def _columns_to_rows(columns: Any) -> list[dict[str, Any]]:
-    """Columnar ``/v1`` inputs (name -> one value per row) as rows."""
-    lengths = {len(v) if isinstance(v, list) else -1 for v in columns.values()}
-    if len(lengths) != 1 or -1 in lengths or 0 in lengths:
-        raise InvalidInput("columnar 'inputs' of entity keys and request fields must map each "
-                           "name to a non-empty list, all of the same length (one per row)")
-    n = lengths.pop()
-    return [{k: v[i] for k, v in columns.items()} for i in range(n)]
-
-
-def _tensors(handle: ModelHandle, payload: Any, rows_format: bool,
-             lenient: bool) -> dict[str, np.ndarray]:
-    """The model's named input arrays from the rows or columns."""
-    specs = handle.input_specs
-    names = list(specs)
-    columns: dict[str, Any]
-    if rows_format and isinstance(payload[0], dict):
-        for i, row in enumerate(payload):
-            if not isinstance(row, dict):
-                raise InvalidInput(f"instances[{i}] must be an object of named inputs, like "
-                                   "instances[0]")
-            _check_names(handle, row, f"instances[{i}]")
-        columns = {n: [row[n] for row in payload] for n in names}
-    elif not rows_format and isinstance(payload, dict):
-        _check_names(handle, payload, "'inputs'")
-        columns = payload
-    elif len(names) == 1:
-        columns = {names[0]: payload}
-    else:
-        where = "each instance" if rows_format else "'inputs'"
-        raise InvalidInput(f"model '{handle.name}' has inputs {names}: send {where} as an "
-                           "object of them")
-    arrays = {n: _array(n, specs[n].datatype, columns[n], lenient) for n in names}
-    for n, array in arrays.items():
-        if array.ndim == 0 or array.shape[0] == 0:
-            raise InvalidInput(f"input '{n}' holds no rows; send at least one")
-    return arrays
-
-
-def _check_names(handle: ModelHandle, given: dict[str, Any], where: str) -> None:
-    if given.keys() != handle.input_specs.keys():
-        unknown = sorted(set(given) - handle.input_specs.keys())
-        missing = sorted(handle.input_specs.keys() - set(given))
-        raise InvalidInput(f"{where} names {sorted(given)} but model '{handle.name}' takes "
-                           f"inputs {list(handle.input_specs)} (unknown: {unknown}, missing: "
-                           f"{missing})")
-
-
-def _array(name: str, datatype: str, data: Any, lenient: bool) -> np.ndarray:
-    """One input as the model's datatype, checked as V2's JSON data is."""
-    shape: list[int] = []
-    probe = data
-    while type(probe) is list:
-        shape.append(len(probe))
-        if not probe:
-            break
-        probe = probe[0]
-    dtype = V2_TO_NUMPY.get(datatype)
-    if lenient and dtype is not None and dtype.kind == "f":
-        # NaN and ±Infinity tokens: decoded as FP64 (no range check on non-finite values),
-        # then refused or kept by the model's missing-value policy in ``handle.prepare``.
-        wide = array_from_json(name, "FP64", shape, data)
-        finite = np.abs(wide[np.isfinite(wide)])
-        if finite.size and finite.max() > np.finfo(dtype).max:
-            raise InvalidInput(f"input '{name}' has values outside the range of {datatype}")
-        return wide.astype(dtype)
-    return array_from_json(name, datatype, shape, data)
-
-
 # ---------------------------------------------------------------------- answer
-def _encode(handle: ModelHandle, outputs: dict[str, np.ndarray], rows: int,
-            rows_format: bool) -> dict[str, Any]:
-    """TF Serving's answer: one output unnamed, several by name; rows or columns."""
-    values = {n: _plain(outputs[n]) for n in handle.output_names if n in outputs}
-    if not rows_format:
-        return {"outputs": next(iter(values.values())) if len(values) == 1 else values}
-    if len(values) == 1:
-        return {"predictions": next(iter(values.values()))}
-    for n, v in values.items():
-        if not isinstance(v, list) or len(v) != rows:
-            raise InvalidInput(f"model '{handle.name}' output '{n}' does not have one entry per "
-                               "instance; use the columnar format ('inputs')")
-    return {"predictions": [{n: v[i] for n, v in values.items()} for i in range(rows)]}
-
-
-def _plain(array: np.ndarray) -> Any:
-    """Nested lists of JSON values (strings for BYTES; NaN is written as null)."""
-    if array.dtype.kind in "OS":
-        flat = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-                for v in array.ravel().tolist()]
-        return np.array(flat, dtype=object).reshape(array.shape).tolist()
-    return array.tolist()
-
-
 def _error(exc: Exception) -> HttpResponse:
     """TF Serving's error body, ``{"error": message}``, with redline's status (and
     ``Retry-After`` on overload); the stable code is in ``x-redline-error-code``."""
