@@ -82,6 +82,10 @@ def test_a_graph_is_added_with_its_sample_run_and_runs(capsys, tmp_path) -> None
     assert got["label"].tolist() == [1, 0]
     np.testing.assert_allclose(got["y"], [[6] * 4, [-6] * 4])
     runner.close()
+    code, out, err = run(capsys, "predict", "-m", "g", "-r", str(tmp_path / "repo"), "-i",
+                         '{"raw": [[1, 1, 1, 1]]}')
+    assert code == 0, err
+    assert '"label": [1]' in out
     (repo.version_dir("g", 1) / "steps.py").write_text(STEPS + "\n# changed\n")
     with pytest.raises(Exception, match="does not match its recorded sha256"):
         load_runner(repo, "g")
