@@ -128,6 +128,8 @@ REFUSALS = [
                                "steps: [score, alt]}\n  post:").replace(
                                    "[score.s]", "[both.s]").replace("score.y", "both.y"),
      "cascade threshold"),
+    ("python file as model", GOOD.replace("model: m.onnx", "model: m.py"),
+     "step 'score': a Python model of the graph's folder is a folder holding model.py"),
     ("feeds nothing", GOOD.replace("  post:", "  idle: {kind: model, model: m.onnx, inputs: "
                                    "[pre.x]}\n  post:"),
      "step 'idle' feeds no output"),

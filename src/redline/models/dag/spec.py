@@ -155,6 +155,10 @@ def _step(name: str, body: Any, origin: str) -> Step:
         if not step.model:
             raise InvalidInput(f"{where}: name its model: a file of the graph's folder "
                                "(model: m.onnx) or a repository model (model: fraud:3)")
+        if step.model.endswith(".py"):
+            raise InvalidInput(f"{where}: a Python model of the graph's folder is a folder "
+                               "holding model.py (model: scorer/); a function is a python step "
+                               "(kind: python, function: file.py:name)")
     elif kind == "python":
         step.function = str(body.get("function") or "")
         file, colon, func = step.function.partition(":")
