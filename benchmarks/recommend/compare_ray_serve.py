@@ -8,8 +8,8 @@ each configuration asked for, and measures every target in alternation: c=1 and 
 stays at or below ``--p99-ms``.
 
     python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
-        --data examples/recommend/data --peer one:proxy --peer one:haproxy \
-        --peer three:haproxy:8 [--workers 2] [--redline-url http://127.0.0.1:8000]
+        --data examples/recommend/data --peer one:proxy --peer one:proxy:8 --peer one:haproxy \
+        --peer one:haproxy:8 [--workers 2] [--redline-url http://127.0.0.1:8000]
 
 A peer configuration is ``LAYOUT:INGRESS[:BATCH]``: ``one`` deployment or ``three`` composed
 ones; Ray Serve's default Python ``proxy`` or its throughput-optimized mode behind ``haproxy``;
@@ -28,8 +28,9 @@ environment (``benchmarks/peers/procs.py``): Ray's workers and its HAProxy too, 
 otherwise keep their ports.
 
 Prints one JSON document (also to ``--json-out``): per target the best of its rounds, and
-``summary``: redline's highest rate over the best peer configuration's, and whether its p99 was
-lower at every rate the peer sustained.
+``summary``: against the best peer configuration, redline's highest rate, c=1 and c=8
+throughput over the peer's, its c=1 p50 over the peer's, and the rates the peer sustained where
+redline's p99 was not lower.
 """
 
 from __future__ import annotations
@@ -282,8 +283,9 @@ def main() -> None:
     parser.add_argument("--artifacts", required=True, help="what train.py wrote")
     parser.add_argument("--data", required=True, help="what generate.py wrote")
     parser.add_argument("--peer", action="append", default=None,
-                        help="LAYOUT:INGRESS[:BATCH] (repeatable; default: one:proxy, "
-                        "one:haproxy, three:haproxy:8)")
+                        help="LAYOUT:INGRESS[:BATCH] (repeatable; default: Ray's two modes, "
+                        "each with and without batching: one:proxy, one:proxy:8, one:haproxy, "
+                        "one:haproxy:8)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="redline's worker processes and the peer's replicas per deployment "
                         "(default: one per core)")
@@ -302,7 +304,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=500)
     parser.add_argument("--json-out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
-    configs = args.peer or ["one:proxy", "one:haproxy", "three:haproxy:8"]
+    configs = args.peer or ["one:proxy", "one:proxy:8", "one:haproxy", "one:haproxy:8"]
     for config in configs:
         try:
             parse_peer(config)
