@@ -22,6 +22,15 @@ import pytest
 
 from tests.logwatch import WATCH, check_output, remove_logs, unexpected
 
+# OpenMP (LightGBM, PyTorch, XGBoost, scikit-learn) keeps idle threads spinning by default. With
+# pytest-xdist's two workers on two cores every parallel region is oversubscribed, and a thread
+# spinning for its next task takes the core its partner needs to finish this one: LightGBM's
+# 100-tree ranker of the recommend example took 2-9 s with passive waits and 2-24 s without,
+# side by side on a busy machine. The same threads do the same work either way, so the results
+# are the same. Set before any OpenMP runtime loads; child processes (servers, doc pages)
+# inherit it, and an explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _share_httpx_default_tls() -> None:
     """httpx builds an SSL context for every client it makes, reading the whole CA bundle: about
