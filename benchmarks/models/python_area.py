@@ -81,7 +81,9 @@ def _rows(result: dict) -> list[list[str]]:  # type: ignore[type-arg]
                      f"{number(cell['p50_ms'])} / {number(cell['p99_ms'])}"] if cell
                     else ["—", "—"])
         eight = cells.get(8)
-        row.append(number(eight["server_cpu_us_per_req"]) if eight else "—")
+        cores = eight.get("server_cores") if eight else None
+        row.append("—" if not eight else number(eight["server_cpu_us_per_req"])
+                   + ("" if cores is None else f" ({cores:.2f})"))
         rate = (cells.get(1) or eight or {}).get("max_rate_p99_ok")
         row.append("—" if rate is None else f"{rate:,.0f}")
         rows.append(row)
@@ -95,7 +97,7 @@ def render(stamp: str, result: dict) -> tuple[str, list[Target]]:  # type: ignor
     """The page's block and its targets."""
     found = targets(result)
     header = ["model", "server", "protocol", "c=1 req/s (min–max)", "c=1 p50 / p99 ms",
-              "c=8 req/s (min–max)", "c=8 p50 / p99 ms", "CPU µs/req (c=8)",
+              "c=8 req/s (min–max)", "c=8 p50 / p99 ms", "c=8 server CPU µs/req (cores)",
               f"top rate, p99 ≤ {result['p99_bound_ms']:g} ms"]
     skipped = [f"{TARGET_NAMES.get(k, k)}: {e['note']}" for k, e in result["ratios"].items()
                if e.get("ratio") is None and "note" in e]

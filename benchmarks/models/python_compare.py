@@ -311,11 +311,14 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
            else f"http://127.0.0.1:{server.http}")
     row = np.random.default_rng(0).standard_normal((1, workload.WIDTH)).astype(np.float32)
     spec = LoadSpec(url=url, model=t.model, protocol=t.protocol, rate=rate or None,
-                    connections=64 if rate else c, duration_s=duration, warmup_s=warmup,
+                    connections=64 if rate else c, duration_s=warmup, warmup_s=0.0,
                     inputs={"INPUT0": ("FP32", row)})
-    before, client = server.cpu_seconds(), time.process_time()
     try:
+        run_load(spec)  # the warm-up, apart: the CPU times below cover the measured seconds
+        spec.duration_s = duration
+        before, client, started = server.cpu_seconds(), time.process_time(), time.monotonic()
         report = run_load(spec).to_dict()
+        server_s, elapsed = server.cpu_seconds() - before, time.monotonic() - started
     except Exception as exc:  # noqa: BLE001 - a cell that fails is reported, the run goes on
         print(f"{t.name} c={c} rate={rate}: {exc}", file=sys.stderr)
         return None
@@ -323,7 +326,9 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
     return {"rps": report["throughput_rps"], "p50": lat["p50"], "p90": lat["p90"],
             "p99": lat["p99"], "ok": report["ok"],
             "errors": sum(report["errors"].values()),
-            "cpu_us": round((server.cpu_seconds() - before) * 1e6 / max(1, report["ok"]), 1),
+            "cpu_us": round(server_s * 1e6 / max(1, report["ok"]), 1),
+            # the server's CPU time over the wall time: under 1, it waited for work or a core
+            "server_cores": round(server_s / elapsed, 3),
             # the load tool's own CPU time per request: near its core's share, it is the limit
             "client_cpu_us": round((time.process_time() - client) * 1e6 / max(1, report["ok"]),
                                    1)}
@@ -344,7 +349,8 @@ def measure(run: Run, targets: list[Target], rounds: int, duration: float, warmu
                 closed[t.name][c].append({**got, "round": r})
                 print(f"round {r + 1} {t.name:24s} {t.protocol:4s} c={c:<2d} {got['rps']:>8.0f} "
                       f"req/s  p50 {got['p50']:.3f}  p99 {got['p99']:.3f} ms  "
-                      f"{got['cpu_us']:.0f} CPU µs/req (load tool {got['client_cpu_us']:.0f})",
+                      f"{got['cpu_us']:.0f} CPU µs/req on {got['server_cores']:.2f} cores "
+                      f"(load tool {got['client_cpu_us']:.0f})",
                       flush=True)
         by_workload: dict[str, list[Target]] = {}
         for t in targets:
@@ -395,6 +401,7 @@ def summarize(targets: list[Target], data: dict) -> list[dict]:  # type: ignore[
                 "p99_ms_max": round(max(x["p99"] for x in runs), 4),
                 "server_cpu_us_per_req": med("cpu_us"),
                 "client_cpu_us_per_req": med("client_cpu_us"),
+                "server_cores": med("server_cores"),
                 "errors": sum(x["errors"] for x in runs),
                 "max_rate_p99_ok": statistics.median(
                     x["max_rate"] for x in data["ladders"][t.name]) if

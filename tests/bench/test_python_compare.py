@@ -12,7 +12,8 @@ from benchmarks.models import python_area, python_compare
 def _data() -> dict:  # type: ignore[type-arg]
     def cell(rps: float, p99: float, r: int) -> dict:  # type: ignore[type-arg]
         return {"rps": rps, "p50": p99 / 3, "p90": p99 / 2, "p99": p99, "ok": 100, "errors": 0,
-                "cpu_us": 50.0, "client_cpu_us": 20.0, "round": r}
+                "cpu_us": 50.0, "client_cpu_us": 20.0, "server_cores": 0.9,
+                "round": r}
 
     closed = {
         "redline": {1: [cell(9000, 0.3, 0), cell(8000, 0.4, 1)],
