@@ -62,7 +62,8 @@ TYPED_TESTS := tests/conftest.py tests/logwatch.py tests/serving/helpers.py \
 	tests/pipeline/conftest.py tests/monitoring/served.py tests/monitoring/helpers.py \
 	tests/monitoring/otlp.py tests/scaling/procs.py tests/scaling/podrun.py tests/docs/runner.py \
 	tests/serving/test_hostile.py tests/pipeline/test_hostile.py tests/monitoring/test_tracing.py \
-	tests/monitoring/test_grpc_lean.py tests/monitoring/test_metrics.py
+	tests/monitoring/test_grpc_lean.py tests/monitoring/test_metrics.py \
+	benchmarks/observability/tick_stall.py
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check src tests benchmarks

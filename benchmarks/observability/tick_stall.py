@@ -27,23 +27,42 @@ from redline.config import Settings
 from redline.models.metadata import profile_inputs
 from redline.monitoring import handoff
 from redline.monitoring import monitor as monitor_module
+from redline.monitoring.monitor import VersionFolders
 from redline.serving.stages import RequestRecord
 
 
+class _EmptyQueue:
+    """A version's queue that nothing is sent to (``serving_gauges.QueueDepth``)."""
+
+    queued = 0
+    cap = 0
+
+
+class _NoCounts:
+    """A version's admission counts, none yet (``serving_gauges.AdmissionCounts``)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {}
+
+
 class _Handle:
-    """The one loaded version a monitor needs (its metadata); nothing is served."""
+    """The one loaded version a monitor needs (its metadata); nothing is served
+    (``monitor.MonitoredVersion``)."""
 
     version_str = "1"
-    batcher = None
-    stats = None
 
     def __init__(self, meta: Any) -> None:
         self.metadata = meta
+        self.batcher = _EmptyQueue()
+        self.stats = _NoCounts()
 
 
 class OneModelRegistry:
     """A registry of one model 'm', version 1, with ``meta`` as its metadata (shared with
-    tests/monitoring/test_handoff.py)."""
+    tests/monitoring/test_handoff.py); no repository, so drift thresholds are not kept
+    (``monitor.MonitoredModels``)."""
+
+    repository: VersionFolders | None = None
 
     def __init__(self, meta: Any) -> None:
         self.handle = _Handle(meta)
@@ -51,10 +70,10 @@ class OneModelRegistry:
     def models(self) -> list[str]:
         return ["m"]
 
-    def loaded(self, name: str) -> list[Any]:
+    def loaded(self, name: str) -> list[_Handle]:
         return [self.handle]
 
-    def get(self, model: str, version: str | None = None) -> Any:
+    def get(self, name: str, version: str | None = None) -> _Handle:
         return self.handle
 
 

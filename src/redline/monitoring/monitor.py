@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,7 +44,13 @@ from redline.monitoring.prometheus import PrometheusExport
 from redline.monitoring.reports import VersionReports
 from redline.monitoring.review import ReviewQueue
 from redline.monitoring.reviewstore import review_store
-from redline.monitoring.serving_gauges import ServingGauges, loaded_versions
+from redline.monitoring.serving_gauges import (
+    LoadedModels,
+    PipelineCounters,
+    ServedVersion,
+    ServingGauges,
+    loaded_versions,
+)
 from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import (
     NEVER,
@@ -64,6 +70,32 @@ TIMES_SLICE = 1000  # requests' flat stage times folded between two such chances
 FOLD_EVERY = 16  # records folded together right after a response is written (~15 µs)
 DRIFT_EVERY_TICKS = 5
 STEP_S = 0.0002  # the tick's steps on the loop: requests get in after about this much of them
+
+
+class VersionFolders(Protocol):
+    """Where a version's files are (``models.ModelRepository``): its drift thresholds are
+    kept beside it."""
+
+    def version_dir(self, name: str, version: int) -> Path: ...
+
+
+class MonitoredVersion(ServedVersion, Protocol):
+    """A loaded version as the monitor reads it (serving's ``ModelHandle``): the gauges' view
+    and its metadata, which the drift and quality monitors are built from."""
+
+    @property
+    def metadata(self) -> Any: ...
+
+
+class MonitoredModels(LoadedModels, Protocol):
+    """The registry as the monitor reads it (serving's ``ModelRegistry``): the gauges' view,
+    a version by name, and the repository its versions live in (None: no folder beside
+    them, so drift thresholds are calibrated and not kept)."""
+
+    @property
+    def repository(self) -> VersionFolders | None: ...
+
+    def get(self, name: str, version: str | None = None) -> MonitoredVersion: ...
 
 
 class RecordFeed:
@@ -118,8 +150,8 @@ class RecordFeed:
 class ServerMonitor:
     """Metrics, slow log, traces, drift, quality, review and alerts for one server process."""
 
-    def __init__(self, settings: Any, registry: Any, pipeline: Any = None,
-                 trace_exporter: Any = None) -> None:
+    def __init__(self, settings: Any, registry: MonitoredModels,
+                 pipeline: PipelineCounters | None = None, trace_exporter: Any = None) -> None:
         self.settings = settings
         self.registry = registry
         self.pipeline = pipeline
@@ -290,7 +322,7 @@ class ServerMonitor:
             return None
 
     def _version_folder(self, model: str, version: str) -> Path | None:
-        repository = getattr(self.registry, "repository", None)
+        repository = self.registry.repository
         if repository is None or not version.isdigit():
             return None
         return Path(repository.version_dir(model, int(version)))
@@ -317,8 +349,7 @@ class ServerMonitor:
         keys = []
         for name in self.registry.models():
             for handle in loaded_versions(self.registry, name):
-                keys.append((name, str(getattr(handle, "version_str",
-                                               getattr(handle, "version", "")))))
+                keys.append((name, handle.version_str))
         self.windows.prepare(keys)
         if wait:
             for key in keys:

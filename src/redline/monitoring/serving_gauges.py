@@ -2,22 +2,68 @@
 sizes, shedding, loaded versions, rollbacks, the pipeline's breaker, caches and entities.
 
 Kept apart from the request metrics (``metrics.py``), which requests feed: these are read from
-the registry, the handles and the pipeline, each a tick (and before a scrape).
+the registry, the handles and the pipeline, each a tick (and before a scrape). What is read of
+each is said by the Protocols below; serving's ``ModelRegistry``, ``ModelHandle`` and
+``PredictPipeline`` satisfy them as they are (monitoring does not import serving).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from redline.monitoring.prometheus import BREAKER_LEVEL, PrometheusExport
+
+
+class QueueDepth(Protocol):
+    """A version's queue as the gauges read it (serving's ``Batcher``)."""
+
+    @property
+    def queued(self) -> int: ...
+
+    @property
+    def cap(self) -> int: ...
+
+
+class AdmissionCounts(Protocol):
+    """A version's running counts of batches, rows and shed requests (``AdmissionStats``)."""
+
+    def as_dict(self) -> Mapping[str, int]: ...
+
+
+class ServedVersion(Protocol):
+    """A loaded version as the gauges read it (serving's ``ModelHandle``)."""
+
+    @property
+    def version_str(self) -> str: ...
+
+    @property
+    def batcher(self) -> QueueDepth: ...
+
+    @property
+    def stats(self) -> AdmissionCounts: ...
+
+
+class LoadedModels(Protocol):
+    """The models served and their loaded versions (serving's ``ModelRegistry``)."""
+
+    def models(self) -> list[str]: ...
+
+    def loaded(self, name: str) -> Sequence[ServedVersion]: ...
+
+
+class PipelineCounters(Protocol):
+    """The ``/v1`` pipeline's breaker, caches and entity counts (``PredictPipeline``)."""
+
+    def stats(self) -> Mapping[str, Any]: ...
 
 
 class ServingGauges:
     """Reads the serving objects into ``export``; with a tick's ``point``, also records that
     tick's batch sizes and shedding (the counters' change since the last tick)."""
 
-    def __init__(self, export: PrometheusExport, settings: Any, registry: Any,
-                 pipeline: Any = None) -> None:
+    def __init__(self, export: PrometheusExport, settings: Any, registry: LoadedModels,
+                 pipeline: PipelineCounters | None = None) -> None:
         self.export = export
         self.settings = settings
         self.registry = registry
@@ -40,14 +86,13 @@ class ServingGauges:
             export.objective.labels(name).set(slo / 1000.0)
             versions = []
             for handle in loaded_versions(self.registry, name):
-                v = str(getattr(handle, "version_str", getattr(handle, "version", "")))
+                v = handle.version_str
                 versions.append(v)
-                batcher = getattr(handle, "batcher", None)
-                queued = int(getattr(batcher, "queued", 0) or 0)
+                queued = handle.batcher.queued
                 export.queue.labels(name, v).set(queued)
-                export.batch_cap.labels(name, v).set(float(getattr(batcher, "cap", 0) or 0))
+                export.batch_cap.labels(name, v).set(float(handle.batcher.cap))
                 export.model_info.labels(name, v).set(1)
-                stats = _stats_dict(handle)
+                stats = dict(handle.stats.as_dict())
                 last = self._last_stats.get((name, v), {})
                 if point is not None:
                     self._last_stats[(name, v)] = stats
@@ -103,24 +148,18 @@ class ServingGauges:
                                      "degraded": pstats.get("degraded", 0)}
 
 
-def loaded_versions(registry: Any, name: str) -> list[Any]:
+def loaded_versions(registry: LoadedModels, name: str) -> list[ServedVersion]:
     """The handles of ``name``'s loaded versions (none while it is unloading)."""
-    loaded = getattr(registry, "loaded", None)
     try:
-        return list(loaded(name)) if loaded is not None else [registry.get(name)]
+        return list(registry.loaded(name))
     except Exception:  # noqa: BLE001 - unloading right now
         return []
 
 
-def _stats_dict(handle: Any) -> dict[str, int]:
-    stats = getattr(handle, "stats", None)
-    as_dict = getattr(stats, "as_dict", None)
-    return dict(as_dict()) if as_dict is not None else {}
-
-
-def _pipeline_stats(pipeline: Any) -> dict[str, Any]:
-    stats = getattr(pipeline, "stats", None)
+def _pipeline_stats(pipeline: PipelineCounters | None) -> dict[str, Any]:
+    if pipeline is None:
+        return {}
     try:
-        return dict(stats()) if stats is not None else {}
+        return dict(pipeline.stats())
     except Exception:  # noqa: BLE001
         return {}
