@@ -137,7 +137,7 @@ def test_interrupted_add_leaves_no_visible_version(repo, classifier_onnx, monkey
     def crash(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("redline.models.repository.os.rename", crash)
+    monkeypatch.setattr("redline.models.repository.durable.os.rename", crash)
     with pytest.raises(RepositoryError, match="the disk is full; nothing was added"):
         repo.add_onnx("bc", classifier_onnx)
     monkeypatch.undo()
