@@ -85,6 +85,12 @@ class FeatureReader(Protocol):
         ``now`` defaults to the wall clock (epoch ms); ``dtype`` float64 gives exact values."""
         ...
 
+    def read_timed(self, ids: EntityIds, now: int | None = None, dtype: type = np.float32
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`read` and, per row and view, the newest event time (epoch ms, NaN: none) of
+        the tiles the read merged: the feature age at read is ``now`` minus it."""
+        ...
+
 
 class OnlineStore(Protocol):
     kind: str

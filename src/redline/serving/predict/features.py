@@ -61,9 +61,9 @@ class FeatureRead:
                 from redline.serving.predict.redis_loop import script_read
 
                 start = script_read(self._loop_redis, route.reader)
-            read = getattr(route.reader, "read_timed", route.reader.read)  # with the age
             fetcher = self._fetchers[id(route)] = FeatureFetcher(
-                read, self._executor, route.entity_names, self.store_call_ended, start=start)
+                route.reader.read_timed, self._executor, route.entity_names,
+                self.store_call_ended, start=start)
         return fetcher
 
     @property
@@ -118,10 +118,11 @@ class FeatureRead:
                         np.array([h[2] for h in hits], dtype=bool))  # type: ignore[index]
         if self.breaker.allow():
             fetcher = self.fetcher(route)
+            got: Result
             try:
                 if fetcher is None:
                     try:
-                        got = getattr(reader, "read_timed", reader.read)(ids)  # inline
+                        got = reader.read_timed(ids)  # inline, with the age
                     except InvalidInput:
                         self.breaker.success()  # the store answered; the input was wrong
                         raise

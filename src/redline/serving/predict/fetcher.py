@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-# (features, missing) and, from a reader with ``read_timed``, the newest event time per view
+# (features, missing) and, read from the store (``read_timed``), the newest event time per view
 Result = tuple[np.ndarray, ...]
 Start = Callable[[dict[str, list[str]], Callable[[Result | None, BaseException | None], None]],
                  None]
