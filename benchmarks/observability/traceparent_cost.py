@@ -24,8 +24,7 @@ class _NoSink:
 
 def main() -> None:
     label = sys.argv[1] if len(sys.argv) > 1 else "this tree"
-    tracing = TraceExport(_NoSink(), sample_ratio=0.01, slow_ms=100.0)
-    tracing.fed_by_monitor = True
+    tracing = TraceExport(_NoSink(), sample_ratio=0.01, slow_ms=100.0, fed_by_monitor=True)
     new = RequestRecord("v2", "rest")
     new.model = "m"
     new.finish()

@@ -48,8 +48,7 @@ def test_spans_per_stage_join_the_callers_trace() -> None:
 
 def test_the_ids_the_response_named_are_the_exported_ids() -> None:
     sink = MemorySink()
-    tracing = TraceExport(sink, sample_ratio=1.0, slow_ms=1000)
-    tracing.fed_by_monitor = True
+    tracing = TraceExport(sink, sample_ratio=1.0, slow_ms=1000, fed_by_monitor=True)
     named = {}
     for caller in (None, f"00-{TRACE}-{PARENT}-00"):
         r = record(traceparent=caller, request_id=str(caller))
@@ -161,8 +160,8 @@ def test_a_new_trace_is_named_only_when_its_spans_are_kept() -> None:
     model's slow threshold is known; one head sampling leaves out gets no ids and no header
     (nothing exported it, no caller knows it: the request path makes none)."""
     sink = MemorySink()
-    tracing = TraceExport(sink, sample_ratio=0.0, slow_ms=1.0)  # 1 ms is slow
-    tracing.fed_by_monitor = True
+    tracing = TraceExport(sink, sample_ratio=0.0, slow_ms=1.0,  # 1 ms is slow
+                          fed_by_monitor=True)
     named: dict[str, tuple[str, str]] = {}
     traces = set()
     for rid, stages in (("first", None), ("fast", None), ("slow", {"inference": 5000}),

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from redline.monitoring.stage_times import (
 from redline.monitoring.timeseries import HISTORY_TICKS, TimeSeries
 from redline.monitoring.windows import ModelWindows
 from redline.serving.stages import RequestRecord
+
+if TYPE_CHECKING:
+    from redline.monitoring.tracing import SpanSink
 
 log = logging.getLogger("redline.monitoring")
 
@@ -151,7 +154,8 @@ class ServerMonitor:
     """Metrics, slow log, traces, drift, quality, review and alerts for one server process."""
 
     def __init__(self, settings: Any, registry: MonitoredModels,
-                 pipeline: PipelineCounters | None = None, trace_exporter: Any = None) -> None:
+                 pipeline: PipelineCounters | None = None,
+                 trace_exporter: SpanSink | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.pipeline = pipeline
@@ -278,7 +282,7 @@ class ServerMonitor:
         if samples:
             self.windows.fold_samples(model, version, samples)
 
-    def use_trace_exporter(self, exporter: Any) -> Any:
+    def use_trace_exporter(self, exporter: SpanSink) -> Any:
         """Export spans to ``exporter`` (a ``tracing.SpanSink``: ``send(bytes)`` of an OTLP
         protobuf request, e.g. ``OtlpHttpSink``); returns the tracing object. Works before or
         after the observers are wired: the feed's records reach it at the next fold, and
@@ -287,8 +291,7 @@ class ServerMonitor:
 
         mon = self.settings.monitoring
         tracing = TraceExport(exporter, mon.trace_sample_ratio, self._slow_ms,
-                              mon.trace_queue_size)
-        tracing.fed_by_monitor = True
+                              mon.trace_queue_size, fed_by_monitor=True)
         self.tracing = tracing
         for (_, _, model, _), times in self.feed.stage_series.items():
             self.tune(times, model)

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from redline.monitoring.outage_log import OutageLog
 
 if TYPE_CHECKING:
+    from redline.config.settings import MonitoringSettings
     from redline.serving.stages import RequestRecord
 
 log = logging.getLogger("redline.monitoring")
@@ -92,7 +93,8 @@ class TraceExport:
 
     def __init__(self, sink: SpanSink, sample_ratio: float = 0.01,
                  slow_ms: Callable[[str], float] | float = 100.0,
-                 queue_size: int = 2048, service: str = "redline") -> None:
+                 queue_size: int = 2048, service: str = "redline",
+                 fed_by_monitor: bool = False) -> None:
         self.sink = sink
         # the sink's wire format: OTLP protobuf unless it encodes spans its own way (Zipkin)
         self._encode: Callable[[list[RequestRecord], str], bytes] = (
@@ -111,7 +113,9 @@ class TraceExport:
         self._stop = False
         self._random = random.random
         self._bits = random.getrandbits
-        self.fed_by_monitor = False  # set by ServerMonitor: its feed brings the records
+        # True when a ServerMonitor's feed brings the records (its tick folds them in); False:
+        # this is a request observer of its own (``request_finished``)
+        self.fed_by_monitor = fed_by_monitor
         self._outage = OutageLog(log, "trace export to",
                                  str(getattr(sink, "endpoint", type(sink).__name__)))
         self._thread = threading.Thread(target=self._run, name="redline-trace-export",
@@ -431,14 +435,13 @@ def encode_zipkin(records: list[RequestRecord], service: str = "redline") -> byt
     return orjson.dumps(spans)
 
 
-def span_sink(monitoring: Any) -> OtlpHttpSink | None:
+def span_sink(monitoring: MonitoringSettings) -> OtlpHttpSink | None:
     """The span sink ``monitoring`` settings ask for (``trace_exporter``: otlp, with
     ``otlp_endpoint``, or zipkin, with ``zipkin_endpoint``); None: tracing is off."""
     from redline.errors import ConfigError
 
-    kind = getattr(monitoring, "trace_exporter", "otlp")
-    if kind == "zipkin":
-        endpoint = getattr(monitoring, "zipkin_endpoint", None)
+    if monitoring.trace_exporter == "zipkin":
+        endpoint = monitoring.zipkin_endpoint
         if not endpoint:
             raise ConfigError("monitoring.trace_exporter is zipkin but monitoring.zipkin_endpoint "
                               "is not set: set it to the Zipkin collector's URL (e.g. "
