@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Manage the model repository (add, list, promote...).",
     ),
     "predict": (
-        "redline.commands.models",
+        "redline.commands.predict",
         "predict",
         "Run one local prediction through ONNX Runtime.",
     ),
