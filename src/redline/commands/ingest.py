@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from redline.commands._feature_options import (
 )
 from redline.config import load_settings
 from redline.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from redline.monitoring.ingest import IngestSource
 
 
 def _session_writer(config_path: str | None, store: Any) -> Any:
@@ -96,7 +99,8 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
          f"ingest: consumer {cons.consumer} on {cons.stream} group {cons.group}")
 
 
-def _run(source: Any, max_events: int | None, stats_every: float, running: str) -> None:
+def _run(source: IngestSource, max_events: int | None, stats_every: float,
+         running: str) -> None:
     """The library's loop (``features.ingest.run_source``), stopped by SIGTERM or Ctrl-C.
 
     SIGTERM is taken over before the ``running`` line is printed: a stop sent once that line
@@ -106,15 +110,15 @@ def _run(source: Any, max_events: int | None, stats_every: float, running: str) 
 
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    source = metered(source)  # ingest metrics, when the server's metrics directory is shared
+    looped = metered(source)  # ingest metrics, when the server's metrics directory is shared
     click.echo(running, err=True)
     try:
-        stats = run_source(source, stop=lambda: bool(stopping), max_events=max_events,
+        stats = run_source(looped, stop=lambda: bool(stopping), max_events=max_events,
                            stats_every=stats_every, log=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
-        source.flush()
-        stats = source.stats()
-    source.close()
+        looped.flush()
+        stats = looped.stats()
+    looped.close()
     click.echo(json.dumps(stats))
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redline.monitoring.prometheus import multiprocess_dir
+
+if TYPE_CHECKING:
+    from redline.features.ingest.loop import Source
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +78,53 @@ class IngestMetrics:
         self._last[key] = float(total)
 
 
+Lags = list[tuple[str, str, int]]  # [(stream or topic, partition or shard, how far behind)]
+
+
+class IngestSource(Protocol):
+    """An ingest source as its metrics read it: the ingest loop's ``Source``
+    (``features/ingest/loop.py``), what names it, and its two measures of being behind (a
+    source with no such measure returns none). ``features.ingest``'s ``StreamConsumer``,
+    ``KafkaSource`` and ``KinesisSource`` satisfy it (monitoring imports none of them)."""
+
+    @property
+    def source_kind(self) -> str:
+        """The metrics' ``source`` label: redis-stream, kafka, kinesis."""
+        ...
+
+    @property
+    def source_name(self) -> str:
+        """The stream or topic read."""
+        ...
+
+    def poll(self) -> int: ...
+
+    def flush(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+    def consumer_lag(self) -> Lags:
+        """Entries or messages not yet consumed, per partition."""
+        ...
+
+    def behind_latest(self) -> Lags:
+        """Milliseconds the last record read is behind the stream's tip, per shard."""
+        ...
+
+
 class MeteredSource:
     """An ingest source whose stats become metrics, at most once per ``every_s``."""
 
-    def __init__(self, source: Any, metrics: IngestMetrics, every_s: float = 1.0) -> None:
+    def __init__(self, source: IngestSource, metrics: IngestMetrics,
+                 every_s: float = 1.0) -> None:
         self.inner = source
         self.metrics = metrics
         self.every_s = every_s
-        self.kind = getattr(source, "source_kind", None) or (
-            "kafka" if hasattr(source, "topic") else "redis-stream")
+        self.kind = source.source_kind
         self._next = 0.0
 
     def poll(self) -> int:
@@ -102,15 +143,11 @@ class MeteredSource:
     def sample(self) -> None:
         """Stats and consumer lag into the metrics (a lag query that fails skips one sample)."""
         self.metrics.update(self.inner.stats())
-        lag = getattr(self.inner, "consumer_lag", None)
-        if lag is not None:
-            try:
-                self.metrics.update_lag(self.kind, lag())
-            except Exception as exc:  # noqa: BLE001 - metrics never stop ingest
-                log.debug("consumer lag not sampled: %s", exc)
-        behind = getattr(self.inner, "behind_latest", None)
-        if behind is not None:
-            self.metrics.update_behind(self.kind, behind())
+        try:
+            self.metrics.update_lag(self.kind, self.inner.consumer_lag())
+        except Exception as exc:  # noqa: BLE001 - metrics never stop ingest
+            log.debug("consumer lag not sampled: %s", exc)
+        self.metrics.update_behind(self.kind, self.inner.behind_latest())
 
     def reset(self) -> None:
         self.inner.reset()
@@ -131,10 +168,9 @@ def serve_metrics(metrics: IngestMetrics, port: int, host: str = "127.0.0.1") ->
         start_http_server(port, addr=host, registry=metrics.registry)
 
 
-def metered(source: Any) -> Any:
+def metered(source: IngestSource) -> Source:
     """``source`` metered when ``PROMETHEUS_MULTIPROC_DIR`` is set (its metrics then join the
     server's scrape), else unchanged."""
     if multiprocess_dir() is None:
         return source
-    name = getattr(source, "stream", None) or getattr(source, "topic", None) or "ingest"
-    return MeteredSource(source, IngestMetrics(str(name)))
+    return MeteredSource(source, IngestMetrics(source.source_name))

@@ -63,6 +63,8 @@ def dead_letter_key(topic: str) -> str:
 class KafkaSource:
     """Consumes ``topic`` in consumer group ``group`` into a Redis store (single or cluster)."""
 
+    source_kind = "kafka"  # the ingest metrics' ``source`` label
+
     def __init__(self, defs: FeatureDefinitions, store: Any, *, topic: str, bootstrap: str,
                  group: str, batch: int = 1000, block_ms: int = 100,
                  config: Mapping[str, Any] | None = None, source: str | None = None,
@@ -247,6 +249,15 @@ class KafkaSource:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
+
+    @property
+    def source_name(self) -> str:
+        """What the ingest metrics name this source by: its topic."""
+        return self.topic
+
+    def behind_latest(self) -> list[tuple[str, str, int]]:
+        """None: Kafka's measure is ``consumer_lag`` (messages), not time behind the tip."""
+        return []
 
     def consumer_lag(self, timeout_s: float = 1.0) -> list[tuple[str, str, int]]:
         """[(topic, partition, messages not yet applied)] for the partitions this member owns.

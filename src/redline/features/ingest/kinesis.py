@@ -93,7 +93,7 @@ class Shard:
 class KinesisSource:
     """Reads every shard of ``stream`` into a Redis store (single or cluster)."""
 
-    source_kind = "kinesis"
+    source_kind = "kinesis"  # the ingest metrics' ``source`` label
 
     def __init__(self, defs: FeatureDefinitions, store: Any, *, stream: str,
                  region: str | None = None, endpoint_url: str | None = None,
@@ -154,6 +154,15 @@ class KinesisSource:
         checkpoints (the marks skip what was applied)."""
         self.shards.clear()
         self._relist = True
+
+    @property
+    def source_name(self) -> str:
+        """What the ingest metrics name this source by: its stream."""
+        return self.stream
+
+    def consumer_lag(self) -> list[tuple[str, str, int]]:
+        """None: Kinesis says how far behind in time (``behind_latest``), not in records."""
+        return []
 
     def behind_latest(self) -> list[tuple[str, str, int]]:
         """[(stream, shard, MillisBehindLatest)] of the shards being read (an ended shard: 0)."""

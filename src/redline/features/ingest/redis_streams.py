@@ -43,6 +43,8 @@ def _stream_ms(entry_id: bytes | str) -> int:
 class StreamConsumer:
     """One consumer of a Redis Streams consumer group applying events exactly once."""
 
+    source_kind = "redis-stream"  # the ingest metrics' ``source`` label
+
     def __init__(self, defs: FeatureDefinitions, store: Any, *, stream: str, group: str,
                  consumer: str | None = None, batch: int = 1000, claim_idle_ms: int = 30000,
                  block_ms: int = 100, source: str | None = None,
@@ -183,6 +185,15 @@ class StreamConsumer:
                 lag = self.client.xlen(self.stream) - int(g["entries-read"])
             return [] if lag is None else [(self.stream, "-", int(lag))]
         return []
+
+    def behind_latest(self) -> list[tuple[str, str, int]]:
+        """None: a Redis Stream has no shards to be behind in (its lag is ``consumer_lag``)."""
+        return []
+
+    @property
+    def source_name(self) -> str:
+        """What the ingest metrics name this source by: its stream."""
+        return self.stream
 
     def poll(self) -> int:
         """:meth:`step`, with a lost Redis connection raised as ``StoreUnavailable``; the
