@@ -226,11 +226,7 @@ def _add_file(repo: Any, name: str, source: str, from_pickle: bool, trust_pickle
     an ONNX file; add it."""
     from redline.models.convert import is_saved_model
 
-    label_list: list[Any] | None = None
-    if labels:
-        label_list = [
-            int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in labels.split(",")
-        ]
+    label_list = _labels(labels)
     if Path(source).suffix == ".keras" or is_saved_model(source):
         if x is None:
             raise click.UsageError(

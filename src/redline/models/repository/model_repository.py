@@ -27,7 +27,10 @@ from redline.models.repository.layout import (
 
 
 class ModelRepository:
-    """Versioned models in a folder. Safe for several processes reading while one writes."""
+    """Versioned models in a folder. Safe for several processes reading while one writes.
+
+    Reading is here; promotion, verification and adding versions are functions of the modules
+    beside this one, attached below as methods (their first argument is the repository)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
