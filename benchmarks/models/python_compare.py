@@ -548,7 +548,9 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-# redline's side: rowsum as model.py and as ONNX, and the three-step graph.yaml.
+# redline's side: rowsum as model.py and as ONNX, and the three-step graph.yaml, whose Python
+# steps are row-wise and so take ``batch: true`` (concurrent requests' rows in one call, as the
+# peers' batched configurations do; 1.2-1.9x the throughput at c=8 of one call per request).
 _REDLINE_REPO = r'''
 import shutil, sys
 from pathlib import Path
@@ -603,6 +605,7 @@ steps:
   featurize:
     kind: python
     function: steps.py:featurize
+    batch: true
     inputs: [INPUT0]
     outputs: {FEATURES: {datatype: FP32, shape: [-1, 16]}}
   mlp:
@@ -612,6 +615,7 @@ steps:
   post:
     kind: python
     function: steps.py:post
+    batch: true
     inputs: [mlp.PROBS]
     outputs:
       LABEL: {datatype: INT64, shape: [-1]}
