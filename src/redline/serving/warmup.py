@@ -33,7 +33,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -41,6 +41,9 @@ import uvicorn
 
 from redline.serving.handle import ModelHandle
 from redline.serving.stages import NEVER, RequestRecord, StageTimes
+
+if TYPE_CHECKING:
+    from redline.serving.predict.pipeline import PredictPipeline
 
 log = logging.getLogger("redline.serving")
 
@@ -114,8 +117,8 @@ class _Listener(uvicorn.Server):
         yield
 
 
-async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observed: bool,
-                            protocol: Any) -> int:
+async def warm_request_path(registry: Any, pipeline: PredictPipeline | None, settings: Any,
+                            observed: bool, protocol: Any) -> int:
     """Send the private app real requests for every loaded model (see the module doc); returns
     how many models answered every request 200. Never raises: a failure only leaves that path
     cold (a request that does not answer 200 is an error line naming its model, once).
@@ -130,7 +133,7 @@ async def warm_request_path(registry: Any, pipeline: Any, settings: Any, observe
         registry.route_by(router)
 
 
-async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
+async def _warm(registry: Any, pipeline: PredictPipeline | None, settings: Any, observed: bool,
                 protocol: Any) -> int:
     t0 = time.perf_counter()
     primed = _prime_memory_store(registry, pipeline)
@@ -163,7 +166,7 @@ async def _warm(registry: Any, pipeline: Any, settings: Any, observed: bool,
 
 
 # ---------------------------------------------------------------------- the requests
-def _requests(name: str, handle: Any, pipeline: Any,
+def _requests(name: str, handle: Any, pipeline: PredictPipeline | None,
               settings: Any) -> list[tuple[str, bytes, int]]:
     """(model, raw HTTP request, times to send it): each V2 body ``ROUNDS`` times, each ``/v1``
     body (already one per round) once."""
@@ -217,11 +220,12 @@ def v2_binary(handle: Any) -> tuple[int, bytes] | None:
     return len(head), head + b"".join(example[s.name].tobytes() for s in specs)
 
 
-def v1_body(pipeline: Any, handle: Any, rows: int = 1, k: int = 0) -> bytes | None:
+def v1_body(pipeline: PredictPipeline | None, handle: Any, rows: int = 1,
+            k: int = 0) -> bytes | None:
     """A ``/v1`` body of ``rows`` rows for ``handle``, or None when the model reads no features
     (it has no ``/v1`` route). Round ``k`` changes the request fields (so a prediction cache
     misses) and, every other round, the entity ids (so a feature near cache misses)."""
-    if pipeline is None or getattr(pipeline, "defs", None) is None:
+    if pipeline is None or pipeline.defs is None:
         return None
     try:
         route = pipeline.route(handle)
@@ -244,8 +248,8 @@ def v1_body(pipeline: Any, handle: Any, rows: int = 1, k: int = 0) -> bytes | No
 
 
 # ---------------------------------------------------------------------- the private listener
-async def _send_privately(registry: Any, pipeline: Any, settings: Any, observed: bool,
-                          protocol: Any, requests: list[tuple[str, bytes, int]]
+async def _send_privately(registry: Any, pipeline: PredictPipeline | None, settings: Any,
+                          observed: bool, protocol: Any, requests: list[tuple[str, bytes, int]]
                           ) -> tuple[dict[str, int], dict[str, tuple[str, int, str]]]:
     """Send each request its number of times (once only when it is slower than
     ``SLOW_WARMUP_S``); returns how many requests each model answered 200, and each model's
@@ -333,18 +337,18 @@ def _error_message(body: bytes) -> str:
 
 
 # ---------------------------------------------------------------------- the shared store
-async def _connect_store(pipeline: Any) -> None:
+async def _connect_store(pipeline: PredictPipeline | None) -> None:
     """The real pipeline's connections made now, with nothing read or written: the event
     loop's Redis connection (a PING) and the session script loaded into Redis (its cache of
     scripts is not data; the first session update would load it)."""
-    if pipeline is None or getattr(pipeline, "store", None) is None:
+    from redline.serving.predict.sessions import ITEMS_SCRIPT, UPDATE_SCRIPT, RedisSessionStore
+
+    if pipeline is None or pipeline.store is None:
         return
     try:
         await pipeline.features.connect()
         sessions = pipeline.sessions
-        if sessions.kind == "redis":
-            from redline.serving.predict.sessions import ITEMS_SCRIPT, UPDATE_SCRIPT
-
+        if isinstance(sessions, RedisSessionStore):
             await asyncio.to_thread(sessions.client.script_load, UPDATE_SCRIPT)
             await asyncio.to_thread(sessions.client.script_load, ITEMS_SCRIPT)
     except Exception as exc:  # noqa: BLE001 - the first request meets it and reports it
@@ -352,12 +356,14 @@ async def _connect_store(pipeline: Any) -> None:
 
 
 # ---------------------------------------------------------------------- the memory store
-def _prime_memory_store(registry: Any, pipeline: Any) -> int:
+def _prime_memory_store(registry: Any, pipeline: PredictPipeline | None) -> int:
     """Read every entity the memory store holds once through each ``/v1`` route's reader (up to
     ``PRIME_BUDGET_S``), so its merged windows are cached before the first request; returns how
     many entity rows were read."""
-    store = getattr(pipeline, "store", None)
-    if store is None or store.kind != "memory" or getattr(pipeline, "defs", None) is None:
+    if pipeline is None or pipeline.defs is None:
+        return 0
+    store = pipeline.store
+    if store is None or store.kind != "memory":
         return 0
     deadline = time.perf_counter() + PRIME_BUDGET_S
     read = 0

@@ -364,9 +364,7 @@ class PredictPipeline:
         self.features.close()
         if self.store is not None and self.store.kind != "memory":
             self.store.close()
-        patient = getattr(self.sessions, "patient_client", None)
-        if patient is not None and patient is not getattr(self.sessions, "client", None):
-            patient.close()
+        self.sessions.close()
 
 
 def _loop_redis(store: OnlineStore | None, settings: Settings) -> LoopRedis | None:

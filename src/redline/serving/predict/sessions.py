@@ -101,6 +101,10 @@ class SessionStore(Protocol):
     def items(self, session_id: str, limit: int | None = None,
               patient: bool = False) -> list[SessionItem]: ...
 
+    def close(self) -> None:
+        """Release what the store opened itself (at shutdown)."""
+        ...
+
 
 class _Entry:
     __slots__ = ("counters", "events", "expires", "items")
@@ -173,6 +177,9 @@ class MemorySessionStore:
             kept = list(entry.items)
         return kept if limit is None else kept[:limit]
 
+    def close(self) -> None:
+        """Nothing to release: the sessions live in this process."""
+
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + 60.0
         for key in [k for k, v in self._data.items() if v.expires < now]:
@@ -200,6 +207,12 @@ class RedisSessionStore:
         self.max_items = max_items
         self.script = client.register_script(UPDATE_SCRIPT)
         self.items_script = self.patient_client.register_script(ITEMS_SCRIPT)
+
+    def close(self) -> None:
+        """Close the patient client when it is one of its own (``client`` is the online
+        store's, which closes it)."""
+        if self.patient_client is not self.client:
+            self.patient_client.close()
 
     @staticmethod
     def keys(session_id: str) -> list[str]:
