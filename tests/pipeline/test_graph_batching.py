@@ -125,3 +125,28 @@ def test_concurrent_requests_batch_and_answer_as_if_alone(batched_server: Any) -
         assert many["retrieved"] == one["retrieved"] == 50
         for stage in ("sessions", "features", "query", "retrieve", "rank", "inference"):
             assert stage in many["timings_us"], many["timings_us"]
+
+
+@pytest.mark.slow
+def test_a_lone_request_runs_at_once_and_every_request_leaves_the_counts(
+        batched_server: Any) -> None:
+    srv = batched_server
+    handle = srv.server.registry.get("rec", None)
+    runner = srv.server.pipeline.checks.graph(handle)
+    stats = runner.retriever.stats
+    with httpx.Client(base_url=srv.http, timeout=10) as client:
+        sid = f"lone-{time.monotonic_ns()}"
+        client.post(f"/v1/sessions/{sid}/events",
+                    json={"item_id": "i7", "type": "click", "ts_ms": 1_000}).raise_for_status()
+        served, batches = stats.served, stats.batches
+        for _ in range(5):
+            r = client.post("/v1/models/rec/predict", json={
+                "session_id": sid, "entities": {"card_id": "lone"}, "request": {}})
+            assert r.status_code == 200 and not r.json()["degraded"], r.text
+        # one at a time: each searched alone, at once (no batch to wait for)
+        assert stats.served - served == stats.batches - batches == 5
+        for bad in ({"instances": [{"request": {}}, {"request": {}}]},
+                    {"session_id": sid, "request": {}}):  # two instances; no card_id
+            assert client.post("/v1/models/rec/predict", json=bad).status_code == 400
+    # the requests that failed before retrieval left the counts as they were
+    assert (runner.upstream, runner.unranked, runner._gathered) == (0, 0, 0)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -379,14 +379,15 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
             retrieval_p99 = runner.retrieval.estimate()
             sid = req.session_id
             reserve = retrieval_p99 + window.estimate()  # what follows the session read
+            ids = (entity_ids(route.keys, route.entity_names, handle.name, req.entities, False)
+                   if route is not None else None)  # (a missing key fails before any read)
             if sid is not None and route is not None and pipeline.features.loop_redis:
                 # Sent now, beside the features' read: the two share one round trip.
-                session_read = asyncio.ensure_future(_timed(pipeline.read_session_items(
-                    sid, runner.spec.session_items, budget, reserve, reasons)))
+                session_read = asyncio.ensure_future(_timed(
+                    lambda: pipeline.read_session_items(sid, runner.spec.session_items, budget,
+                                                        reserve, reasons)))
             start = t
-            if route is not None:
-                ids = entity_ids(route.keys, route.entity_names, handle.name, req.entities,
-                                 False)
+            if route is not None and ids is not None:
                 got = await pipeline.features.read(route, ids, 1, budget, window.estimate(),
                                                    reasons)
                 entity = got[0][0]
@@ -465,9 +466,11 @@ async def run_graph(runner: GraphRunner, handle: ModelHandle, req: PredictReques
     return doc
 
 
-async def _timed(read: Awaitable[list[SessionItem]]) -> tuple[list[SessionItem], int]:
-    """The session items and when their read ended (it runs beside the features' read)."""
-    items = await read
+async def _timed(read: Callable[[], Awaitable[list[SessionItem]]]
+                 ) -> tuple[list[SessionItem], int]:
+    """The session items and when their read ended (it runs beside the features' read; made
+    here, so a read cancelled before it starts leaves nothing un-awaited)."""
+    items = await read()
     return items, perf_ns()
 
 
