@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redline.features.online.base import OnlineStore
 
 log = logging.getLogger("redline.serving")
 
@@ -23,7 +26,7 @@ log = logging.getLogger("redline.serving")
 class StoreHealth:
     """Pings the store off the event loop every ``interval_s``; reports only changes."""
 
-    def __init__(self, store: Any, url: str = "", interval_s: float = 1.0,
+    def __init__(self, store: OnlineStore | None, url: str = "", interval_s: float = 1.0,
                  entity_loss: Any = None) -> None:
         self.store = store
         self.entity_loss = entity_loss  # serving/entity_loss.py: reachable, but emptied?
@@ -35,14 +38,15 @@ class StoreHealth:
 
     @property
     def remote(self) -> bool:
-        return self.store is not None and getattr(self.store, "kind", "memory") != "memory"
+        return self.store is not None and self.store.kind != "memory"
 
     async def check(self) -> bool:
         """Ping once; log when the state differs from the last check (and at the first one)."""
-        if not self.remote:
+        store = self.store
+        if store is None or not self.remote:
             return True
         try:
-            await asyncio.to_thread(self.store.ping)
+            await asyncio.to_thread(store.ping)
             ok, error = True, None
         except Exception as exc:  # noqa: BLE001 - any failure to answer is "unreachable"
             ok, error = False, getattr(exc, "message", None) or str(exc) or type(exc).__name__
@@ -69,7 +73,7 @@ class StoreHealth:
 
     def body(self) -> dict[str, Any]:
         """Fields added to the ``/v2/health/ready`` body."""
-        if not self.remote or self.reachable is None:
+        if self.store is None or not self.remote or self.reachable is None:
             return {}
         store = {"kind": self.store.kind, "reachable": self.reachable,
                  "since": round(self.since, 3)}
