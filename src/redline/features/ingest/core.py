@@ -110,9 +110,7 @@ class Ingestor:
         self.freshness = Freshness()
         self.dead_letters: collections.deque[Rejected] = collections.deque(maxlen=keep_dead)
         self.dead_stream = dead_stream
-        register = getattr(store, "register", None)
-        if register is not None:
-            register(list(defs.views.values()))
+        store.register(list(defs.views.values()))
 
     def ingest(self, raws: Sequence[Any], arrival_ms: int | Sequence[int] | None = None
                ) -> IngestResult:
@@ -132,13 +130,7 @@ class Ingestor:
         self.counts.add(len(batch.accepted), batch.rejected)
         if batch.rejected:
             self.dead_letters.extend(batch.rejected)
-            client = getattr(self.store, "client", None)
-            if client is not None:
-                pipe = client.pipeline(transaction=False)
-                for r in batch.rejected:
-                    pipe.xadd(self.dead_stream, {"reason": r.reason, "event": r.raw},
-                              maxlen=100000, approximate=True)
-                pipe.execute()
+            self.store.add_dead_letters(self.dead_stream, batch.rejected)
 
     def stats(self) -> dict[str, Any]:
         return {"accepted": self.counts.accepted, "dead": self.counts.dead,

@@ -9,6 +9,7 @@ import orjson
 
 from redline.features.ingest.core import Ingestor, IngestResult
 from redline.features.online.base import now_ms
+from redline.features.online.memory import MemoryStore
 from redline.features.updates import Rejected
 
 
@@ -38,8 +39,9 @@ def replay_file(ingestor: Ingestor, path: str | Path, *, batch: int = 5000,
         arrivals.append(ms or now_ms())
     accepted = 0
     rejected: list[Rejected] = []
-    make_loader = getattr(ingestor.store, "bulk_loader", None) if bulk else None
-    loader = make_loader() if make_loader is not None else None
+    # the memory store folds a file's tiles at the end (``online/bulk.py``); Redis takes batches
+    store = ingestor.store
+    loader = store.bulk_loader() if bulk and isinstance(store, MemoryStore) else None
     for i in range(0, len(raws), batch):
         chunk = raws[i:i + batch]
         sink = loader.sink() if loader is not None else None

@@ -10,7 +10,7 @@ import numpy as np
 
 from redline.errors import FeatureNotFound, InvalidInput
 from redline.features.definitions import FeatureView
-from redline.features.updates import KEY_PREFIX, UpdateBatch
+from redline.features.updates import KEY_PREFIX, Rejected, UpdateBatch
 
 EntityIds = Sequence[str] | Mapping[str, Sequence[str]]
 
@@ -99,6 +99,16 @@ class OnlineStore(Protocol):
                features: Sequence[str] | None = None) -> FeatureReader: ...
 
     def write(self, batch: UpdateBatch) -> None: ...
+
+    def register(self, views: Sequence[FeatureView]) -> None:
+        """Views whose keys this store may see (the memory store lays out their tiles from
+        them; Redis needs nothing)."""
+        ...
+
+    def add_dead_letters(self, stream: str, rejected: Sequence[Rejected]) -> None:
+        """Keep refused events where every process can see them (Redis: appended to
+        ``stream``; the memory store keeps none beyond the ingestor's own)."""
+        ...
 
     def ping(self) -> None: ...
 

@@ -29,7 +29,7 @@ from redline.features.layout import ViewLayout
 from redline.features.online.base import EntityIds, ReadPlan, now_ms
 from redline.features.online.bulk import BulkLoader
 from redline.features.online.keystate import KeyState
-from redline.features.updates import UpdateBatch
+from redline.features.updates import Rejected, UpdateBatch
 
 
 def merge_windows(state: KeyState, layout: ViewLayout, now: int) -> None:
@@ -160,6 +160,9 @@ class MemoryStore:
         """Views whose keys this store may see (their layouts drive incremental caching)."""
         for v in views:
             self._layouts[f"{v.name}:{v.version}"] = v.layout()
+
+    def add_dead_letters(self, stream: str, rejected: Sequence[Rejected]) -> None:
+        """None kept: one process's store (the ingestor keeps its last dead letters)."""
 
     def state(self, key: str) -> KeyState:
         """The state of ``key``, made (empty) when new."""

@@ -61,7 +61,7 @@ from redline.features.online.redis_write import (
     write_call,
     write_keys,
 )
-from redline.features.updates import UpdateBatch
+from redline.features.updates import Rejected, UpdateBatch
 
 # the names this module held before its parts moved out, for code that imports them from here
 __all__ = [
@@ -106,6 +106,17 @@ class RedisStore:
                cache: bool = True) -> RedisReader:
         """A compiled reader; ``cache=False`` merges every tile on every read (benchmarks)."""
         return RedisReader(self, ReadPlan(views, features), cache)
+
+    def register(self, views: Sequence[FeatureView]) -> None:
+        """Nothing to lay out: a reader compiles what it reads (:meth:`reader`)."""
+
+    def add_dead_letters(self, stream: str, rejected: Sequence[Rejected]) -> None:
+        """Refused events appended to the stream ``stream`` (the newest ~100,000 kept)."""
+        pipe = self.client.pipeline(transaction=False)
+        for r in rejected:
+            pipe.xadd(stream, {"reason": r.reason, "event": r.raw}, maxlen=100000,
+                      approximate=True)
+        pipe.execute()
 
     def write(self, batch: UpdateBatch) -> None:
         """Apply a batch's tile updates atomically (per shard in a cluster)."""
