@@ -221,6 +221,7 @@ class _Record:
         self.model, self.version = "m", str(version)
         self.status = "ok" if ok else "internal"
         self.total_us = total_us
+        self.inputs = self.outputs = None  # none kept (a RequestRecord's, when not sampled)
 
 
 def test_the_decision_sums_every_process(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def resolve_workers(settings: Settings, requested: int | None) -> int:
         raise ConfigError(
             "autoscaling (scaling.max_workers > 1) needs state every worker shares: set "
             "`features.store: redis`")
-    preload = bool(getattr(settings.features, "preload", None))
+    preload = bool(settings.features.preload)
     if asked == 0:
         if local_state or preload or settings.server.admin_enabled:
             return 1  # state that must agree would diverge, or admin load/unload: stay at one

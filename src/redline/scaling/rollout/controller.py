@@ -17,7 +17,7 @@ import os
 import random
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redline.errors import InvalidInput
 from redline.scaling.rollout.answers import (
@@ -35,6 +35,9 @@ from redline.scaling.rollout.spec import ACTIVE, RolloutFile, RolloutSpec
 from redline.scaling.rollout.stats import MergedStats, ShadowStats, VersionStats
 from redline.scaling.rollout.stats_files import read_peers, write_stats_file
 from redline.scaling.rollout.verdict import CLIENT_ERRORS, service_verdict
+
+if TYPE_CHECKING:
+    from redline.serving.stages import RequestRecord
 
 log = logging.getLogger("redline.scaling")
 
@@ -239,7 +242,7 @@ class RolloutController:
         except Exception:  # noqa: BLE001 - candidate not loaded (yet): the baseline serves
             return None
 
-    def request_finished(self, record: Any) -> None:
+    def request_finished(self, record: RequestRecord) -> None:
         spec = self.active.get(record.model)
         if spec is None or not record.version:
             return
@@ -253,9 +256,8 @@ class RolloutController:
             stats.refuse(status)  # the client's doing, unless only the candidate refuses it
         else:
             stats.add(status == "ok", record.total_us)
-        outputs = getattr(record, "outputs", None)
-        if status == "ok" and outputs is not None:
-            self._answer_sample(spec.model, version).add(outputs)
+        if status == "ok" and record.outputs is not None:
+            self._answer_sample(spec.model, version).add(record.outputs)
         if spec.mode == "shadow":
             if version == spec.baseline and status == "ok" and record.inputs is not None:
                 self._start_shadow(spec, record)
