@@ -37,7 +37,8 @@ from redline.errors import ConfigError
 from redline.features.definitions import FeatureDefinitions
 from redline.features.events import EventDecoder
 from redline.features.ingest.core import Freshness, IngestCounts, hand_off_sessions
-from redline.features.online.base import now_ms
+from redline.features.online.base import OnlineStore, now_ms
+from redline.features.online.redis import RedisStore
 from redline.features.online.redis_failover import position_key, start_offsets
 from redline.features.sessions import SessionSink
 from redline.features.updates import UpdateBatch
@@ -65,12 +66,12 @@ class KafkaSource:
 
     source_kind = "kafka"  # the ingest metrics' ``source`` label
 
-    def __init__(self, defs: FeatureDefinitions, store: Any, *, topic: str, bootstrap: str,
-                 group: str, batch: int = 1000, block_ms: int = 100,
+    def __init__(self, defs: FeatureDefinitions, store: OnlineStore, *, topic: str,
+                 bootstrap: str, group: str, batch: int = 1000, block_ms: int = 100,
                  config: Mapping[str, Any] | None = None, source: str | None = None,
                  client_id: str | None = None, commit_every_ms: int = 100,
                  sessions: SessionSink | None = None) -> None:
-        if getattr(store, "kind", "") != "redis":
+        if not isinstance(store, RedisStore):
             raise ConfigError("Kafka ingest writes to a shared store: set features.store: redis")
         self.store = store
         self.sessions = sessions  # where session item events go (none: dead letters)

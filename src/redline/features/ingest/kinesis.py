@@ -101,7 +101,7 @@ class KinesisSource:
                  source: str | None = None, consumer: str | None = None,
                  sessions: SessionSink | None = None,
                  client_config: Mapping[str, Any] | None = None) -> None:
-        if getattr(store, "kind", "") != "redis":
+        if store.kind != "redis":  # a RedisStore (its module, and Redis's client, load on use)
             raise ConfigError("Kinesis ingest writes to a shared store: set features.store: redis")
         self.store = store
         self.sessions = sessions
