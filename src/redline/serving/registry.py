@@ -177,7 +177,7 @@ class ModelRegistry:
         GPU build, or CUDA did not start), and why: they serve, on the CPU."""
         return [{"model": h.name, "version": h.version_str, "reason": reason}
                 for _, table in sorted(self._handles.items()) for _, h in sorted(table.items())
-                if (reason := getattr(h.session, "provider_fallback", None))]
+                if (reason := h.session.provider_fallback)]
 
     def all_ready(self) -> bool:
         """Whether the server is ready, by ``server.strict_readiness`` (see ``readiness``)."""
