@@ -294,7 +294,7 @@ def _pickle_user_code(defs: FeatureDefinitions) -> None:
     from pyspark import cloudpickle
 
     for tr in defs.transforms.values():
-        name = getattr(getattr(tr, "fn", None), "__module__", None)
+        name = getattr(tr.fn, "__module__", None)  # a user callable may have none
         module = sys.modules.get(name) if name else None
         if module is not None and name and not name.startswith(("redline.", "builtins", "numpy")):
             cloudpickle.register_pickle_by_value(module)
