@@ -625,11 +625,11 @@ def _missing(area: str, args: argparse.Namespace) -> str:
     missing = [peer for peer in _peers_of(area) if envs.find(peer) is None]
     if not missing or given or args.install_peers:
         return ""
-    titles = " and ".join(envs.PEERS[peer].title for peer in missing)
+    titles = [envs.PEERS[peer].title for peer in missing]
     minutes = sum(envs.PEERS[peer].minutes for peer in missing)
-    return (f"{titles} {'runs' if len(missing) == 1 else 'run'} from "
-            f"{'its' if len(missing) == 1 else 'their'} own environment, not made yet: `bash "
-            f"benchmarks/peers/setup.sh {' '.join(missing)}` makes "
+    what = (f"{titles[0]} runs from its own environment" if len(titles) == 1 else
+            f"{', '.join(titles[:-1])} and {titles[-1]} run from their own environments")
+    return (f"{what}, not made yet: `bash benchmarks/peers/setup.sh {' '.join(missing)}` makes "
             f"{'it' if len(missing) == 1 else 'them'} (about {minutes} min), "
             "or pass --install-peers")
 
