@@ -178,8 +178,10 @@ def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration()
     args.ray_python = "/scratch/redline-ray-serve/venv/bin/python"
     outcome = run_all._ray(args, run_all._ray_plan(args),
                            [{"p99_bound_ms": 20.0, "peers": peers, "summary": summary}])
-    rate, slower = outcome.targets
+    c8, rate, c1_p50, slower = outcome.targets
+    assert c8.met and c8.value == pytest.approx(1000 / 180)
     assert rate.met and rate.value == 8.0 and slower.met
+    assert c1_p50.met and c1_p50.value == pytest.approx(1.0)  # 2.0 ms each: "no higher"
     assert ("| ray-serve three:haproxy:8 | 60 | 2.0 / 5.0 | 120 | 8.0 / 30.0 | "
             "none (25.0 ms at 5) |") in outcome.body
     stamp = outcome.body.splitlines()[0]
