@@ -36,6 +36,7 @@ from redline.monitoring.quality import QualityMonitor
 from redline.monitoring.review import ReviewQueue
 
 if TYPE_CHECKING:
+    from redline.config.settings import MonitoringSettings
     from redline.serving.stages import RequestRecord
 
 log = logging.getLogger("redline.monitoring")
@@ -51,7 +52,7 @@ FolderLookup = Callable[[str, str], Path | None]  # (model, version) -> the vers
 class ModelWindows:
     """The request observer for drift, quality and review, and the monitors per version."""
 
-    def __init__(self, lookup: MetadataLookup, settings: Any, review: ReviewQueue,
+    def __init__(self, lookup: MetadataLookup, settings: MonitoringSettings, review: ReviewQueue,
                  max_pending: int = 50_000, join: JoinBackend | None = None,
                  folder: FolderLookup | None = None) -> None:
         self.lookup = lookup
@@ -67,7 +68,7 @@ class ModelWindows:
         self._meta: dict[tuple[str, str], Any] = {}
         self.records_seen = 0
         self.sampled_out = 0  # records left out of the windows by the rate (no request id)
-        self.rows_per_s = float(getattr(settings, "window_rows_per_s", 0) or 0)
+        self.rows_per_s = float(settings.window_rows_per_s or 0)
         self._last_absorb = time.monotonic()
         self._lock = threading.Lock()  # absorb runs on the tick's thread and in routes
 
