@@ -118,8 +118,8 @@ class _Sweeper:
 
     def sweep(self) -> None:
         now = self.loop.time()
-        for conn in list(self.connections):
-            if getattr(conn, "_deadline", _UNSET) < now:
+        for conn in list(self.connections):  # uvicorn's set: any protocol it made
+            if isinstance(conn, RedlineHttpProtocol) and conn._deadline < now:
                 conn.expire()
         self.handle = self.loop.call_later(self.every_s, self.sweep) if self.connections \
             else None
