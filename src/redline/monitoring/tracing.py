@@ -83,7 +83,11 @@ def sampled_flag(traceparent: str | None) -> bool:
 class SpanSink(Protocol):
     """Where encoded spans go: ``send`` one OTLP ``ExportTraceServiceRequest`` (protobuf
     bytes), or what the sink's own ``encode(records, service)`` makes when it has one (Zipkin
-    JSON); raising means the batch was not delivered (dropped and counted, never retried)."""
+    JSON); raising means the batch was not delivered (dropped and counted, never retried).
+
+    ``send`` is all an embedder's sink must have (``ServerMonitor.use_trace_exporter``, as
+    docs/observability.md says): ``encode``, ``close()`` (at shutdown) and ``endpoint`` (named
+    in the outage log) are optional, so :class:`TraceExport` looks those three up."""
 
     def send(self, payload: bytes) -> None: ...
 
