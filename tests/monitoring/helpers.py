@@ -1,9 +1,12 @@
-"""Records as the serving code leaves them, for feeding the observers directly."""
+"""Records as the serving code leaves them, for feeding the observers directly, and a monitor
+of a registry with nothing loaded."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from redline.errors import ModelNotFound
+from redline.monitoring.monitor import MonitoredVersion, ServerMonitor, VersionFolders
 from redline.serving.stages import RequestRecord
 
 
@@ -21,3 +24,24 @@ def record(model: str = "m", version: str = "1", api: str = "v2", transport: str
         t += us * 1000
     r.finish(status, t + 2000)
     return r
+
+
+class NoModels:
+    """A registry with no model loaded (``monitor.MonitoredModels``): the monitor asks for a
+    version only when a window needs its metadata, and there is none."""
+
+    repository: VersionFolders | None = None
+
+    def models(self) -> list[str]:
+        return []
+
+    def loaded(self, name: str) -> list[MonitoredVersion]:
+        return []
+
+    def get(self, name: str, version: str | None = None) -> MonitoredVersion:
+        raise ModelNotFound(f"model '{name}' is not loaded")
+
+
+def idle_monitor(settings: Any) -> ServerMonitor:
+    """A server's monitor with ``settings`` and no model loaded."""
+    return ServerMonitor(settings, NoModels())

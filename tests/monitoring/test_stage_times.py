@@ -302,13 +302,10 @@ def test_requests_that_arrive_while_the_tick_folds_are_counted_once() -> None:
     import asyncio
 
     from redline.config import Settings
-    from redline.monitoring.monitor import TIMES_SLICE, ServerMonitor
+    from redline.monitoring.monitor import TIMES_SLICE
+    from tests.monitoring.helpers import idle_monitor
 
-    class NoModels:
-        def models(self) -> list[str]:
-            return []
-
-    monitor = ServerMonitor(Settings(), NoModels())
+    monitor = idle_monitor(Settings())
     times = monitor.feed.stage_times("v2", "rest", "m", "1")
     sent = 0
 

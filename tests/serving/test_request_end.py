@@ -14,15 +14,9 @@ from redline.monitoring.monitor import RecordFeed, ServerMonitor
 from redline.serving.observers import Observers, StageTimesObserver, TracingObserver
 from redline.serving.request_end import RequestEnd
 from redline.serving.stages import NEVER, RequestRecord, v1_times
+from tests.monitoring.helpers import idle_monitor
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-class _Registry:
-    """No model loaded (the monitor asks for metadata only when a window needs it)."""
-
-    def models(self) -> list[str]:
-        return []
 
 
 def v1_record(**fields: object) -> RequestRecord:
@@ -37,7 +31,7 @@ def v1_record(**fields: object) -> RequestRecord:
 def monitored() -> tuple[RecordFeed, Observers]:
     settings = Settings()
     settings.monitoring.trace_sample_ratio = 0.0
-    feed = ServerMonitor(settings, _Registry()).feed
+    feed = idle_monitor(settings).feed
     return feed, Observers([feed])
 
 
