@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -42,8 +41,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[1] / "examples" / "recommend"
 sys.path.insert(0, str(EXAMPLE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 
 from ranking import ITEM_COLUMNS, candidate_features  # noqa: E402
+from ray_ingress import throughput_env  # noqa: E402
 
 SESSION_ITEMS = 10
 RECENCY = 0.8
@@ -191,26 +192,11 @@ def build_app(args: argparse.Namespace):  # noqa: ANN201 - ray is imported lazil
     return Ingress.bind(Retrieval.bind(Ranking.bind()))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ingress_env(ingress: str, run_dir: Path) -> dict[str, str]:
     """The environment Ray and Serve read at start for ``ingress``: nothing for the default
     proxy; for ``haproxy`` the throughput-optimized mode, HAProxy, and HAProxy's files and
     ports in ``run_dir`` and on free ports (its defaults, 8404 and 9101, are fixed)."""
-    if ingress == "proxy":
-        return {}
-    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(run_dir / "admin.sock"),
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(run_dir / "metrics.sock"),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(run_dir),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(run_dir / "server-state"),
-            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    return {} if ingress == "proxy" else throughput_env(run_dir)
 
 
 def main() -> None:

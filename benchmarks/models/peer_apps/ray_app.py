@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -34,7 +33,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "peers"))
 import workload  # noqa: E402
+from ray_ingress import throughput_env  # noqa: E402
 
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
 
@@ -117,25 +118,6 @@ def build_apps(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
 
     return {"rowsum": RowSum.bind(), "rowsum_batched": RowSumBatched.bind(),
             "graph": Featurize.bind(Mlp.bind(), Post.bind())}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def throughput_env(run_dir: Path) -> dict[str, str]:
-    """Ray Serve's throughput-optimized mode behind HAProxy, with HAProxy's files and ports in
-    this run's own folder and on free ports (its defaults are fixed ports)."""
-    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(run_dir / "admin.sock"),
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(run_dir / "metrics.sock"),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(run_dir),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(run_dir / "server-state"),
-            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
 
 
 def main() -> None:
