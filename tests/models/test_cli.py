@@ -10,17 +10,7 @@ import joblib
 import numpy as np
 import pytest
 
-from redline.cli import main
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.models.cli import run
 
 
 @pytest.fixture()

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from redline.cli import main
 from redline.models import ModelRepository, load_runner
+from tests.models.cli import run
 from tests.serving.helpers import affine_model
 
 STEPS = '''
@@ -36,16 +36,6 @@ outputs:
   label: post.label
   y: score.y
 '''
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def graph(tmp_path: Path, text: str, steps: str = STEPS) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from redline.cli import main
+from tests.models.cli import run as cli
 
 pytestmark = pytest.mark.slow  # MLflow's SQLite store takes seconds to create
 mlflow = pytest.importorskip("mlflow")
@@ -112,16 +112,6 @@ def file_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         else:
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = previous
     return {"uri": root.as_uri(), "run": run.info.run_id, "x": x, "folder": folder}
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def add(capsys: pytest.CaptureFixture[str], repo: Path, name: str, uri: str, store: str | None,

@@ -7,21 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from redline.cli import main
 from redline.models import ModelRepository
 from tests.models import pymodels as pm
+from tests.models.cli import run
 
 pytestmark = pytest.mark.slow  # worker processes
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_add_refuses_without_trust_then_adds_and_predicts(capsys, tmp_path) -> None:
