@@ -24,10 +24,8 @@ class FlatSeries:
     asked for once.
 
     ``series((model, version))`` is None while no lone observer keeps stage times (a rollout
-    observes too): then every request needs its record. Its users take the trace head-sample
-    draw inline (a call less a request): count ``countdown`` down; a request that reaches zero,
-    or is slower than ``slow_ns``, gets a record instead of its row (``record.trace_keep``:
-    whether it was drawn) and draws the next countdown with ``gap()``."""
+    observes too): then every request needs its record. ``draw(times, duration)`` is None when
+    the request leaves its row, else the head sample's draw for the record it gets instead."""
 
     __slots__ = ("_observers", "_api", "_transport", "_series")
 
@@ -45,6 +43,16 @@ class FlatSeries:
         if times is None:
             times = self._series[key] = make(self._api, self._transport, *key)
         return times
+
+    @staticmethod
+    def draw(times: StageTimes, duration_ns: int) -> bool | None:
+        countdown = times.countdown - 1
+        if countdown and duration_ns <= times.slow_ns:
+            times.countdown = countdown
+            return None
+        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+        times.countdown = countdown or times.gap()
+        return not countdown
 
 
 class FlatTimes(FlatSeries):
@@ -66,25 +74,18 @@ class FlatTimes(FlatSeries):
         self._row = row
 
     def keep(self, record: RequestRecord) -> bool:
-        if (record.request_id or record.traceparent is not None
-                or self._observers.stage_times is None):
+        if record.request_id or record.traceparent is not None:
             return False
-        key = (record.model, record.version)
-        times = self._series.get(key)  # (``series`` and ``draw``, without their calls)
+        times = self.series((record.model, record.version))
         if times is None:
-            times = self.series(key)
-            if times is None:
-                return False
-        countdown = times.countdown - 1
-        if countdown and record.end_ns - record.start_ns <= times.slow_ns:
-            times.countdown = countdown
+            return False
+        draw = self.draw(times, record.end_ns - record.start_ns)
+        if draw is None:
             if record.inputs is not None and record.path == "primary":
                 times.samples += (record.inputs, record.outputs)  # the windows' sample
             times.times += self._row(record)
             return True
-        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
-        times.countdown = countdown or times.gap()
-        record.trace_keep = not countdown
+        record.trace_keep = draw
         return False
 
 
@@ -123,23 +124,16 @@ class V2End(FlatSeries):
                  end_ns: int, record: RequestRecord | None = None) -> str | None:
         if record is None:  # run at once
             draw: bool | None = None
-            if (self._observers.stage_times is not None
-                    and not (request_id or traceparent is not None or handle.shadowed)):
-                times = self._series.get(handle.key)  # (``series``, without its call)
-                if times is None:
-                    times = self.series(handle.key)
+            if not (request_id or traceparent is not None or handle.shadowed):
+                times = self.series(handle.key)
                 if times is not None:
-                    countdown = times.countdown - 1  # (``draw``, without its call)
-                    if countdown and end_ns - start_ns <= times.slow_ns:
-                        # a common request: its row, no record
-                        times.countdown = countdown
+                    draw = self.draw(times, end_ns - start_ns)
+                    if draw is None:  # a common request: its row, no record
                         if (handle.keep_io and decoded_ns >= handle.io_next_ns
                                 and handle.sample_due(decoded_ns)):
                             times.samples += (inputs, outputs)  # the windows' sample
                         times.times += (start_ns, decoded_ns, inferred_ns, end_ns, rows)
                         return None
-                    times.countdown = countdown or times.gap()
-                    draw = not countdown  # in the head sample, or slow
             record = self.record(handle, request_id, traceparent, rows, start_ns, decoded_ns)
             record.spans.append((INFERENCE, decoded_ns, inferred_ns))
             record.trace_keep = draw  # drawn here, or left to tracing
