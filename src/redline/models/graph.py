@@ -283,6 +283,8 @@ def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray,
 
 # Items per group when the top-k looks for its threshold (see exact_top_k_rows).
 TOP_K_GROUP = 64
+# Queries per scoring product: every product has this one shape (see exact_top_k_rows).
+SCORE_BLOCK = 4
 
 
 def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
@@ -292,17 +294,23 @@ def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
     in row order.
 
     One kernel for one query and for a batch of them, so that a query's answer does not depend
-    on what it was batched with, bit for bit: the scores are one matrix product, and a lone
-    query is padded to two rows (BLAS computes a one-column product as a matrix-vector product,
-    whose sums differ from the matrix product's in the last bit). The top-k is exact and cheap:
+    on what it was batched with, bit for bit: the scores are matrix products of one shape,
+    ``SCORE_BLOCK`` queries at a time (the last block padded with zero rows). BLAS picks its
+    kernel by shape -- a one-column product is a matrix-vector product, and OpenBLAS's kernel for
+    eight columns sums differently from its kernel for two on some CPUs -- so a product whose
+    width followed the batch would change a query's last bit with its company. The top-k is
+    exact and cheap:
     the items are cut into groups of ``TOP_K_GROUP``, the k largest group maxima bound the k-th
     score from below, and only the groups that reach the bound (about k of them) are
     partitioned, not the whole catalogue.
     """
     n, items = queries.shape[0], emb.shape[0]
-    q = queries if n > 1 else np.concatenate([queries, np.zeros_like(queries)])
-    # [n', items], each query's scores contiguous: its reductions run over whole rows
-    scores = np.ascontiguousarray((emb @ np.ascontiguousarray(q, dtype=np.float32).T).T)
+    blocks = -(-n // SCORE_BLOCK)
+    q = np.zeros((blocks * SCORE_BLOCK, queries.shape[1]), dtype=np.float32)
+    q[:n] = queries
+    # [blocks * SCORE_BLOCK, items], each query's scores contiguous: reductions run over rows
+    scores = np.concatenate([(emb @ q[b:b + SCORE_BLOCK].T).T
+                             for b in range(0, len(q), SCORE_BLOCK)])
     k = min(k, items)
     width = items // TOP_K_GROUP  # group g: items g, g + width, g + 2 width, ... (and the tail)
     out_rows = np.empty((n, k), dtype=np.int64)
