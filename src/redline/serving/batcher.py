@@ -208,6 +208,18 @@ class Batcher:
         stats.rows += rows
         return outputs
 
+    def would_run_now(self, rows: int) -> bool:
+        """Whether :meth:`run_now` would run ``rows`` rows at once (its probes aside): what a
+        caller that must run several batchers' requests in one go (a graph's steps) asks of
+        each before it starts any. The same conditions as ``run_now``'s."""
+        if self._queued or self._running or self._scheduled or self._closed:
+            return False
+        guard = self._guard
+        if guard is not None and not guard.allows():
+            return False
+        cost = self.cost
+        return cost.fixed_s + cost.per_row_s * rows <= self._inline_max_s
+
     def submit(
         self, inputs: Inputs, rows: int, deadline: float | None = None, priority: int = 1
     ) -> asyncio.Future[Outputs]:

@@ -1,15 +1,23 @@
 """A general graph version served like a model: its handle runs each request's steps.
 
 A :class:`GraphHandle` is a :class:`ModelHandle` (so every edge, the metadata, warm-up, version
-policy and hot swaps treat a graph as a model) whose requests never take the model fast path:
-``infer_now`` declines and ``infer_queued`` runs the graph (``models/dag/execute.py``). Its
-steps ride the batchers models use, so concurrent requests reaching a step share one run: a
-repository model step goes through that model's own handle (resolved per request, so a hot
-swap of the model reaches the graph), an in-folder model has a handle of its own, and a Python
-step a batcher of its own (``batch: true`` concatenates rows, else one request a run). Each
-step is a stage (``step:<name>``) on the request's record; its recent p99 decides whether it
-still fits the budget left, and a step that would not fit, raises or runs out of time answers
-its declared fallback, the reason in the ``degraded`` output. Plain models never come here.
+policy and hot swaps treat a graph as a model) that runs each request's steps
+(``models/dag/execute.py``). Its steps ride the batchers models use, so concurrent requests
+reaching a step share one run: a repository model step goes through that model's own handle
+(resolved per request, so a hot swap of the model reaches the graph), an in-folder model has a
+handle of its own, and a Python step a batcher of its own (``batch: true`` concatenates rows,
+else one request a run). Each step is a stage (``step:<name>``) on the request's record; its
+recent p99 decides whether it still fits the budget left, and a step that would not fit, raises
+or runs out of time answers its declared fallback, the reason in the ``degraded`` output. Plain
+models never come here.
+
+Two lanes, as for a model. When every step's batcher would run it at once (idle, the run
+short: ``Batcher.would_run_now``), ``infer_now`` runs the whole graph on the spot, each step
+through its batcher's ``run_now`` -- no task, future or loop round trip per step, nor for the
+request (the edge answers it from the HTTP parser's callback). Otherwise ``infer_queued`` runs
+it step by step, each step waiting in its batcher where it must, so under load concurrent
+requests share the steps' runs. Both lanes run the same steps with the same budget, stages and
+p99 windows; a step stopped on the spot for running long sends the request to the queued lane.
 """
 
 from __future__ import annotations
@@ -22,8 +30,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from redline.config import Settings
-from redline.errors import DeadlineExceeded, ModelError
-from redline.models.dag import DagRunner, GraphRun, Step, StepEnv, model_source
+from redline.errors import DeadlineExceeded, ModelError, RedlineError
+from redline.models.dag import (
+    DagRunner,
+    GraphRun,
+    NotNow,
+    Step,
+    StepEnv,
+    answer_now,
+    model_source,
+)
 from redline.models.python.session import FailureLog
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import LOW, TIMER_SLACK_S, now
@@ -46,6 +62,7 @@ class GraphHandle(ModelHandle):
     # No warm-up requests: they would run the real steps (their batchers, p99 windows, the
     # repository models' counters) and a user's slow step; the steps' models warm themselves.
     warm_requests = False
+    steps_on_record = True
 
     def __init__(self, session: DagRunner, settings: Settings,
                  registry: ModelRegistry) -> None:
@@ -67,6 +84,12 @@ class GraphHandle(ModelHandle):
                 self._python[step.name] = self._step_batcher(step, settings)
         self._sources = {s.name: model_source(s) for s in session.spec.steps.values()
                          if s.kind == "model" and s.name not in self._local}
+        # The steps a request may run (cascades' members too), each with its batcher or handle:
+        # what answering on the spot asks first.
+        spec = session.spec
+        runs = set(spec.order) | set(spec.members())
+        self._leaves = [spec.steps[n] for n in spec.steps
+                        if n in runs and spec.steps[n].kind in ("model", "python")]
 
     def _step_batcher(self, step: Step, settings: Settings) -> Batcher:
         label = f"{self.name}:{step.name}"
@@ -86,19 +109,39 @@ class GraphHandle(ModelHandle):
             raise ModelError(exc.message, model=self.name) from None
 
     # ------------------------------------------------------------------ requests
-    def infer_now(self, inputs: Arrays, rows: int,
-                  record: RequestRecord | None = None) -> Arrays | None:
-        return None  # a graph's steps await their batchers: always the queued path
+    def infer_now(self, inputs: Arrays, rows: int, record: RequestRecord | None = None,
+                  deadline: float | None = None) -> Arrays | None:
+        """The graph's outputs computed on the spot, when every step would run at once; else
+        None, and :meth:`infer_queued` runs it (see the module doc)."""
+        if not self._ready(rows):
+            return None
+        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule,
+                       _OnTheSpot(self, deadline, LOW, record), self.name)
+        mark = len(record.spans) if record is not None else 0
+        t0 = perf_ns()
+        self.stats.admitted += 1
+        outputs = answer_now(run, inputs, rows)
+        if outputs is None:  # a step was stopped for running long: the queued lane runs it
+            self.stats.admitted -= 1
+            if record is not None:
+                del record.spans[mark:]
+            return None
+        self._answered(run, inputs, outputs, rows, record, t0)
+        return outputs
 
     async def infer_queued(self, inputs: Arrays, rows: int, deadline: float | None,
                            priority: int = LOW, record: RequestRecord | None = None) -> Arrays:
-        env = _RequestEnv(self, deadline, priority, record)
-        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule, env,
-                       self.name)
+        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule,
+                       _RequestEnv(self, deadline, priority, record), self.name)
         t0 = perf_ns()
-        stats = self.stats  # the graph's own requests (its steps count theirs)
-        stats.admitted += 1
+        self.stats.admitted += 1  # the graph's own requests (its steps count theirs)
         outputs = await run.answer(inputs, rows)
+        self._answered(run, inputs, outputs, rows, record, t0)
+        return outputs
+
+    def _answered(self, run: GraphRun, inputs: Arrays, outputs: Arrays, rows: int,
+                  record: RequestRecord | None, t0: int) -> None:
+        stats = self.stats
         stats.served += 1
         stats.rows += rows
         if record is not None:
@@ -110,24 +153,53 @@ class GraphHandle(ModelHandle):
                     attrs = record.attributes = {}
                 attrs["degraded_reasons"] = list(run.reasons)
             self.keep_io_on(record, inputs, outputs, t0)
-        return outputs
+
+    def _ready(self, rows: int) -> bool:
+        """Whether every step would run at once (``Batcher.would_run_now``); a repository
+        model that cannot be had now is left to the queued lane, which reports it."""
+        try:
+            for step in self._leaves:
+                batcher = (self._python[step.name] if step.kind == "python"
+                           else self._model(step).batcher)
+                if not batcher.would_run_now(rows):
+                    return False
+        except RedlineError:
+            return False
+        return True
+
+    def _model(self, step: Step) -> ModelHandle:
+        handle = self._local.get(step.name)
+        if handle is None:
+            name, version = self._sources[step.name]  # type: ignore[misc]
+            handle = self.registry.get(name, version)
+        return handle
+
+    def _check_deadline(self, step: Step, deadline: float | None) -> None:
+        if deadline is not None and deadline - now() <= 0:
+            raise DeadlineExceeded(f"graph '{self.name}' step '{step.name}': the request's "
+                                   "budget ran out before it could start")
 
     async def run_step(self, step: Step, inputs: Arrays, rows: int, deadline: float | None,
                        priority: int) -> Arrays:
         """One ``model`` or ``python`` step through its batcher, within ``deadline``."""
-        if deadline is not None and deadline - now() <= 0:
-            raise DeadlineExceeded(f"graph '{self.name}' step '{step.name}': the request's "
-                                   "budget ran out before it could start")
+        self._check_deadline(step, deadline)
         if step.kind == "python":
             batcher = self._python[step.name]
             out = batcher.run_now(inputs, rows)
             return out if out is not None else await batcher.submit(inputs, rows, deadline,
                                                                     priority)
-        handle = self._local.get(step.name)
-        if handle is None:
-            name, version = self._sources[step.name]  # type: ignore[misc]
-            handle = self.registry.get(name, version)
-        return await handle.infer(inputs, deadline, priority=priority)
+        return await self._model(step).infer(inputs, deadline, priority=priority)
+
+    def run_step_now(self, step: Step, inputs: Arrays, rows: int,
+                     deadline: float | None) -> Arrays | None:
+        """One ``model`` or ``python`` step run at once (its batcher's ``run_now``), or None:
+        it must wait."""
+        self._check_deadline(step, deadline)
+        if step.kind == "python":
+            return self._python[step.name].run_now(inputs, rows)
+        handle = self._model(step)
+        checked, rows = handle.prepare(inputs)
+        return handle.infer_now(checked, rows)
 
     def skip_reason(self, step: Step, deadline: float | None) -> str | None:
         if deadline is None:
@@ -179,3 +251,16 @@ class _RequestEnv(StepEnv):
             self.record.add(f"step:{step.name}", start_ns, end_ns)
         if ran:  # a failure's time counts too: a step that runs out of time is that slow
             self.handle._p99[step.name].add((end_ns - start_ns) / 1e9)
+
+
+class _OnTheSpot(_RequestEnv):
+    """A request whose steps all run at once (``GraphHandle.infer_now``): a step that would
+    have to wait raises ``NotNow``."""
+
+    __slots__ = ()
+
+    async def run(self, step: Step, inputs: Arrays, rows: int) -> Arrays:
+        out = self.handle.run_step_now(step, inputs, rows, self.deadline)
+        if out is None:
+            raise NotNow
+        return out

@@ -157,9 +157,12 @@ class InferenceServicer:
             inputs, rows = handle.prepare(decoded.inputs, decoded.datatypes)
             if observed:
                 decoded_ns = perf_ns()
-            outputs = handle.infer_now(inputs, rows)
+                if handle.steps_on_record:  # a graph: its steps are timed on the record
+                    record = self._end.record(handle, rid, traceparent, rows, start_ns,
+                                              decoded_ns)
+            outputs = handle.infer_now(inputs, rows, record, budget.deadline)
             if outputs is None:  # the batcher is busy or the run is long: it queues
-                if observed:  # timed on a record from here on
+                if observed and record is None:  # timed on a record from here on
                     record = self._end.record(handle, rid, traceparent, rows, start_ns,
                                               decoded_ns)
                 outputs = await handle.infer_queued(inputs, rows, budget.deadline, priority,

@@ -48,6 +48,9 @@ class ModelHandle:
 
     # Whether the request-path warm-up (``serving/warmup.py``) sends this version requests.
     warm_requests = True
+    # Whether a request times stages of its own on its record while it runs (a graph's steps):
+    # an edge that observes then makes the record before ``infer_now``, not after.
+    steps_on_record = False
 
     def __init__(self, session: ModelRunner, settings: Settings) -> None:
         self.session = session
@@ -239,15 +242,18 @@ class ModelHandle:
         else:
             first = next(iter(inputs.values()))
             rows = int(first.shape[0]) if first.ndim else 1
-        outputs = self.infer_now(inputs, rows, record)
+        outputs = self.infer_now(inputs, rows, record, deadline)
         if outputs is None:
             outputs = await self.infer_queued(inputs, rows, deadline, priority, record)
         return outputs
 
     def infer_now(self, inputs: dict[str, np.ndarray], rows: int,
-                  record: RequestRecord | None = None) -> dict[str, np.ndarray] | None:
+                  record: RequestRecord | None = None,
+                  deadline: float | None = None) -> dict[str, np.ndarray] | None:
         """The outputs of checked ``inputs`` run at once on the calling thread (the batcher is
         idle and the run is short), else ``None``: then :meth:`infer_queued` queues them.
+        (A model's run at once is short, within any budget; a graph reads ``deadline`` for
+        its steps.)
 
         Synchronous, so the HTTP protocol can answer a request from its parser callback without
         a task (``serving/http_protocol.py``); :meth:`infer` is both steps in one call.

@@ -182,9 +182,12 @@ class TfServingRest:
             inputs, rows = handle.prepare(inputs)
             if observed:
                 decoded_ns = perf_ns()
-            outputs = handle.infer_now(inputs, rows)
+                if handle.steps_on_record:  # a graph: its steps are timed on the record
+                    record = self._tensor_end.record(handle, "", traceparent, rows, start_ns,
+                                                     decoded_ns)
+            outputs = handle.infer_now(inputs, rows, record, budget.deadline)
             if outputs is None:  # the batcher is busy or the run is long: it queues
-                if observed:
+                if observed and record is None:
                     record = self._tensor_end.record(handle, "", traceparent, rows, start_ns,
                                                      decoded_ns)
                 outputs = await handle.infer_queued(inputs, rows, budget.deadline, priority,

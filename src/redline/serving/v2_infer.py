@@ -139,6 +139,7 @@ class V2Infer:
         handle: ModelHandle | None = None
         request: InferRequest | None = None
         rid: str | None = None
+        record: RequestRecord | None = None
         rows = decoded_ns = 0
         try:
             fast = None
@@ -171,10 +172,14 @@ class V2Infer:
                 inputs, rows = handle.prepare(request.inputs, request.datatypes)
             if observed:
                 decoded_ns = perf_ns()
-            outputs = handle.infer_now(inputs, rows)
+                if handle.steps_on_record:  # a graph: its steps are timed on the record
+                    record = self._end.record(handle, rid or "", traceparent, rows, start_ns,
+                                              decoded_ns)
+            outputs = handle.infer_now(inputs, rows, record, checked.deadline)
             if outputs is None:  # the batcher is busy or the run is long: it queues
-                record = (self._end.record(handle, rid or "", traceparent, rows, start_ns,
-                                           decoded_ns) if observed else None)
+                if observed and record is None:
+                    record = self._end.record(handle, rid or "", traceparent, rows, start_ns,
+                                              decoded_ns)
                 return Queued(path, handle, inputs, rows, checked.deadline, level, fast, rid,
                               request, record)
             inferred_ns = perf_ns() if observed else 0
@@ -183,11 +188,11 @@ class V2Infer:
             if not rows and request is not None:
                 rows = request.rows  # a request refused by the checks counts what it sent
             return self.failed(exc, path, start_ns, traceparent, handle, rid or "", rows,
-                               decoded_ns)
+                               decoded_ns, record)
         if not observed:
             return answer
         traced = self._end.answered(handle, rid or "", traceparent, rows, inputs, outputs,
-                                    start_ns, decoded_ns, inferred_ns, perf_ns())
+                                    start_ns, decoded_ns, inferred_ns, perf_ns(), record)
         return answer if traced is None else _traced(answer, traced)
 
     async def finish(self, q: Queued) -> Answer:

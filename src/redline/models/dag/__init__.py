@@ -6,7 +6,7 @@ a version and ``execute`` is what one request through it does; the server runs t
 ``execute`` with batchers and budgets (``serving/dag.py``).
 """
 
-from redline.models.dag.execute import GraphRun, Schedule, StepEnv
+from redline.models.dag.execute import GraphRun, NotNow, Schedule, StepEnv, answer_now
 from redline.models.dag.runner import DagRunner, model_source
 from redline.models.dag.spec import ANSWERED_BY, DEGRADED, DagSpec, Step, is_dag, parse_dag
 
@@ -16,9 +16,11 @@ __all__ = [
     "DagRunner",
     "DagSpec",
     "GraphRun",
+    "NotNow",
     "Schedule",
     "Step",
     "StepEnv",
+    "answer_now",
     "is_dag",
     "model_source",
     "parse_dag",

@@ -3,12 +3,13 @@
 Why two ways to run: a chain of steps (the common featurize -> model -> post-step shape, or any
 graph whose steps each read the one before) runs with no task at all, each step awaited in turn;
 a graph with branches that may run together (an ensemble's members, two featurizers) gets a task
-per step, each awaiting only the steps it reads, so a slow branch never holds up another. The
+per step, each awaiting only the steps it reads, so a slow branch never holds up another. When
+every step can run at once on the calling thread (the server's batchers are idle and the runs
+short), :func:`answer_now` computes the answer with no task and no loop round trip at all. The
 ``StepEnv`` runs the leaves (models and Python functions) and knows the budget: the server's
 runs them through batchers within the request's budget (``serving/dag.py``), ``models add``'s
 sample run calls them directly (``runner.py``); this module is the one definition of what a
-graph answers.
-"""
+graph answers."""
 
 from __future__ import annotations
 
@@ -39,6 +40,31 @@ class StepEnv(Protocol):
         False when it was skipped for its fallback (no run its p99 can learn from)."""
 
 
+class NotNow(BaseException):
+    """Raised by a ``StepEnv`` whose step cannot run at once (its batcher is busy, or its run
+    was stopped for running long): :func:`answer_now` then leaves the request to the queue.
+    A ``BaseException``, so that no step's fallback takes it for a failure."""
+
+
+def answer_now(run: GraphRun, inputs: Arrays, rows: int) -> Arrays | None:
+    """``run``'s answer computed here, every step in turn, or None when a step could not run
+    at once (its env raised :class:`NotNow`; the values computed so far are dropped).
+
+    Why a coroutine driven by hand: what a graph answers (fallbacks, cascades, degraded
+    reasons) is written once, in :meth:`GraphRun.answer`; with an env whose ``run`` never
+    waits, that coroutine finishes on its first ``send``, with no task, future or loop round
+    trip. An env that does wait is a bug, refused here."""
+    coro = run.answer(inputs, rows, in_order=True)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except NotNow:
+        return None
+    coro.close()
+    raise RuntimeError(f"graph '{run.graph}': a step waited while answering at once")
+
+
 class GraphRun:
     """The values of one request's steps as they are computed, and why it degraded."""
 
@@ -54,19 +80,20 @@ class GraphRun:
         self.inputs: Arrays = {}
         self.rows = 0
 
-    async def answer(self, inputs: Arrays, rows: int) -> Arrays:
+    async def answer(self, inputs: Arrays, rows: int, in_order: bool = False) -> Arrays:
         """The graph's outputs for ``inputs`` (``rows`` rows); a step that fails without a
-        fallback raises its error."""
+        fallback raises its error. ``in_order``: every step in turn, branches too (its steps
+        run at once, so there is nothing to overlap: :func:`answer_now`)."""
         self.inputs, self.rows = inputs, rows
         steps = self.spec.steps
-        if self.schedule.chain:
+        if in_order or self.schedule.chain:
             for name in self.spec.order:
                 await self._step(steps[name])
         else:
             await self._dataflow()
         out = {name: self._read(ref, f"output '{name}'") for name, ref in
                self.spec.outputs.items()}
-        if self.spec.has_fallback and DEGRADED not in out:
+        if self.schedule.degrades and DEGRADED not in out:
             why = "; ".join(self.reasons)
             out[DEGRADED] = np.full(rows, why, dtype=object)
         return out
@@ -214,8 +241,9 @@ async def _gather(tasks: list[asyncio.Future[None]]) -> None:
 
 class Schedule:
     """How a graph's steps wait for each other: ``deps`` (each step's steps to await, a
-    cascade's members standing for their cascade) and ``chain``: whether each step reads the
-    one before it and no other, so the steps run one after another without tasks."""
+    cascade's members standing for their cascade), ``chain``: whether each step reads the
+    one before it and no other, so the steps run one after another without tasks, and
+    ``degrades``: whether an answer may be degraded (a fallback or a cascade), so it says why."""
 
     def __init__(self, spec: DagSpec) -> None:
         from redline.models.dag.spec import dependencies
@@ -227,3 +255,4 @@ class Schedule:
             for name in spec.order}
         order = spec.order
         self.chain = all(self.deps[n] == [order[i - 1]] for i, n in enumerate(order) if i)
+        self.degrades = spec.has_fallback

@@ -272,7 +272,7 @@ class GraphRunner:
         out = None
         if not self.unranked:
             # Case: no other request is on its way here: the idle fast path, when it applies.
-            out = handle.infer_now(inputs, rows, record)
+            out = handle.infer_now(inputs, rows, record, budget.deadline)
         if out is None:
             out = await handle.infer_queued(inputs, rows, budget.deadline, LOW, record)
         return out

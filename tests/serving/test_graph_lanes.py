@@ -1,0 +1,249 @@
+"""A graph's two lanes: every step run at once on the loop (``GraphHandle.infer_now``) when every
+step's batcher is idle, else each step through its batcher (``infer_queued``). Both answer the
+same and leave the same stages; under load a busy step's batcher still shares its runs.
+
+In process, on the main thread: the inline guard lets a Python step run on the loop only there
+(``serving/inline_guard.py``), and pytest-timeout's SIGALRM is lent to it for each test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Iterator
+
+import numpy as np
+import orjson
+import pytest
+
+from redline.config import Settings
+from redline.models import ModelRepository
+from redline.serving import inline_guard
+from redline.serving.app import RestApp
+from redline.serving.dag import GraphHandle
+from redline.serving.deadline import LOW, now
+from redline.serving.observers import Observers
+from redline.serving.registry import ModelRegistry
+from redline.serving.stages import RequestRecord
+from tests.serving.helpers import affine_model
+
+pytestmark = pytest.mark.allow_log(r"graph 'every' step 'flaky' raised")
+
+STEPS = '''
+import time
+import numpy as np
+
+def pre(inputs):
+    return {"x": inputs["raw"].astype(np.float32) + 1}
+
+def flaky(inputs):
+    if (inputs["raw"] < 0).any():
+        raise ValueError("negative input")
+    return {"y": inputs["raw"] * 10}
+
+def cheap(inputs):
+    p1 = np.where(inputs["x"][:, 0] > 1, 0.95, 0.6).astype(np.float32)
+    return {"probabilities": np.stack([1 - p1, p1], axis=1)}
+
+def sure(inputs):
+    p1 = np.where(inputs["x"][:, 0] > 1, 0.99, 0.02).astype(np.float32)
+    return {"probabilities": np.stack([1 - p1, p1], axis=1)}
+
+def post(inputs):
+    return {"label": (inputs["s"] > 20).astype(np.int64)}
+
+def slow(inputs):
+    time.sleep(0.02)
+    return {"z": inputs["x"] * 2}
+'''
+
+GRAPHS = {
+    # every step kind: Python steps, an in-folder and a repository model, an ensemble, a
+    # cascade, a fallback
+    "every": '''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  pre:
+    kind: python
+    function: steps.py:pre
+    inputs: [raw]
+    outputs: {x: {datatype: FP32, shape: [-1, 4]}}
+  double: {kind: model, model: double.onnx, inputs: [pre.x]}
+  triple: {kind: model, model: affine, inputs: [pre.x]}
+  blend:
+    kind: ensemble
+    method: weighted_mean
+    weights: [1, 3]
+    steps: [double, triple]
+    output: y
+  flaky:
+    kind: python
+    function: steps.py:flaky
+    inputs: [raw]
+    fallback: {value: {y: [0, 0, 0, 0]}}
+  cheap: {kind: python, function: "steps.py:cheap", inputs: [pre.x]}
+  sure: {kind: python, function: "steps.py:sure", inputs: [pre.x]}
+  answer:
+    kind: cascade
+    confidence: probabilities
+    steps: [{step: cheap, threshold: 0.9}, sure]
+  post: {kind: python, function: "steps.py:post", batch: true, inputs: [double.s]}
+outputs:
+  label: post.label
+  y: blend.y
+  flagged: flaky.y
+  probabilities: answer.probabilities
+  answered_by: answer.answered_by
+''',
+    # a chain whose middle step is too slow for the loop: it runs on a worker thread
+    "slowchain": '''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  pre: {kind: python, function: "steps.py:pre", batch: true, inputs: [raw]}
+  slow: {kind: python, function: "steps.py:slow", batch: true, inputs: [pre.x]}
+  double: {kind: model, model: double.onnx, inputs: [slow.z]}
+outputs:
+  z: slow.z
+  s: double.s
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    root = tmp_path_factory.mktemp("lanes")
+    repo = ModelRepository(root / "repo")
+    repo.add_onnx("affine", affine_model(4, 3.0, 0.0))
+    for name, text in GRAPHS.items():
+        folder = root / name
+        folder.mkdir()
+        (folder / "graph.yaml").write_text(text)
+        (folder / "steps.py").write_text(STEPS)
+        (folder / "double.onnx").write_bytes(affine_model(4, 2.0, 0.0))
+        repo.add_graph(name, folder, trust_code=True, sample=np.ones((2, 4), np.float32))
+    return repo
+
+
+@pytest.fixture(autouse=True)
+def sigalrm_free() -> Iterator[None]:
+    """pytest-timeout keeps SIGALRM for itself, and the guard leaves another owner's signal
+    alone: lend it to the guard for the test, then give it back."""
+    before = signal.getsignal(signal.SIGALRM)
+    timer = signal.getitimer(signal.ITIMER_REAL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    inline_guard._installed = None  # noqa: SLF001
+    yield
+    signal.signal(signal.SIGALRM, before)
+    inline_guard._installed = None  # noqa: SLF001
+    if timer[0]:
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+
+
+@pytest.fixture
+async def registry(repository: ModelRepository) -> AsyncIterator[ModelRegistry]:
+    settings = Settings()
+    settings.server.watch_repository = False
+    settings.runtime.warmup_batch_sizes = [1]
+    settings.runtime.warmup_runs = 1
+    registry = ModelRegistry(repository, settings)
+    await registry.sync()
+    # A busy test machine can pause a quick step for milliseconds, and its guard would then
+    # keep it off the loop a while: the quick steps get a second; the slow one keeps 5 ms.
+    for name in GRAPHS:
+        handle = registry.get(name)
+        assert isinstance(handle, GraphHandle)
+        for step, batcher in handle._python.items():  # noqa: SLF001
+            if step != "slow":
+                batcher._guard.limit_s = 1.0  # type: ignore[union-attr]  # noqa: SLF001
+    yield registry
+    await registry.close()
+
+
+def stages(record: RequestRecord) -> list[str]:
+    return [span[0] for span in record.spans]
+
+
+async def test_on_the_spot_and_queued_answer_alike_with_the_same_stages(
+        registry: ModelRegistry) -> None:
+    handle = registry.get("every")
+    assert isinstance(handle, GraphHandle)
+    for x in (np.arange(8, dtype=np.float32).reshape(2, 4), -np.ones((3, 4), np.float32)):
+        inputs, rows = handle.prepare({"raw": x})
+        spot, queued = RequestRecord("v2", "rest"), RequestRecord("v2", "rest")
+        got = handle.infer_now(inputs, rows, spot, now() + 5)
+        assert got is not None  # every step's batcher was idle: it answered on the spot
+        want = await handle.infer_queued(inputs, rows, now() + 5, LOW, queued)
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        assert sorted(stages(spot)) == sorted(stages(queued))
+        assert {f"step:{s}" for s in ("pre", "double", "triple", "blend", "flaky", "cheap",
+                                      "answer", "post")} <= set(stages(spot))
+        assert stages(spot)[-1] == "inference"
+        assert (spot.path, spot.attributes) == (queued.path, queued.attributes)
+    assert spot.path == "fallback"  # the negative rows: flaky's constant, flagged
+    assert "step 'flaky' failed" in got["degraded"][0]
+    assert got["flagged"].tolist() == [[0.0] * 4] * 3
+
+
+async def test_a_spent_budget_degrades_or_fails_alike_on_the_spot(
+        registry: ModelRegistry) -> None:
+    handle = registry.get("every")
+    inputs, rows = handle.prepare({"raw": np.ones((1, 4), np.float32)})
+    with pytest.raises(Exception) as spot:
+        handle.infer_now(inputs, rows, None, now() - 1)
+    with pytest.raises(Exception) as queued:
+        await handle.infer_queued(inputs, rows, now() - 1, LOW, None)
+    assert type(spot.value) is type(queued.value)
+    assert getattr(spot.value, "code", None) == "deadline_exceeded"
+
+
+async def test_the_rest_edge_answers_a_graph_at_once_with_its_steps_on_the_record(
+        registry: ModelRegistry) -> None:
+    records: list[RequestRecord] = []
+
+    class Keep:
+        def request_finished(self, record: RequestRecord) -> None:
+            records.append(record)
+
+    app = RestApp(registry, registry.settings, Observers([Keep()]))
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    body = orjson.dumps({"inputs": [{"name": "raw", "datatype": "FP32", "shape": [2, 4],
+                                     "data": x.ravel().tolist()}]})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    answers: list[tuple[int, bytes]] = []
+    later = app.infer_inline("/v2/models/every/infer", headers, body,
+                             lambda status, payload, _: answers.append((status, payload)))
+    assert later is None and answers[0][0] == 200  # answered from the parser's callback
+    outputs = {o["name"]: o["data"] for o in orjson.loads(answers[0][1])["outputs"]}
+    assert outputs["answered_by"] == ["sure", "cheap"]
+    (record,) = records
+    assert stages(record)[0] == "decode" and stages(record)[-2:] == ["inference", "encode"]
+    assert "step:post" in stages(record) and "step:answer" in stages(record)
+
+
+@pytest.mark.allow_log(r"model 'slowchain:slow': a run on the event loop")
+async def test_concurrent_requests_still_share_a_busy_steps_runs(
+        registry: ModelRegistry) -> None:
+    handle = registry.get("slowchain")
+    slow = handle._python["slow"]  # noqa: SLF001 - the busy step's batcher
+    before = slow.stats.as_dict()
+    xs = [np.full((1 + i % 3, 4), i, dtype=np.float32) for i in range(12)]
+    records = [RequestRecord("v2", "rest") for _ in xs]
+    # The first request starts on the spot; its slow step is stopped on the loop and it goes
+    # to the queued lane, where every other request finds that step busy and waits with it.
+    answers = await asyncio.gather(*(handle.infer({"raw": x}, now() + 10, record=r)
+                                     for x, r in zip(xs, records, strict=True)))
+    for x, got in zip(xs, answers, strict=True):
+        np.testing.assert_allclose(got["z"], (x + 1) * 2)
+        np.testing.assert_allclose(got["s"], ((x + 1) * 2).sum(axis=1))  # double.s: row sums
+    after = slow.stats.as_dict()
+    assert after["served"] - before["served"] == len(xs)
+    assert after["batches"] - before["batches"] < len(xs)  # rows of several requests, one run
+    for record in records:  # the stopped first try left no stages behind
+        assert [s for s in stages(record) if s.startswith("step:")] == [
+            "step:pre", "step:slow", "step:double"]
+
