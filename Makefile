@@ -39,11 +39,12 @@ services:
 demo: $(VENV)/.demo-installed
 	$(PY) -m redline.demo
 
-# Two workers, a test file each at a time: most tests wait on servers and child processes, so
-# the suite's wall time nearly halves on two cores (PYTEST_WORKERS=0 runs it in one process).
+# Two workers, a test file (or a doc page: tests/conftest.py's groups) each at a time: most tests
+# wait on servers and child processes, so the suite's wall time nearly halves on two cores
+# (PYTEST_WORKERS=0 runs it in one process).
 PYTEST_WORKERS ?= 2
 test: $(VENV)/.dev-installed services
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The unit and in-process tests, in about a minute and a half: no child servers, no doc pages.
 test-fast: $(VENV)/.dev-installed services

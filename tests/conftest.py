@@ -361,6 +361,17 @@ def pytest_configure(config: pytest.Config) -> None:
     WATCH.install()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs ``--dist loadgroup``: a test file goes to one worker whole (its module
+    fixtures -- servers, trained models -- are made once), unless its tests name groups of their
+    own (``xdist_group``), as the doc pages do: each page is minutes of child processes, and one
+    worker running them all was the suite's critical path."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     remove_logs()
 

@@ -56,7 +56,7 @@ def page_params() -> list[object]:
     for page in PAGES:
         rel = str(page.relative_to(ROOT))
         # the first page also waits for the small demo (the session's fixture)
-        marks = [pytest.mark.timeout(900)]
+        marks = [pytest.mark.timeout(900), pytest.mark.xdist_group(f"page:{rel}")]
         marks += [pytest.mark.xfail(strict=True, reason=f"{rel} does not run as written yet; "
                                    "when it does, remove it from PENDING_PAGES in "
                                    "tests/docs/test_docs.py")] if rel in PENDING_PAGES else []
