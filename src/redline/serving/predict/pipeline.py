@@ -42,7 +42,7 @@ from redline.serving.predict.breaker import CircuitBreaker
 from redline.serving.predict.cache import FeatureNearCache, PredictionCache
 from redline.serving.predict.checks import VersionChecks
 from redline.serving.predict.features import FeatureRead
-from redline.serving.predict.graph import run_graph
+from redline.serving.predict.graph_request import run_graph
 from redline.serving.predict.latency import LatencyWindow
 from redline.serving.predict.plan import ModelPlan, Route
 from redline.serving.predict.request import PredictRequest, entity_ids, request_columns
