@@ -18,7 +18,7 @@ def test_estimate_is_numpys_p99_of_the_last_runs(seconds: list[float]) -> None:
     window = LatencyWindow(512, window_s=10.0, clock=lambda: clock[0])
     for s in seconds:
         window.add(s)
-    window._recompute()  # add() recomputes every 16 runs; compare the exact value
+    window._recompute()  # estimate() recomputes once 16 runs came; compare the exact value
     # numpy interpolates with another formula: equal to the last bit or two
     assert window.estimate() == pytest.approx(np.percentile(seconds[-512:], 99), rel=1e-12)
 

@@ -42,18 +42,21 @@ class LatencyWindow:
         self._clock = clock
 
     def add(self, seconds: float) -> None:
+        # The p99 is recomputed when read (``estimate``), not here: most windows are read far
+        # less often than they are added to (a graph step without a fallback never is).
         t = self._clock()
         self._ended.append(t)
         self._seconds.append(seconds)
         self._last_probe = t  # a run just measured the model: no probe is due
         self._since += 1
-        if self._since >= 16 or len(self._ended) < 16:
-            self._recompute()
 
     def estimate(self) -> float:
-        """The current p99 in seconds (0 when there is no recent run): old samples drop out."""
+        """The current p99 in seconds (0 when there is no recent run): old samples drop out;
+        recomputed once 16 runs came since the last time (each run while there are fewer)."""
         ended = self._ended
-        if ended and ended[0] < self._clock() - self.window_s:
+        since = self._since
+        if (since >= 16 or (since and len(ended) < 16)
+                or (ended and ended[0] < self._clock() - self.window_s)):
             self._recompute()
         return self.p99
 
