@@ -6,7 +6,7 @@ finds it already imported.
 
 import sys
 
-from redline.models.python.workers import main
+from redline.models.python.worker_process import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])
