@@ -11,6 +11,13 @@ CPU per request on a small machine, so the server's CPU microseconds per request
 from /proc, every thread) is the steadier figure; both are reported per round against "off" in
 the same round, with the median and range of the rounds' ratios.
 
+Both figures cover the client's measured seconds only (``redline bench``'s ``window_unix``): the
+server's CPU time is read every ``SAMPLE_S`` while a client runs and taken at the window's two
+ends, so the client's start-up and warm-up -- seconds in which a monitored server is idle or
+still warming, with the same fixed work as in steady state -- are not charged to the measured
+requests. (Counting the client's whole life against its measured requests inflated both
+servers' figures by about two thirds and the on/off ratio by whatever idle work "on" did.)
+
 Before measuring, every API is driven for ``--settle`` seconds: a new version's drift thresholds
 for its predictions are calibrated once its first window of predictions fills (a one-off piece
 of work that does not belong in a measurement of steady serving).
@@ -24,6 +31,7 @@ all of them within the same seconds, each getting a share of what is left.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -33,12 +41,14 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from benchmarks.observability.overhead import Collector, wait_ready
 from tests.conftest import free_port
 
 DEMO = Path(".redline/demo")
 Server = tuple[subprocess.Popen[bytes], int]
+SAMPLE_S = 0.02  # how often a driven server's CPU time is read
 
 
 def cpu_seconds(pid: int) -> float:
@@ -75,28 +85,61 @@ def bench_proc(port: int, api: str, seconds: float) -> subprocess.Popen[str]:
          "--duration", str(seconds), "--json"], stdout=subprocess.PIPE, text=True)
 
 
-def answered(proc: subprocess.Popen[str]) -> int:
+def answered(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The client's JSON result (``ok``, ``throughput_rps``, ``window_unix``...)."""
     out, _ = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"redline bench failed with exit code {proc.returncode}")
-    return int(json.loads(out)["ok"])
+    result: dict[str, Any] = json.loads(out)
+    return result
 
 
-def bench(port: int, api: str, seconds: float) -> int:
-    return answered(bench_proc(port, api, seconds))
+def bench(port: int, api: str, seconds: float) -> None:
+    answered(bench_proc(port, api, seconds))
+
+
+class CpuTrace:
+    """A server's CPU seconds read every ``SAMPLE_S`` on a thread, so the CPU spent between
+    two wall-clock instants can be read afterwards (linear between two samples)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, float]] = [(time.time(), cpu_seconds(pid))]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.samples.append((time.time(), cpu_seconds(self.pid)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.time(), cpu_seconds(self.pid)))
+
+    def at(self, when: float) -> float:
+        times = [t for t, _ in self.samples]
+        i = min(max(bisect.bisect_left(times, when), 1), len(times) - 1)
+        (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
+        return c0 + (c1 - c0) * min(max((when - t0) / max(t1 - t0, 1e-9), 0.0), 1.0)
 
 
 def drive(servers: dict[str, Server], api: str, seconds: float
           ) -> dict[str, tuple[float, float]]:
-    """The given servers driven at the same time: (req/s, server CPU µs a request) each."""
-    cpu0 = {name: cpu_seconds(proc.pid) for name, (proc, _) in servers.items()}
-    began = time.monotonic()
+    """The given servers driven at the same time: (req/s, server CPU µs a request) each, both
+    over the client's measured seconds."""
+    traces = {name: CpuTrace(proc.pid) for name, (proc, _) in servers.items()}
     clients = {name: bench_proc(port, api, seconds) for name, (_, port) in servers.items()}
-    ok = {name: answered(client) for name, client in clients.items()}
-    wall = time.monotonic() - began
-    return {name: (ok[name] / wall,
-                   (cpu_seconds(proc.pid) - cpu0[name]) / max(ok[name], 1) * 1e6)
-            for name, (proc, _) in servers.items()}
+    results = {name: answered(client) for name, client in clients.items()}
+    out = {}
+    for name, trace in traces.items():
+        trace.stop()
+        start, end = results[name]["window_unix"]
+        cpu = trace.at(end) - trace.at(start)
+        out[name] = (float(results[name]["throughput_rps"]),
+                     cpu / max(int(results[name]["ok"]), 1) * 1e6)
+    return out
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -72,6 +72,9 @@ class BenchResult:
     errors: Counter[str] = field(default_factory=Counter)
     elapsed_s: float = 0.0
     error_samples: dict[str, str] = field(default_factory=dict)
+    # When the measured seconds began, on the wall clock (``time.time()``): a harness that reads
+    # the server's CPU time can then count exactly those seconds, not the warm-up or start-up.
+    started_unix: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -90,6 +93,8 @@ class BenchResult:
             "sent": self.sent, "ok": self.ok, "errors": dict(self.errors),
             "error_samples": self.error_samples,
             "throughput_rps": round(self.throughput, 1),
+            "window_unix": [round(self.started_unix, 4),
+                            round(self.started_unix + self.elapsed_s, 4)],
             "latency_ms": {
                 **{f"p{p:g}": round(self.percentile_ms(p), 4) for p in PERCENTILES},
                 "max": round(self.histogram.get_max_value() / 1000.0, 4) if self.ok else None,
@@ -223,6 +228,7 @@ async def _measure(spec: LoadSpec, call: Callable[[], Awaitable[Any]], duration_
         record(max(1, int((now() - due) * 1e6)))
 
     start = now()
+    result.started_unix = time.time()
     end = start + duration_s
     ticker = None
     if progress is not None:

@@ -1,0 +1,33 @@
+"""The capacity benchmark counts a server's CPU over the client's measured seconds only: the
+CPU trace read between two instants, and a process that burns CPU only outside the window
+charged nothing inside it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from benchmarks.observability.capacity import CpuTrace
+
+
+def test_cpu_between_two_instants_is_read_from_the_samples() -> None:
+    trace = CpuTrace.__new__(CpuTrace)  # samples given, no thread
+    trace.samples = [(100.0, 1.0), (101.0, 1.5), (102.0, 3.5)]
+    assert trace.at(100.5) == pytest.approx(1.25)
+    assert trace.at(101.5) - trace.at(100.0) == pytest.approx(1.5)
+    assert trace.at(99.0) == 1.0 and trace.at(105.0) == 3.5  # clamped to what was read
+
+
+def test_work_outside_the_window_is_not_counted() -> None:
+    trace = CpuTrace(os.getpid())
+    busy_until = time.time() + 0.3
+    while time.time() < busy_until:
+        pass  # CPU before the window (a client's start-up, its warm-up)
+    start = time.time()
+    time.sleep(0.3)  # the window: this process idle
+    end = time.time()
+    trace.stop()
+    assert trace.at(end) - trace.at(start) < 0.1
+    assert trace.at(start) - trace.at(trace.samples[0][0]) > 0.1  # a shared core: not all of 0.3 s
