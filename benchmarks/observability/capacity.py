@@ -17,6 +17,8 @@ ends, so the client's start-up and warm-up -- seconds in which a monitored serve
 still warming, with the same fixed work as in steady state -- are not charged to the measured
 requests. (Counting the client's whole life against its measured requests inflated both
 servers' figures by about two thirds and the on/off ratio by whatever idle work "on" did.)
+Each turn starts once every server is idle (``quiesce``): the previous turn's server may still
+be exporting traces or folding its last second, on a core the next one needs.
 
 Before measuring, every API is driven for ``--settle`` seconds: a new version's drift thresholds
 for its predictions are calibrated once its first window of predictions fills (a one-off piece
@@ -49,6 +51,7 @@ from tests.conftest import free_port
 DEMO = Path(".redline/demo")
 Server = tuple[subprocess.Popen[bytes], int]
 SAMPLE_S = 0.02  # how often a driven server's CPU time is read
+IDLE_CORES = 0.05  # servers using less than this between turns are idle
 
 
 def cpu_seconds(pid: int) -> float:
@@ -125,6 +128,19 @@ class CpuTrace:
         return c0 + (c1 - c0) * min(max((when - t0) / max(t1 - t0, 1e-9), 0.0), 1.0)
 
 
+def quiesce(servers: dict[str, Server], most_s: float = 3.0) -> None:
+    """Wait until every server is idle (together under ``IDLE_CORES`` over ``SAMPLE_S * 10``):
+    the last turn's server may still be exporting its traces or folding its last second, and
+    that work would take a core from the next turn's server."""
+    pids = [proc.pid for proc, _ in servers.values()]
+    deadline = time.monotonic() + most_s
+    while time.monotonic() < deadline:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        time.sleep(SAMPLE_S * 10)
+        if sum(cpu_seconds(pid) for pid in pids) - before < IDLE_CORES * SAMPLE_S * 10:
+            return
+
+
 def drive(servers: dict[str, Server], api: str, seconds: float
           ) -> dict[str, tuple[float, float]]:
     """The given servers driven at the same time: (req/s, server CPU µs a request) each, both
@@ -188,10 +204,12 @@ def main() -> None:
             order = names[r % len(names):] + names[:r % len(names)]  # each first in turn
             for api in apis:
                 if args.together:
+                    quiesce(servers)
                     got = drive(servers, api, args.seconds)
                 else:
                     got = {}
                     for name in order:
+                        quiesce(servers)
                         got.update(drive({name: servers[name]}, api, args.seconds))
                 rounds[api].append({name: {"rps": rps, "cpu_us": cpu}
                                     for name, (rps, cpu) in got.items()})
