@@ -21,7 +21,10 @@ Usage (from the repository root):
 ``--mlserver`` adds MLServer (the ``mlserver`` peer of ``benchmarks/peers/``, made on first
 use) on the same forest, trained in its own environment; ``--perf-analyzer`` adds Triton's
 perf_analyzer cross-check (REST JSON, c=1 and 8) against redline and FastAPI (the
-``perf-analyzer`` peer).
+``perf-analyzer`` peer). ``--baseline REF`` serves redline as of a git commit beside today's
+(same cells, same rounds, one more server pinned to the same core) and adds today's against it
+per protocol and concurrency (``baseline`` in the JSON): how a refactor of the hot path is
+checked, e.g. ``--baseline 6c87ffb^`` for the code before the V2 path became one.
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ def main() -> None:
     ap.add_argument("--mlserver-python", type=Path, default=None,
                     help="MLServer's interpreter (default: the mlserver peer's, made when "
                     "missing)")
+    ap.add_argument("--baseline", metavar="REF", default=None,
+                    help="also serve redline as of this git commit (its src/ from git archive) "
+                    "in the same rounds and cells, and report today's against it "
+                    "(e.g. --baseline 6c87ffb^: the code before a refactor)")
     ap.add_argument("--perf-analyzer", action="store_true",
                     help="also cross-check with Triton's perf_analyzer (the perf-analyzer peer)")
     args = ap.parse_args()
@@ -125,6 +132,15 @@ def main() -> None:
                           "--grpc-port", "8301"], ROOT, 8300, one)
         start("redline_mlp", [*rl, "--repository", str(scratch / "mlprepo"), "--http-port",
                               "8320", "--grpc-port", "8321"], ROOT, 8320, one)
+        if args.baseline:  # the same command on the older sources, found first on the path
+            tree = subprocess.run(["git", "archive", args.baseline, "src"], cwd=ROOT,
+                                  capture_output=True, check=True).stdout
+            (scratch / "baseline").mkdir()
+            subprocess.run(["tar", "-x", "-C", str(scratch / "baseline")], input=tree,
+                           check=True)
+            start("baseline", [*rl, "--repository", str(scratch / "repo"), "--http-port",
+                               "8310", "--grpc-port", "8311"], ROOT, 8310,
+                  {**one, "PYTHONPATH": str(scratch / "baseline" / "src")})
         if nginx:
             start("nginx", [nginx, "-p", str(scratch / "nginx"), "-c",
                             str(FLOORS / "nginx.conf")], scratch, 8090)
@@ -156,6 +172,10 @@ def main() -> None:
                       ("redline", "binary", "http://127.0.0.1:8300", c, rf_in),
                       ("raw_grpc", "grpc", "127.0.0.1:8098", c, rf_in),
                       ("redline", "grpc", "127.0.0.1:8301", c, rf_in)]
+            if args.baseline:
+                cells += [("baseline", "json", "http://127.0.0.1:8310", c, rf_in),
+                          ("baseline", "binary", "http://127.0.0.1:8310", c, rf_in),
+                          ("baseline", "grpc", "127.0.0.1:8311", c, rf_in)]
             if args.mlserver:
                 cells += [("mlserver", "json", "http://127.0.0.1:8080", c, rf_in)]
         cells += [("fastapi_mlp", "json", "http://127.0.0.1:8096", 32, mlp_in),
@@ -191,6 +211,9 @@ def main() -> None:
                 command = command.replace(str(path), name)
         result = {"command": command, "rounds": args.rounds, "duration_s": args.duration,
                   "cells": summary, "ratios": _ratios(summary, runs), "perf_analyzer": pa}
+        if args.baseline:
+            result["baseline"] = {"ref": args.baseline, "ratios": _ratios(summary, runs,
+                                                                          _baseline_pairs())}
         args.out.write_text(json.dumps(result, indent=2))
         print(_markdown(result))
     finally:
@@ -264,11 +287,21 @@ def _metric(report: dict, metric: str) -> float:  # type: ignore[type-arg]
     return float(report["throughput_rps"] if metric == "rps" else report["latency_ms"][metric])
 
 
-def _ratios(cells: list[dict], runs: dict) -> dict[str, dict]:  # type: ignore[type-arg]
+def _baseline_pairs() -> dict[str, tuple[tuple[str, str, int], tuple[str, str, int], str]]:
+    """Today's redline against the baseline's, per protocol and concurrency: throughput, p50
+    and p99 (throughput over 1 when today's is faster; the latencies under 1)."""
+    return {f"{proto}_c{c}_{metric}_vs_baseline": (("redline", proto, c),
+                                                   ("baseline", proto, c), metric)
+            for proto in ("json", "binary", "grpc") for c in (1, 8, 32)
+            for metric in ("rps", "p50", "p99")}
+
+
+def _ratios(cells: list[dict], runs: dict, pairs: dict | None = None  # type: ignore[type-arg]
+            ) -> dict[str, dict]:  # type: ignore[type-arg]
     """Each ratio of the medians, and its lowest and highest value over the rounds (a round's
     two cells were measured minutes apart at most, in the same round-robin pass)."""
     out = {}
-    for key, (a, b, metric) in PAIRS.items():
+    for key, (a, b, metric) in (PAIRS if pairs is None else pairs).items():
         ra, rb = runs.get(a, []), runs.get(b, [])
         if not ra or not rb:
             continue
