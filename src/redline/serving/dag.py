@@ -199,7 +199,7 @@ class GraphHandle(ModelHandle):
             return self._python[step.name].run_now(inputs, rows)
         handle = self._model(step)
         checked, rows = handle.prepare(inputs)
-        return handle.infer_now(checked, rows)
+        return handle.infer_now(checked, rows, None, deadline)
 
     def skip_reason(self, step: Step, deadline: float | None) -> str | None:
         if deadline is None:
