@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Ray Serve peer's interpreter (default: benchmarks/peers' "
                     "ray-serve; env RAY_SERVE_PYTHON)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per area (default 3)")
+    ap.add_argument("--serving-baseline", metavar="REF", default=None,
+                    help="serving: also serve redline as of this git commit in the same rounds, "
+                    "and add today's against it to the table (how a hot-path change is checked)")
     ap.add_argument("--page", type=Path, default=PAGE)
     ap.add_argument("--machine", default="shared 2-core VM, noisy: read the ratios",
                     help="how the page's tables describe the machine")
@@ -137,6 +140,8 @@ def _serving_plan(args: argparse.Namespace) -> list[str]:
            "1.5", "--warmup", "0.5", "--out", str(_scratch("serving.json"))]
     if "mlserver" in args.wanted and not _missing("mlserver", args):
         cmd.append("--mlserver")
+    if args.serving_baseline:
+        cmd += ["--baseline", args.serving_baseline]
     return cmd
 
 
@@ -157,6 +162,19 @@ def _serving(args: argparse.Namespace, command: list[str], runs: list[dict]) -> 
     lines = [_stamp(args, command), "", *targets_table(targets), "",
              *table(["server", "protocol", "c", "req/s (min–max)", "p50 ms", "p99 ms (min–max)",
                      "server CPU µs/req"], rows)]
+    base = result.get("baseline")
+    if base:
+        ratios = base["ratios"]
+        rows = [[proto, str(c), *(f"{number(e['ratio'])} ({number(e['min'])}–"
+                                  f"{number(e['max'])})" if e else "—"
+                                  for e in (ratios.get(f"{proto}_c{c}_{m}_vs_baseline")
+                                            for m in ("rps", "p50", "p99")))]
+                for proto in ("json", "binary", "grpc") for c in (1, 8, 32)]
+        lines += ["", f"Today's redline against commit `{base['ref']}` in the same rounds "
+                  "(each ratio the medians', min–max over the rounds): req/s over 1 and "
+                  "latencies under 1 are today's gains.", "",
+                  *table(["protocol", "c", "req/s today/baseline", "p50 today/baseline",
+                          "p99 today/baseline"], rows)]
     return Outcome("serving", "\n".join(lines), targets)
 
 
@@ -577,6 +595,7 @@ _SERVER_NAMES = {
     "fastapi": "FastAPI + ONNX Runtime", "raw_grpc": "bare grpc.aio + ONNX Runtime",
     "redline": "**redline**", "fastapi_mlp": "FastAPI + ONNX Runtime, MLP 3x1024",
     "redline_mlp": "**redline**, MLP 3x1024", "mlserver": "MLServer",
+    "baseline": "redline at the baseline commit",
 }
 
 

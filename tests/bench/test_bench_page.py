@@ -53,7 +53,8 @@ READ_RUNS = [
 
 def _args() -> argparse.Namespace:
     return argparse.Namespace(machine="test machine", feast_python=None, rounds=3,
-                              ray_python=None, install_peers=False, wanted=[])
+                              ray_python=None, install_peers=False, wanted=[],
+                              serving_baseline=None)
 
 
 def _refresh(page: str) -> tuple[str, run_all.Outcome]:
@@ -189,3 +190,22 @@ def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration()
 
     peers["one:haproxy"]["redline"]["ladder"][1]["p99_ms"] = 19.5  # slower than the peer at 10/s
     assert not summarize(peers)["p99_lower_at_every_sustained_rate"]
+
+
+def test_the_serving_table_shows_today_against_a_baseline_commit() -> None:
+    def cell(server: str, proto: str, c: int, rps: float) -> dict[str, object]:
+        return {"server": server, "protocol": proto, "concurrency": c, "rps": rps,
+                "rps_min": rps, "rps_max": rps, "p50_ms": 0.2, "p99_ms": 0.5,
+                "p99_ms_min": 0.5, "p99_ms_max": 0.5, "server_cpu_us_per_req": 40.0}
+
+    result = {"cells": [cell("redline", "json", 8, 5000), cell("baseline", "json", 8, 4000)],
+              "ratios": {}, "baseline": {"ref": "6c87ffb^", "ratios": {
+                  "json_c8_rps_vs_baseline": {"ratio": 1.25, "min": 1.1, "max": 1.3}}}}
+    args = _args()
+    args.serving_baseline = "6c87ffb^"
+    plan = run_all._serving_plan(args)
+    assert plan[plan.index("--baseline") + 1] == "6c87ffb^"
+    body = run_all._serving(args, plan, [result]).body
+    assert "against commit `6c87ffb^`" in body
+    assert "| json | 8 | 1.250 (1.100–1.300) | — | — |" in body
+    assert "| redline at the baseline commit | json | 8 |" in body
