@@ -206,6 +206,6 @@ def test_the_serving_table_shows_today_against_a_baseline_commit() -> None:
     plan = run_all._serving_plan(args)
     assert plan[plan.index("--baseline") + 1] == "6c87ffb^"
     body = run_all._serving(args, plan, [result]).body
-    assert "against commit `6c87ffb^`" in body
-    assert "| json | 8 | 1.250 (1.100–1.300) | — | — |" in body
-    assert "| redline at the baseline commit | json | 8 |" in body
+    assert "at commit `6c87ffb^`" in body
+    assert "| json | — | 1.250 (1.100–1.300) | — | — | — | — |" in body
+    assert "| **redline** | json | 8 |" in body and "baseline commit | json" not in body
