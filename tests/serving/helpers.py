@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -142,3 +144,22 @@ def make_repository(root: Path) -> ModelRepository:
     repo.add_onnx("affine", affine_model())
     repo.add_onnx("slow", slow_model())
     return repo
+
+
+@contextmanager
+def lend_sigalrm() -> Iterator[None]:
+    """pytest-timeout keeps SIGALRM for itself, and the inline guard leaves another owner's
+    signal alone: lend it to the guard for a test, then give it back."""
+    from redline.serving import inline_guard
+
+    before = signal.getsignal(signal.SIGALRM)
+    timer = signal.getitimer(signal.ITIMER_REAL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    inline_guard._installed = None  # noqa: SLF001
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGALRM, before)
+        inline_guard._installed = None  # noqa: SLF001
+        if timer[0]:
+            signal.setitimer(signal.ITIMER_REAL, *timer)

@@ -9,7 +9,6 @@ In process, on the main thread: the inline guard lets a Python step run on the l
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
@@ -18,14 +17,13 @@ import pytest
 
 from redline.config import Settings
 from redline.models import ModelRepository
-from redline.serving import inline_guard
 from redline.serving.app import RestApp
 from redline.serving.dag import GraphHandle
 from redline.serving.deadline import LOW, now
 from redline.serving.observers import Observers
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import RequestRecord
-from tests.serving.helpers import affine_model
+from tests.serving.helpers import affine_model, lend_sigalrm
 
 pytestmark = pytest.mark.allow_log(r"graph 'every' step 'flaky' raised")
 
@@ -128,17 +126,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
 
 @pytest.fixture(autouse=True)
 def sigalrm_free() -> Iterator[None]:
-    """pytest-timeout keeps SIGALRM for itself, and the guard leaves another owner's signal
-    alone: lend it to the guard for the test, then give it back."""
-    before = signal.getsignal(signal.SIGALRM)
-    timer = signal.getitimer(signal.ITIMER_REAL)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    inline_guard._installed = None  # noqa: SLF001
-    yield
-    signal.signal(signal.SIGALRM, before)
-    inline_guard._installed = None  # noqa: SLF001
-    if timer[0]:
-        signal.setitimer(signal.ITIMER_REAL, *timer)
+    with lend_sigalrm():
+        yield
 
 
 @pytest.fixture

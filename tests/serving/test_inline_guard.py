@@ -18,27 +18,18 @@ import pytest
 
 from redline.config import BatchingSettings
 from redline.errors import DeadlineExceeded
-from redline.serving import inline_guard
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import now
 from redline.serving.inline_guard import InlineGuard, RanTooLong
+from tests.serving.helpers import lend_sigalrm
 
 pytestmark = pytest.mark.allow_log(r"model 'm(:1)?': a run (on the event loop|outlived)")
 
 
 @pytest.fixture(autouse=True)
 def sigalrm_free() -> Iterator[None]:
-    """pytest-timeout keeps SIGALRM for itself, and the guard leaves another owner's signal
-    alone: these tests lend it to the guard, and give it back."""
-    before = signal.getsignal(signal.SIGALRM)
-    timer = signal.getitimer(signal.ITIMER_REAL)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    inline_guard._installed = None  # noqa: SLF001
-    yield
-    signal.signal(signal.SIGALRM, before)
-    inline_guard._installed = None  # noqa: SLF001
-    if timer[0]:
-        signal.setitimer(signal.ITIMER_REAL, *timer)
+    with lend_sigalrm():
+        yield
 
 
 def test_the_guard_leaves_another_owner_of_the_signal_alone() -> None:
