@@ -119,13 +119,12 @@ class GraphHandle(ModelHandle):
                        _OnTheSpot(self, deadline, LOW, record), self.name)
         mark = len(record.spans) if record is not None else 0
         t0 = perf_ns()
-        self.stats.admitted += 1
         outputs = answer_now(run, inputs, rows)
         if outputs is None:  # a step was stopped for running long: the queued lane runs it
-            self.stats.admitted -= 1
             if record is not None:
                 del record.spans[mark:]
             return None
+        self.stats.admitted += 1  # (synchronous: admitted and served in the same call)
         self._answered(run, inputs, outputs, rows, record, t0)
         return outputs
 
