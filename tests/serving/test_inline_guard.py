@@ -7,7 +7,10 @@ pytest runs tests (and pytest-asyncio's loops) on the main thread, where the gua
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ import pytest
 
 from redline.config import BatchingSettings
 from redline.errors import DeadlineExceeded
+from redline.serving import inline_guard
 from redline.serving.batcher import Batcher
 from redline.serving.deadline import now
 from redline.serving.inline_guard import InlineGuard, RanTooLong
@@ -119,3 +123,43 @@ async def test_a_hang_on_the_loop_is_stopped_then_cut_by_its_budget() -> None:
         await asyncio.sleep(0.5)  # cooled down: short runs are back on the loop
         assert batcher.run_now(fast, 1) is not None
         assert model.threads[-1] == threading.get_ident()
+
+
+def _spin_cpu(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_run_preempted_by_other_processes_is_not_stopped_and_a_long_one_is() -> None:
+    """Three processes spinning on this test's CPU take most of it: a run that needs 0.4 ms of
+    CPU then takes several milliseconds of wall time, waiting for the CPU. That wait is not the
+    run's: a 2 ms guard lets it finish; a run that needs 10 ms of CPU is still stopped."""
+    assert inline_guard.run_queue_wait_ns() is not None, (
+        f"{inline_guard.SCHEDSTAT} is unreadable: the guard would count wall time")
+    cpus = os.sched_getaffinity(0)
+    cpu = min(cpus)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+            for _ in range(3)]
+    try:
+        os.sched_setaffinity(0, {cpu})
+        guard = InlineGuard("m", limit_s=0.002)
+        assert guard.allows()
+        walls: list[float] = []
+        until = time.monotonic() + 5.0  # the hogs take a moment to start spinning
+        while (len(walls) < 20 or max(walls) <= 0.004) and time.monotonic() < until:
+            t0 = time.perf_counter()
+            guard.run(_spin_cpu, 0.0004)  # never RanTooLong
+            walls.append(time.perf_counter() - t0)
+        # some runs did wait: twice the limit of wall time (else this proves nothing)
+        assert max(walls) > 0.004, walls
+        t0 = time.perf_counter()
+        with pytest.raises(RanTooLong):
+            guard.run(_spin_cpu, 0.010)
+        assert time.perf_counter() - t0 < 0.2
+    finally:
+        os.sched_setaffinity(0, cpus)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -8,10 +8,22 @@ run is still going when it fires, the ``SIGALRM`` handler raises :class:`RanTooL
 which interrupts Python code and blocking calls alike (a sleep, a lock, a socket read). The
 batcher then runs the batch again on a worker thread, where the requests' budgets apply, and
 keeps the model off the loop for a while; a hung ``predict`` therefore holds the loop for at most
-``limit_s``. The timer counts wall time, so a busy machine that preempts a short run can stop it
-too: the first pause off the loop is short, and only stops that follow each other lengthen it
-(doubling up to ``max_cooldown_s``), so a model that hangs again and again costs the loop one
-``limit_s`` a minute at most, and one stopped by chance is back on the loop in half a second.
+``limit_s``.
+
+What counts is the run's own time: computing, or waiting on something (a sleep, a lock, the
+GIL), but not waiting for a CPU while the kernel runs other processes. A busy machine (a
+neighbour's load, a container's CPU quota) preempts a run of microseconds for milliseconds now
+and then; stopping it for that sends the model's runs to threads for the cooldown, which costs
+every request a hop and gives the loop nothing back. So the timer first fires at
+half the limit, reads the thread's run-queue wait (Linux ``/proc/thread-self/schedstat``) and
+fires again whenever the run's own time since then is short of the other half; a run is stopped
+once its own time since that first look reaches half the limit (a hang: at ``limit_s``), or,
+whatever the reason, once it has held the loop ``MAX_HELD`` limits. Where the wait cannot be
+read, wall time counts, as before.
+
+After a stop the model's runs stay off the loop a while: the first pause is short, and only
+stops that follow each other lengthen it (doubling up to ``max_cooldown_s``), so a model that
+hangs again and again costs the loop one ``limit_s`` a minute at most.
 
 Python delivers signals to the main thread only, so the guard works only where the event loop
 runs on the main thread (``redline serve``) and no one else uses ``SIGALRM``; elsewhere
@@ -35,8 +47,18 @@ LIMIT_S = 0.005  # inline runs are predicted under inline_max_us (120 µs); 5 ms
 COOLDOWN_S = 0.5  # after a run was stopped, the model's runs stay off the loop this long...
 MAX_COOLDOWN_S = 60.0  # ...doubled for each stop soon after the last pause, up to this
 
+OWN_SHARE = 0.75  # of the second half: a run that was on it this much is stopped
+MAX_HELD = 20  # a run preempted this many limits in all is stopped anyway (100 ms by default)
+SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on a CPU, ns waiting for one, slices
+
 _active = False  # a guarded run is under way (on the main thread)
 _installed: bool | None = None  # whether our SIGALRM handler is in place; None: not tried
+# The run under way: its half limit; once the timer has fired, when it started (about), and the
+# wall time (0.0: not yet) and run-queue wait at the first look (``_on_alarm``).
+_half_s = 0.0
+_started = 0.0
+_looked_at = 0.0
+_waited_ns: int | None = None
 
 
 class RanTooLong(BaseException):
@@ -44,9 +66,34 @@ class RanTooLong(BaseException):
     own ``except Exception`` does not swallow it."""
 
 
+def run_queue_wait_ns() -> int | None:
+    """How long this thread has waited for a CPU while runnable, or None where the kernel does
+    not say (not Linux, or scheduler statistics off)."""
+    try:
+        with open(SCHEDSTAT, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
-    if _active:
-        raise RanTooLong()
+    """Stop the run once its own time is up (see the module doc); else look again later."""
+    global _looked_at, _started, _waited_ns
+    if not _active:
+        return
+    t = now()
+    if _looked_at == 0.0:  # the first look, at half the limit
+        _started, _looked_at, _waited_ns = t - _half_s, t, run_queue_wait_ns()
+        signal.setitimer(signal.ITIMER_REAL, _half_s)
+        return
+    waited = run_queue_wait_ns() if _waited_ns is not None else None
+    if waited is not None and t - _started < MAX_HELD * 2 * _half_s:
+        own = (t - _looked_at) - (waited - _waited_ns) / 1e9  # type: ignore[operator]
+        if own < OWN_SHARE * _half_s:
+            # mostly preempted: look again once the rest of its half could have passed
+            signal.setitimer(signal.ITIMER_REAL, max(_half_s - own, _half_s / 4))
+            return
+    raise RanTooLong()
 
 
 def _install() -> bool:
@@ -88,10 +135,10 @@ class InlineGuard:
         return self._usable and now() >= self._off_until
 
     def run(self, fn: Callable[[Any], T], arg: Any) -> T:
-        """``fn(arg)``, or :class:`RanTooLong` once ``limit_s`` has passed."""
-        global _active
-        _active = True
-        signal.setitimer(signal.ITIMER_REAL, self.limit_s)
+        """``fn(arg)``, or :class:`RanTooLong` once it has had ``limit_s`` of its own time."""
+        global _active, _half_s, _looked_at
+        _active, _half_s, _looked_at = True, self.limit_s / 2, 0.0
+        signal.setitimer(signal.ITIMER_REAL, _half_s)
         try:
             return fn(arg)
         finally:
