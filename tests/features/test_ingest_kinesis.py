@@ -51,11 +51,13 @@ def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _put(kin: Kinesalite, stream: str, n: int, *, seed: int, bad_every: int = 0,
-         rate: float = 0.0, want: dict[str, list[float]] | None = None) -> tuple[
-             dict[str, list[float]], int]:
-    """Put ``n`` good events keyed by card (and a bad one every ``bad_every``); returns the
-    brute-force (count, sum) per card and the number of bad records. Failed records of a
-    PutRecords are put again, as a producer does."""
+         rate: float = 0.0, want: dict[str, list[float]] | None = None,
+         until: threading.Event | None = None) -> tuple[dict[str, list[float]], int]:
+    """Put ``n`` good events keyed by card (and a bad one every ``bad_every``), and on at
+    ``rate`` until ``until`` is set when it is given (the stream flows for as long as a kill,
+    restart and split take, however slow the machine); returns the brute-force (count, sum) per
+    card and the number of bad records. Failed records of a PutRecords are put again, as a
+    producer does."""
     client = kin.client()
     rng = random.Random(seed)
     want = {} if want is None else want
@@ -72,7 +74,8 @@ def _put(kin: Kinesalite, stream: str, n: int, *, seed: int, bad_every: int = 0,
             if pending:
                 time.sleep(0.05)
 
-    for i in range(n):
+    i = 0
+    while i < n or (until is not None and not until.is_set() and i < 50 * n):
         card = f"c{rng.randrange(200)}"
         amount = round(rng.uniform(1, 500), 2)
         cnt = want.setdefault(card, [0, 0.0])
@@ -90,6 +93,7 @@ def _put(kin: Kinesalite, stream: str, n: int, *, seed: int, bad_every: int = 0,
                 ahead = i / rate - (time.monotonic() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
+        i += 1
     send()
     return want, bad
 
@@ -279,11 +283,13 @@ def _kill_and_split_test(kin: Kinesalite, store: RedisStore, url: str, stream: s
     restarted; a shard is split while it reads (its parent drained before its children); at the
     end every card's count and sum equal the brute force: 0 lost, 0 doubled."""
     kin.create_stream(stream, 2)
-    n = 6000
+    n = 1600  # at least (4 s at 400/s); on until the split is made, however slow the readers
+    split = threading.Event()
     result: dict[str, Any] = {}
 
     def produce() -> None:
-        result["want"], result["bad"] = _put(kin, stream, n, seed=7, rate=400.0, bad_every=501)
+        result["want"], result["bad"] = _put(kin, stream, n, seed=7, rate=400.0, bad_every=501,
+                                             until=split)
 
     producer = threading.Thread(target=produce)
     a = _member(kin, url, stream, "a", *extra)
@@ -300,9 +306,11 @@ def _kill_and_split_test(kin: Kinesalite, store: RedisStore, url: str, stream: s
             s.get("accepted") for s in _stats_lines(b)), [b])
         assert producer.is_alive(), "the stream ended before the split: not mid-stream"
         children = _split(kin, stream, "shardId-000000000000")
+        split.set()
         assert len(children) == 2
         producer.join(120)
         want, bad = result["want"], result["bad"]
+        n = sum(int(c) for c, _ in want.values())
         more, more_bad = _put(kin, stream, 1000, seed=8, want=want, bad_every=101)
 
         def caught_up() -> bool:
@@ -328,6 +336,7 @@ def _kill_and_split_test(kin: Kinesalite, store: RedisStore, url: str, stream: s
         final = orjson.loads(out.decode().strip().splitlines()[-1])
         assert final["accepted"] > 0 and set(final["shards"]) >= set(children)
     finally:
+        split.set()  # (a failure before the split: the producer stops too)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
