@@ -188,8 +188,9 @@ def test_static_calibration_is_judged_on_other_rows_and_entropy_differs(digits, 
 
 
 # ------------------------------------------------------------------ reports
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def small_report(digits, digits_mlp, onnx_of):
+    """One optimize run shared by the report tests: they only read and render it."""
     model = onnx_of(digits_mlp, digits.x_train)
     return optimize(model, digits.x_val, digits.y_val, task="classification",
                     class_labels=DIGITS, tune=(digits.x_train, digits.y_train),
