@@ -86,14 +86,16 @@ def test_drift_reads_calibrating_until_the_thresholds_exist() -> None:
 
 
 def test_requests_during_a_calibration_are_not_delayed(tmp_path: Path) -> None:
-    """A wide version (40 features, about a second of calibration CPU) calibrates on its
-    background thread while one client sends requests to the same process's server: the
-    requests answered meanwhile take about as long as those after it."""
+    """A wide version (20 features, two seconds of calibration CPU on this machine, far more
+    than the bound below) calibrates on its background thread while one client sends requests
+    to the same process's server: the requests answered meanwhile take about as long as those
+    after it. (40 features took five seconds alone and twice that under the requests: the
+    thousands of requests it let through proved nothing more than the 20 features' do.)"""
     settings = monitored_settings()
     server = start(tmp_path, settings)
     rng = np.random.default_rng(0)
-    wide = rng.normal(size=(5000, 40))
-    names = [f"f{i}" for i in range(40)]
+    wide = rng.normal(size=(5000, 20))
+    names = [f"f{i}" for i in range(20)]
     x = training_data(rng, 1)
     body = v2_body(x)
 
@@ -110,12 +112,13 @@ def test_requests_during_a_calibration_are_not_delayed(tmp_path: Path) -> None:
         assert isinstance(drift._calibration, threading.Thread)
         while not drift.calibrated:
             during.append(timed(http))
-        after = [timed(http) for _ in range(max(200, len(during)))]
+        # as many as during (a median as steady), up to 1,000: a median of 1,000 is steady
+        after = [timed(http) for _ in range(min(max(200, len(during)), 1000))]
         assert len(during) >= 20, f"calibration too short to measure ({len(during)} requests)"
         return statistics.median(during), statistics.median(after), max(during)
 
     # Not delayed beyond noise: a calibration on the event loop would hold requests for the
-    # whole calibration (about a second); here the median stays within a small factor and no
+    # whole calibration (seconds); here the median stays within a small factor and no
     # request waits a quarter of a second. A shared CPU can stall the whole process once, so
     # the bounds must hold in one of three calibrations (a real hold fails every one).
     tries = []
