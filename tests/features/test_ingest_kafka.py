@@ -34,8 +34,10 @@ BAD = [b"{not json", orjson.dumps({"card_id": "c1", "ts": 1}),
        orjson.dumps({"card_id": "c1", "amount": 1.0, "merchant": "m", "ts": "yesterday"}),
        None]
 # tansu holds a group's first join for about half the session timeout (23 s at librdkafka's
-# default 45 s, 3 s at 6 s); a short one also lets the group notice a SIGKILLed member quickly
-FAST_GROUP = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}
+# default 45 s, 3 s at 6 s, 1 s at 2 s); a short one also lets the group notice a SIGKILLed
+# member quickly (heartbeats come from librdkafka's own thread, ten to a session)
+SESSION_MS, HEARTBEAT_MS = 2000, 200
+FAST_GROUP = {"session.timeout.ms": str(SESSION_MS), "heartbeat.interval.ms": str(HEARTBEAT_MS)}
 
 
 def _produce(bootstrap: str, topic: str, n: int, *, seed: int, bad_every: int = 0,
@@ -130,8 +132,9 @@ def _member(bootstrap: str, url: str, topic: str, name: str, *extra: str) -> Log
         [sys.executable, "-m", "redline.cli", "ingest", "kafka", "-d", DEFS, "--redis-url", url,
          "--bootstrap-servers", bootstrap, "--topic", topic, "--group", f"{topic}-group",
          "--batch", "200",
-         "--stats-every", "0.2", "--kafka-option", "session.timeout.ms=6000",
-         "--kafka-option", "heartbeat.interval.ms=500", "--kafka-option", f"client.id={name}",
+         "--stats-every", "0.2", "--kafka-option", f"session.timeout.ms={SESSION_MS}",
+         "--kafka-option", f"heartbeat.interval.ms={HEARTBEAT_MS}",
+         "--kafka-option", f"client.id={name}",
          *extra],
         source=f"ingest kafka {name}", env=env, stdout=subprocess.PIPE, cwd=ROOT)
 
@@ -173,12 +176,14 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
     and restarted, then a third joins (a rebalance); at the end every card's count and sum equal
     the brute force: 0 lost, 0 doubled."""
     kafka_broker.create_topic(topic, 4)
-    n = 12_000  # at least; on until the kill is over, however slow the members' start
-    killed = threading.Event()
+    # at least; on until the kill, the restart and the join's rebalance are over, however slow
+    # the members' start
+    n = 3000
+    rebalanced_over_three = threading.Event()
     result: dict[str, Any] = {}
     def produce() -> None:
         result["want"], result["bad"] = _produce(kafka_broker.bootstrap, topic, n, seed=7,
-                                                 rate=1500.0, until=killed)
+                                                 rate=1500.0, until=rebalanced_over_three)
 
     producer = threading.Thread(target=produce)
     a = _member(kafka_broker.bootstrap, url, topic, "a", *extra)
@@ -193,23 +198,25 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         assert producer.is_alive(), "the stream ended before the kill: not mid-stream"
         a.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, offsets not committed
         a.wait(10)
-        killed.set()
         a2 = _member(kafka_broker.bootstrap, url, topic, "a2", *extra)
         procs.append(a2)
         _wait_until("the restarted member polling", lambda: _last_stats(a2), [a2, b])
         procs.append(_member(kafka_broker.bootstrap, url, topic, "c", *extra))  # joins: rebalance
-        producer.join(60)
-        want = result["want"]
-        n = sum(int(c) for c, _ in want.values())
-        _wait_for(store, want, n)
-        # a second wave once the third member has joined: the group's rebalance is over when
-        # the three live members own the four partitions between them, each once
+        # the group's rebalance is over when the three live members own the four partitions
+        # between them, each once; the stream flows until then, and a second wave follows
         live = procs[1:]
 
         def rebalanced() -> bool:
             owned = [_last_stats(p).get("partitions") or [] for p in live]
             return all(owned) and sorted(sum(owned, [])) == [0, 1, 2, 3]
 
+        _wait_until("rebalanced over three members", rebalanced, live)
+        assert producer.is_alive(), "the stream ended before the rebalance: not mid-stream"
+        rebalanced_over_three.set()
+        producer.join(60)
+        want = result["want"]
+        n = sum(int(c) for c, _ in want.values())
+        _wait_for(store, want, n)
         _wait_until("rebalanced over three members", rebalanced, live)
         more, _ = _produce(kafka_broker.bootstrap, topic, 3000, seed=8)
         for card, (cnt, amount) in more.items():
@@ -226,7 +233,7 @@ def _kill_test(kafka_broker: Any, store: RedisStore, url: str, topic: str,
         stats = orjson.loads(out.decode().strip().splitlines()[-1])
         assert stats["accepted"] > 0, joined.log_text()[-2000:]  # the rebalance gave it partitions
     finally:
-        killed.set()  # (a failure before the kill: the producer stops too)
+        rebalanced_over_three.set()  # (a failure before it: the producer stops too)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
