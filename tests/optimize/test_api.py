@@ -29,7 +29,7 @@ def test_optimize_a_regressor_by_rmse(onnx_of):
     data = onnx_of(model, x)
     report = optimize(data, x[200:], y[200:], task="regression", class_labels=None,
                       options=OptimizeOptions(techniques=["quantize", "prune", "distill"],
-                                              tolerance=0.05, fast=True, rounds=20),
+                                              tolerance=0.05, fast=True, rounds=20, passes=2),
                       tune=(x[:200], y[:200]))
     assert report.metric == "rmse"
     original = report.result("original")
@@ -95,7 +95,7 @@ def test_optimize_a_pytorch_model_keeps_its_signature(digits):
     report = optimize(data, digits.x_val, one_hot[digits.y_val], task="regression",
                       class_labels=None,
                       options=OptimizeOptions(techniques=["quantize", "prune", "distill"],
-                                              tolerance=0.5, fast=True, rounds=20),
+                                              tolerance=0.5, fast=True, rounds=20, passes=2),
                       tune=(digits.x_train, one_hot[digits.y_train]))
     names = {r.name for r in report.results}
     assert {"int8-dynamic", "prune-50", "distill-mlp-32"} <= names
