@@ -25,9 +25,22 @@ pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: no
 
 @pytest.fixture()
 def server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The server with the ``affine`` model and the ``heavy`` one (tens of ms a run)."""
+    yield from _serve(tmp_path, heavy=True)
+
+
+@pytest.fixture()
+def light_server_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The server with the ``affine`` model only: no seconds of ``heavy`` warm-up for a test
+    that never calls it."""
+    yield from _serve(tmp_path, heavy=False)
+
+
+def _serve(tmp_path: Path, heavy: bool):  # type: ignore[no-untyped-def]
     repo = ModelRepository(tmp_path / "repo")
     repo.add_onnx("affine", affine_model())
-    repo.add_onnx("heavy", slow_model(layers=400))
+    if heavy:
+        repo.add_onnx("heavy", slow_model(layers=400))
     http, grpc_port = free_port(), free_port()
     config = tmp_path / "redline.yaml"
     config.write_text("runtime:\n  warmup_batch_sizes: [1]\n  warmup_runs: 1\n"
@@ -60,8 +73,8 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_bench_drives_the_server(server_process) -> None:  # type: ignore[no-untyped-def]
-    _, url, grpc_target = server_process
+def test_bench_drives_the_server(light_server_process) -> None:  # type: ignore[no-untyped-def]
+    _, url, grpc_target = light_server_process
     for extra in (["--url", url], ["--url", url, "--protocol", "binary"],
                   ["--url", grpc_target, "--protocol", "grpc"],
                   ["--url", url, "--rate", "300", "--schedule", "poisson"]):
