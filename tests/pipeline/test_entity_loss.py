@@ -51,14 +51,21 @@ async def test_redis_restarted_empty_is_reported_and_clears(serve, repo_path, de
         deadline = time.monotonic() + timeout
         while await lost(c) != want:
             assert time.monotonic() < deadline, f"entities_lost never became {want}"
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
 
     with caplog.at_level(logging.WARNING, logger="redline.serving"):
         async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
             assert (await c.post("/v1/events", content=events(int(time.time() * 1000)))
                     ).json()["accepted"] == len(CARDS)
             task = asyncio.create_task(client(c))
-            await asyncio.sleep(4.5)  # a baseline: ~10% missing
+            # A baseline (~10% missing) over enough rows to judge a jump against: the rows of
+            # the seconds that left the detector's window.
+            detector = srv.server.pipeline.entity_loss
+            deadline = time.monotonic() + 30
+            while detector.baseline is None or (
+                    detector._baseline_rows < detector.min_rows):  # noqa: SLF001
+                assert time.monotonic() < deadline, detector.as_dict()
+                await asyncio.sleep(0.1)
             assert not await lost(c)
             before = len(answers)
             await asyncio.to_thread(redis_server.restart)  # SIGKILL, then up again, empty
