@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -79,3 +81,10 @@ def negated_affine(scale: float = 2.0) -> bytes:
     inits = [numpy_helper.from_array(np.array(-scale, np.float32), "k"),
              numpy_helper.from_array(np.array([1], np.int64), "axes")]
     return _model(nodes, inits)
+
+
+def write_stats_now(controller: Any) -> None:
+    """``controller.refresh(force=True)``, writing this process's rollout stats file now: the
+    controller writes it at most once a second, and a test has no second to wait for that."""
+    controller._written = float("-inf")  # noqa: SLF001 - the once-a-second limit, not under test
+    controller.refresh(force=True)

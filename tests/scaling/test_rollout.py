@@ -27,7 +27,7 @@ from redline.scaling.rollout import (
     sticky_share,
     unservable_candidate,
 )
-from tests.scaling.models import failing_affine, slow_affine
+from tests.scaling.models import failing_affine, slow_affine, write_stats_now
 from tests.serving.helpers import ServerThread, affine_model
 
 # What the failing candidate (tests/scaling/models.py) logs for each request it fails.
@@ -188,8 +188,7 @@ def test_shadow_never_changes_or_delays_an_answer(project, capsys) -> None:  # t
     assert slow.sent + slow.dropped >= 50  # copies beyond 4 in flight are dropped, not queued
     candidate_p50_ms = float(np.median(slow.candidate._lat_us[-slow.candidate.requests:])) / 1e3
     assert np.median(waited) * 1e3 < candidate_p50_ms / 2, (np.median(waited), candidate_p50_ms)
-    time.sleep(1.1)
-    controller.refresh(force=True)  # writes this process's counts for `rollout status`
+    write_stats_now(controller)  # writes this process's counts for `rollout status`
     stats = aggregate_stats(controller.file)
     assert stats["processes"] == 1 and stats["shadow"]["affine"]["compared"] >= 5
     capsys.readouterr()
@@ -463,8 +462,7 @@ def test_a_v1_candidate_that_cannot_serve_is_refused_then_rolled_back(
         after = [client.post("/v1/models/affine/predict", json=body).status_code
                  for _ in range(20)]
     assert after == [200] * 20
-    time.sleep(1.1)
-    controller.refresh(force=True)
+    write_stats_now(controller)
     capsys.readouterr()
     cli("rollout", "status", "--config", config, "-m", "affine")
     assert "refused" in capsys.readouterr().out

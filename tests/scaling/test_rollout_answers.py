@@ -21,7 +21,7 @@ from redline.config import load_settings
 from redline.models import ModelRepository
 from redline.monitoring.shift import prediction_shift
 from redline.scaling.rollout import RolloutController, install
-from tests.scaling.models import constant_affine, negated_affine
+from tests.scaling.models import constant_affine, negated_affine, write_stats_now
 from tests.serving.helpers import ServerThread, affine_model
 
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
@@ -134,8 +134,7 @@ def test_an_identical_candidate_is_kept_and_promoted(project) -> None:  # type: 
         answers = send_until(client, rng, root, "rolled_back", 900)
     assert len(answers) == 900 and state(root)["state"] == "running", state(root)
     assert sum(v == str(IDENTICAL) for _, v in answers) > 300
-    time.sleep(1.1)
-    controller.refresh(force=True)  # this process's counts and answers into its stats file
+    write_stats_now(controller)  # this process's counts and answers into its stats file
     shown = status_json(config)
     for output in ("y", "s"):
         shift = shown["answers"]["affine"][output]
@@ -217,8 +216,7 @@ def test_a_second_rollouts_status_counts_only_its_own_requests(project) -> None:
         controller.refresh(force=True)
         for _ in range(150):
             client.post("/v2/models/affine/infer", json=body(rng))
-        time.sleep(1.1)
-        controller.refresh(force=True)  # writes this process's stats file (once a second)
+        write_stats_now(controller)  # writes this process's stats file (once a second)
         first = status_json(config)["versions"]
         assert sum(v["requests"] for v in first.values()) == 150, first
         run_cli("rollout", "abort", "--config", config, "-m", "affine")
@@ -228,8 +226,7 @@ def test_a_second_rollouts_status_counts_only_its_own_requests(project) -> None:
         controller.refresh(force=True)
         for _ in range(40):
             client.post("/v2/models/affine/infer", json=body(rng))
-    time.sleep(1.1)
-    controller.refresh(force=True)
+    write_stats_now(controller)
     second = status_json(config)["versions"]
     assert sum(v["requests"] for v in second.values()) == 40, second
     # The decision's own sums: this process's live counts, the first rollout's gone.
