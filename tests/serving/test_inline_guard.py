@@ -7,6 +7,7 @@ pytest runs tests (and pytest-asyncio's loops) on the main thread, where the gua
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import subprocess
@@ -131,6 +132,9 @@ def _spin_cpu(seconds: float) -> None:
         pass
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
+
+
 def test_a_run_preempted_by_other_processes_is_not_stopped_and_a_long_one_is() -> None:
     """Three processes spinning on this test's CPU take most of it: a run that needs 0.4 ms of
     CPU then takes several milliseconds of wall time, waiting for the CPU. That wait is not the
@@ -139,8 +143,16 @@ def test_a_run_preempted_by_other_processes_is_not_stopped_and_a_long_one_is() -
         f"{inline_guard.SCHEDSTAT} is unreadable: the guard would count wall time")
     cpus = os.sched_getaffinity(0)
     cpu = min(cpus)
+
+    def pinned_and_tied() -> None:
+        """On this test's CPU, and SIGKILLed when the process that started it dies (killed,
+        or timed out past its ``finally``): a hog left over takes that CPU from every later
+        run on the machine."""
+        os.sched_setaffinity(0, {cpu})
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+                             preexec_fn=pinned_and_tied)
             for _ in range(3)]
     try:
         os.sched_setaffinity(0, {cpu})
