@@ -273,7 +273,8 @@ def test_optimize_and_gate_work_on_a_model_added_from_keras(
     code, out, err = run_cli(["optimize", "digits", "--data", tmp_path / "val.npz", "-r", repo,
                               "--techniques", "quantize", "--tolerance", "0.05",
                               "--guard-tolerance", "0.5", "--min-speedup", "0", "--fast",
-                              "--rounds", "40", "--max-seconds", "5", "--json-out", report],
+                              "--rounds", "40", "--passes", "2", "--max-seconds", "5",
+                              "--json-out", report],
                              capsys)
     assert code == 0, err
     chosen = json.loads(report.read_text())
@@ -287,6 +288,6 @@ def test_optimize_and_gate_work_on_a_model_added_from_keras(
     code, out, err = run_cli(["gate", "--model", "digits", "--candidate", "2", "--data",
                               tmp_path / "val.npz", "-r", repo, "--max-accuracy-drop", "0.05",
                               "--max-disagreement", "0.2", "--max-slowdown", "3",
-                              "--rounds", "100"], capsys)
+                              "--rounds", "100", "--passes", "2"], capsys)
     assert code == 0, err
     assert "gate PASSED: digits v2 against production (v1)" in out
