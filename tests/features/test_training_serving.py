@@ -406,9 +406,14 @@ def test_a_redelivered_event_is_applied_once_on_every_path(redis_server) -> None
         pipe.xadd("s", {"d": orjson.dumps(e)}, id=f"{a}-0")
     pipe.execute()
     cons = StreamConsumer(IDS_DEFS, sdb, stream="s", group="g", batch=17, block_ms=1)
+    # until every entry is in (an empty read waits Redis's ~100 ms timer tick: not a fixed
+    # number of polls)
     for _ in range(50):
         cons.poll()
         cons.flush()
+        if cons.counts.accepted + cons.counts.dead >= len(events):
+            break
+    assert cons.counts.accepted + cons.counts.dead == len(events)
     stream = _read(sdb.reader([IDS_DEFS.view("v")]), "c1", t)
     for got in (mem, red, off, stream):
         assert {k: got[k] for k in want} == want
