@@ -221,8 +221,12 @@ def test_a_zipkin_endpoint_that_is_down_drops_counts_and_warns(
                 while tracing.dropped < 20:
                     assert time.monotonic() < deadline, tracing.stats()
                     time.sleep(0.1)
-                time.sleep(1.5)  # a tick brings the count into the metrics
-                dropped = _metric(http.get("/metrics").text, "redline_trace_spans_dropped_total")
+                while True:  # a tick (every 0.2 s here) brings the count into the metrics
+                    dropped = _metric(http.get("/metrics").text,
+                                      "redline_trace_spans_dropped_total")
+                    if dropped >= 20 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
         finally:
             server.stop()
     assert tracing.exported == 0 and tracing.failed_exports >= 20
