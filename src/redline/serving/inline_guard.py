@@ -17,7 +17,8 @@ and then; stopping it for that sends the model's runs to threads for the cooldow
 every request a hop and gives the loop nothing back. So the timer first fires at
 half the limit, reads the thread's run-queue wait (Linux ``/proc/thread-self/schedstat``) and
 fires again whenever the run's own time since then is short of the other half; a run is stopped
-once its own time since that first look reaches half the limit (a hang: at ``limit_s``), or,
+once its own time since that first look reaches ``OWN_SHARE`` of that half (a hang: at
+``limit_s``), or,
 whatever the reason, once it has held the loop ``MAX_HELD`` limits. Where the wait cannot be
 read, wall time counts, as before.
 
@@ -53,10 +54,9 @@ SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on a CPU, ns waiting for one, sl
 
 _active = False  # a guarded run is under way (on the main thread)
 _installed: bool | None = None  # whether our SIGALRM handler is in place; None: not tried
-# The run under way: its half limit; once the timer has fired, when it started (about), and the
-# wall time (0.0: not yet) and run-queue wait at the first look (``_on_alarm``).
+# The run under way: its half limit; once the timer has fired, the wall time (0.0: not yet) and
+# run-queue wait at the first look (``_on_alarm``), half a limit after the run started.
 _half_s = 0.0
-_started = 0.0
 _looked_at = 0.0
 _waited_ns: int | None = None
 
@@ -78,16 +78,17 @@ def run_queue_wait_ns() -> int | None:
 
 def _on_alarm(signum: int, frame: Any) -> None:
     """Stop the run once its own time is up (see the module doc); else look again later."""
-    global _looked_at, _started, _waited_ns
+    global _looked_at, _waited_ns
     if not _active:
         return
     t = now()
     if _looked_at == 0.0:  # the first look, at half the limit
-        _started, _looked_at, _waited_ns = t - _half_s, t, run_queue_wait_ns()
+        _looked_at, _waited_ns = t, run_queue_wait_ns()
         signal.setitimer(signal.ITIMER_REAL, _half_s)
         return
     waited = run_queue_wait_ns() if _waited_ns is not None else None
-    if waited is not None and t - _started < MAX_HELD * 2 * _half_s:
+    held = t - _looked_at + _half_s  # since the run started
+    if waited is not None and held < MAX_HELD * 2 * _half_s:
         own = (t - _looked_at) - (waited - _waited_ns) / 1e9  # type: ignore[operator]
         if own < OWN_SHARE * _half_s:
             # mostly preempted: look again once the rest of its half could have passed
