@@ -159,6 +159,7 @@ def lend_sigalrm() -> Iterator[None]:
     try:
         yield
     finally:
+        inline_guard.disarm()  # the guard leaves its last alarm pending: not for the next owner
         signal.signal(signal.SIGALRM, before)
         inline_guard._installed = None  # noqa: SLF001
         if timer[0]:

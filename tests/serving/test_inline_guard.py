@@ -57,9 +57,51 @@ def test_a_guarded_run_is_stopped_at_its_limit_even_in_a_sleep() -> None:
     with pytest.raises(RanTooLong):
         guard.run(spin, None)
     assert guard.run(lambda x: x + 1, 1) == 2  # quick runs are untouched...
-    time.sleep(0.01)  # ...and the disarmed timer never fires afterwards
+    time.sleep(0.01)  # ...and the alarm left pending after one lapses harmlessly
     guard.tripped()
     assert not guard.allows()  # off the loop while it cools down
+
+
+def test_quick_runs_share_one_alarm_and_a_long_one_after_them_is_still_stopped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs in quick succession arm the timer about once per half limit, not once each (two
+    system calls a run were a measurable share of a Python graph's server), and an alarm left
+    pending by an earlier run neither stops a later run early nor lets it run past its limit."""
+    armed: list[float] = []
+    setitimer = signal.setitimer
+
+    def counted(which: int, seconds: float, interval: float = 0.0) -> tuple[float, float]:
+        armed.append(seconds)
+        return setitimer(which, seconds, interval)
+
+    monkeypatch.setattr(signal, "setitimer", counted)
+    guard = InlineGuard("m", limit_s=0.004)
+    assert guard.allows()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        assert guard.run(_spin_cpu, 0.00001) is None
+    elapsed = time.perf_counter() - t0
+    assert len(armed) <= elapsed / 0.002 * 2 + 2, (len(armed), elapsed)
+    assert len(armed) < 2000 / 4  # far fewer than one a run
+
+    # A run that starts just before a pending alarm fires runs its own half limit first...
+    time.sleep(0.005)  # the last alarm lapses
+    guard.run(_spin_cpu, 0.0)  # arms one, 2 ms ahead...
+    time.sleep(0.0015)  # ...and about 0.5 ms ahead (or less) when the next run starts
+    t0 = time.perf_counter()
+    assert guard.run(_spin_cpu, 0.0026) is None  # looking at 0.5 ms would stop it at 2.5 ms
+    # ...and one that runs long is stopped at its limit however the alarm was left.
+    with pytest.raises(RanTooLong):
+        guard.run(_spin_cpu, 0.050)
+    assert time.perf_counter() - t0 < 0.040
+
+
+def test_a_process_that_exits_right_after_a_run_is_not_killed_by_the_pending_alarm() -> None:
+    code = ("from redline.serving.inline_guard import InlineGuard\n"
+            "guard = InlineGuard('m', limit_s=0.004)\n"
+            "assert guard.allows() and guard.run(abs, -1) == 1\n")  # the alarm: during the exit
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
 
 
 def test_stops_in_a_row_lengthen_the_pause_and_a_lone_one_does_not() -> None:

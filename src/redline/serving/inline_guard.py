@@ -3,24 +3,28 @@
 Why run it on the loop at all: a Python model that does little costs a request a few
 microseconds there, and a hop to a worker thread and back costs about a hundred (two handoffs of
 the GIL and the thread wake-ups; measured against the ONNX path at concurrency 8). Why it is
-safe: before each run an interval timer is armed (``setitimer``, one system call each way); if the
-run is still going when it fires, the ``SIGALRM`` handler raises :class:`RanTooLong` inside it,
-which interrupts Python code and blocking calls alike (a sleep, a lock, a socket read). The
-batcher then runs the batch again on a worker thread, where the requests' budgets apply, and
-keeps the model off the loop for a while; a hung ``predict`` therefore holds the loop for at most
-``limit_s``.
+safe: a run starts with an interval timer armed (``setitimer``); if the run is still going
+when it fires, the ``SIGALRM`` handler raises :class:`RanTooLong` inside it, which interrupts
+Python code and blocking calls alike (a sleep, a lock, a socket read). The batcher then runs the
+batch again on a worker thread, where the requests' budgets apply, and keeps the model off the
+loop for a while; a hung ``predict`` therefore holds the loop for at most ``limit_s``.
+
+The timer is not disarmed after a run. A run that finds an alarm pending from an earlier one (at
+most half a limit away) arms nothing; the alarm, finding a run younger than half a limit, arms
+itself for the rest; an alarm with no run under way lapses (and ``atexit`` cancels the last one).
+So a busy loop pays one alarm per half limit instead of two system calls a run, which were ~6%
+of a Python graph's server at concurrency 8 (``benchmarks/models/python_compare.py``).
 
 What counts is the run's own time: computing, or waiting on something (a sleep, a lock, the
 GIL), but not waiting for a CPU while the kernel runs other processes. A busy machine (a
 neighbour's load, a container's CPU quota) preempts a run of microseconds for milliseconds now
 and then; stopping it for that sends the model's runs to threads for the cooldown, which costs
-every request a hop and gives the loop nothing back. So the timer first fires at
-half the limit, reads the thread's run-queue wait (Linux ``/proc/thread-self/schedstat``) and
-fires again whenever the run's own time since then is short of the other half; a run is stopped
-once its own time since that first look reaches ``OWN_SHARE`` of that half (a hang: at
-``limit_s``), or,
+every request a hop and gives the loop nothing back. So the timer first fires at half the limit,
+reads the thread's run-queue wait (Linux ``/proc/thread-self/schedstat``) and fires again
+whenever the run's own time since then is short of the other half; a run is stopped once its own
+time since that first look reaches ``OWN_SHARE`` of that half (a hang: at ``limit_s``), or,
 whatever the reason, once it has held the loop ``MAX_HELD`` limits. Where the wait cannot be
-read, wall time counts, as before.
+read, wall time counts.
 
 After a stop the model's runs stay off the loop a while: the first pause is short, and only
 stops that follow each other lengthen it (doubling up to ``max_cooldown_s``), so a model that
@@ -33,6 +37,7 @@ runs on the main thread (``redline serve``) and no one else uses ``SIGALRM``; el
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import signal
@@ -57,8 +62,11 @@ _installed: bool | None = None  # whether our SIGALRM handler is in place; None:
 # The run under way: its half limit; once the timer has fired, the wall time (0.0: not yet) and
 # run-queue wait at the first look (``_on_alarm``), half a limit after the run started.
 _half_s = 0.0
+_started = 0.0
 _looked_at = 0.0
 _waited_ns: int | None = None
+_armed = False  # an alarm is pending (armed by this module, not yet fired)...
+_fires_at = 0.0  # ...at this time
 
 
 class RanTooLong(BaseException):
@@ -76,15 +84,33 @@ def run_queue_wait_ns() -> int | None:
         return None
 
 
+def _arm(seconds: float) -> None:
+    global _armed, _fires_at
+    _armed, _fires_at = True, now() + seconds
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def disarm() -> None:
+    """Cancel a pending alarm (before handing SIGALRM to another owner)."""
+    global _armed
+    _armed = False
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     """Stop the run once its own time is up (see the module doc); else look again later."""
-    global _looked_at, _waited_ns
+    global _armed, _looked_at, _waited_ns
+    _armed = False
     if not _active:
-        return
+        return  # armed for a run that has ended: lapse until the next run arms it
     t = now()
-    if _looked_at == 0.0:  # the first look, at half the limit
-        _looked_at, _waited_ns = t, run_queue_wait_ns()
-        signal.setitimer(signal.ITIMER_REAL, _half_s)
+    if _looked_at == 0.0:
+        early = _half_s - (t - _started)
+        if early > 0:  # armed for an earlier run: this one's first look is later
+            _arm(early)
+            return
+        _looked_at, _waited_ns = t, run_queue_wait_ns()  # the first look, at half the limit
+        _arm(_half_s)
         return
     waited = run_queue_wait_ns() if _waited_ns is not None else None
     held = t - _looked_at + _half_s  # since the run started
@@ -92,7 +118,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
         own = (t - _looked_at) - (waited - _waited_ns) / 1e9  # type: ignore[operator]
         if own < OWN_SHARE * _half_s:
             # mostly preempted: look again once the rest of its half could have passed
-            signal.setitimer(signal.ITIMER_REAL, max(_half_s - own, _half_s / 4))
+            _arm(max(_half_s - own, _half_s / 4))
             return
     raise RanTooLong()
 
@@ -109,6 +135,7 @@ def _install() -> bool:
     current = signal.getsignal(signal.SIGALRM)
     if current in (signal.SIG_DFL, None, _on_alarm):
         signal.signal(signal.SIGALRM, _on_alarm)
+        atexit.register(disarm)  # a pending alarm must not meet the default action at exit
         _installed = True
     else:
         _installed = False
@@ -137,14 +164,15 @@ class InlineGuard:
 
     def run(self, fn: Callable[[Any], T], arg: Any) -> T:
         """``fn(arg)``, or :class:`RanTooLong` once it has had ``limit_s`` of its own time."""
-        global _active, _half_s, _looked_at
-        _active, _half_s, _looked_at = True, self.limit_s / 2, 0.0
-        signal.setitimer(signal.ITIMER_REAL, _half_s)
+        global _active, _half_s, _started, _looked_at
+        _half_s, _started, _looked_at = self.limit_s / 2, now(), 0.0
+        _active = True  # after _started: an alarm from here on measures this run
+        if not _armed or _fires_at > _started + _half_s:  # none pending, or too late for us
+            _arm(_half_s)
         try:
             return fn(arg)
         finally:
-            _active = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _active = False  # the alarm, if pending, lapses (module doc)
 
     def tripped(self) -> None:
         """A run was stopped: keep the model's runs off the loop for ``cooldown_s``, twice as
