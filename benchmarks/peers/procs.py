@@ -63,6 +63,20 @@ def stop_tagged(tag: str, grace_s: float = 15.0) -> list[int]:
     return killed
 
 
+def pause_tagged(tag: str) -> list[int]:
+    """SIGSTOP every process carrying ``tag`` (a server sits out another's measured turn: its
+    idle threads, timers and health checks take no CPU from it); ``resume_tagged`` undoes it."""
+    pids = tagged(tag)
+    for pid in pids:
+        _send(pid, signal.SIGSTOP)
+    return pids
+
+
+def resume_tagged(tag: str) -> None:
+    for pid in tagged(tag):
+        _send(pid, signal.SIGCONT)
+
+
 def _send(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

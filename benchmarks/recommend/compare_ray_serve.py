@@ -5,7 +5,8 @@ and item windows the peer reads, starts the Ray Serve peer from its own environm
 (``benchmarks/peers/setup.sh ray-serve`` makes it; this script makes it when it is missing) in
 each configuration asked for, and measures every target in alternation: c=1 and c=8 closed loop
 (throughput, p50, p99), then an open-loop ladder of rates, keeping the highest rate whose p99
-stays at or below ``--p99-ms``.
+stays at or below ``--p99-ms``. During each turn the other server's processes are paused
+(SIGSTOP; ``Turns`` says why), unless ``--side-by-side``.
 
     python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
         --data examples/recommend/data --peer one:proxy --peer one:proxy:8 --peer one:haproxy \
@@ -248,30 +249,70 @@ def summarize(peers: dict[str, dict[str, dict]]) -> dict:
             "p99_lower_at_every_sustained_rate": not not_lower}
 
 
-def measure(targets: dict[str, tuple[str, object]], rounds: int, duration: float,
-            p99_ms: float) -> dict[str, dict]:
+Target = tuple[str, object, "str | None"]  # URL, bodies, the tag of the server's processes
+
+
+class Turns:
+    """Whose turn it is. With ``pause``, every other server started here is stopped (SIGSTOP)
+    while one is measured and continued (SIGCONT) for its own turn, after ``SETTLE_S`` for the
+    catching up of its timers: on two cores, the idle processes of a server not being measured
+    (Ray's GCS, raylet, agents and HAProxy; redline's monitoring tick) otherwise run on the
+    cores the measured one needs, a noise each side suffers from the other's side. Measured
+    alone, each gets the machine a deployed server would have."""
+
+    SETTLE_S = 1.0
+
+    def __init__(self, targets: dict[str, Target], pause: bool) -> None:
+        self.tags = {name: t[2] for name, t in targets.items() if pause and t[2]}
+        self.paused: set[str] = set()
+
+    def take(self, name: str) -> None:
+        for other, tag in self.tags.items():
+            if other != name and other not in self.paused:
+                procs.pause_tagged(tag)
+                self.paused.add(other)
+        if name in self.paused:
+            procs.resume_tagged(self.tags[name])
+            self.paused.discard(name)
+            time.sleep(self.SETTLE_S)
+
+    def end(self) -> None:
+        for name in list(self.paused):
+            procs.resume_tagged(self.tags[name])
+            self.paused.discard(name)
+
+
+def measure(targets: dict[str, Target], rounds: int, duration: float, p99_ms: float,
+            pause: bool = True) -> dict[str, dict]:
     """Interleaved: each round runs every target at c=1, then c=8; then the open-loop ladder,
-    every target at each rate until it misses the p99 bound."""
+    every target at each rate until it misses the p99 bound; with ``pause``, each target alone
+    (:class:`Turns`)."""
     best: dict[str, dict] = {name: {} for name in targets}
-    for _ in range(rounds):
-        for c in (1, 8):
-            for name, (url, bodies) in targets.items():
-                res = asyncio.run(closed_loop(url, bodies, c, duration)).to_dict()
-                prev = best[name].get(f"c{c}")
-                if prev is None or res["rps"] > prev["rps"]:
-                    best[name][f"c{c}"] = res
-    alive = set(targets)
-    for rate in RATES:
-        for name in list(alive):
-            url, bodies = targets[name]
-            res = asyncio.run(open_loop(url, bodies, rate, duration)).to_dict()
-            best[name].setdefault("ladder", []).append({"rate": rate, **res})
-            if res["p99_ms"] <= p99_ms and not res["errors"]:
-                best[name]["max_rate_p99_ok"] = rate
-            else:
-                alive.discard(name)
-        if not alive:
-            break
+    turns = Turns(targets, pause)
+    try:
+        for _ in range(rounds):
+            for c in (1, 8):
+                for name, (url, bodies, _) in targets.items():
+                    turns.take(name)
+                    res = asyncio.run(closed_loop(url, bodies, c, duration)).to_dict()
+                    prev = best[name].get(f"c{c}")
+                    if prev is None or res["rps"] > prev["rps"]:
+                        best[name][f"c{c}"] = res
+        alive = set(targets)
+        for rate in RATES:
+            for name in list(alive):
+                url, bodies, _ = targets[name]
+                turns.take(name)
+                res = asyncio.run(open_loop(url, bodies, rate, duration)).to_dict()
+                best[name].setdefault("ladder", []).append({"rate": rate, **res})
+                if res["p99_ms"] <= p99_ms and not res["errors"]:
+                    best[name]["max_rate_p99_ok"] = rate
+                else:
+                    alive.discard(name)
+            if not alive:
+                break
+    finally:
+        turns.end()
     return best
 
 
@@ -302,6 +343,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--p99-ms", type=float, default=20.0)
     parser.add_argument("--sessions", type=int, default=500)
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="leave the server not being measured running during the other's "
+                        "turn (default: paused, so each is measured alone; a server given by "
+                        "--redline-url is never paused)")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     configs = args.peer or ["one:proxy", "one:proxy:8", "one:haproxy", "one:haproxy:8"]
@@ -314,7 +359,8 @@ def main() -> None:
     redis_proc, redis_url, redis_dir = (None, args.redis_url, None) if args.redis_url \
         else start_redis()
     report: dict = {"p99_bound_ms": args.p99_ms, "workers": args.workers,
-                    "max_ongoing": args.max_ongoing, "peers": {}}
+                    "max_ongoing": args.max_ongoing, "alone": not args.side_by_side,
+                    "peers": {}}
     redline: Server | None = None
     try:
         if args.redline_url is None:
@@ -332,12 +378,12 @@ def main() -> None:
             peer = start_peer(python, str(Path(args.artifacts).resolve()), redis_url, config,
                               args.workers, args.max_ongoing)
             try:
-                targets: dict[str, tuple[str, object]] = {
-                    f"ray-serve {config}": (peer.url, body_of),
+                targets: dict[str, Target] = {
+                    f"ray-serve {config}": (peer.url, body_of, peer.tag),
                     "redline": (f"{args.redline_url}/v1/models/{args.redline_model}/predict",
-                                body_of)}
+                                body_of, redline.tag if redline else None)}
                 report["peers"][config] = measure(targets, args.rounds, args.duration,
-                                                  args.p99_ms)
+                                                  args.p99_ms, pause=not args.side_by_side)
             finally:
                 peer.stop()
         report["summary"] = summarize(report["peers"])
