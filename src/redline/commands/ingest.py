@@ -265,11 +265,8 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--http-port", "port", type=click.IntRange(0, 65535), default=None,
               help="Port (default: features.http_port, 8010).")
-@click.option("--port", "legacy_port", type=click.IntRange(0, 65535), default=None,
-              hidden=True)  # the old name
 def ingest_http(config_path: str | None, definitions: str | None, store: str | None,
-                redis_url: str | None, host: str, port: int | None,
-                legacy_port: int | None) -> None:
+                redis_url: str | None, host: str, port: int | None) -> None:
     """Serve POST /v1/events (JSON array, object or lines) and GET /v1/ingest/stats.
 
     \b
@@ -283,7 +280,6 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
     from redline.features.online import open_online_store
     from redline.serving.http_protocol import HttpLimits, RedlineHttpProtocol
 
-    port = port if port is not None else legacy_port
     fs, defs = feature_settings(config_path, definitions, store, redis_url,
                                 sessions_only=True)
     online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
