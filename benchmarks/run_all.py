@@ -39,7 +39,7 @@ from benchmarks.bench_page import (  # noqa: E402
     table,
     targets_table,
 )
-from benchmarks.models import python_area  # noqa: E402
+from benchmarks.models import cascade_area, python_area  # noqa: E402
 from benchmarks.peers import envs  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(three minutes), graph (the inference-graph steps, two minutes), "
                     "recommend-ray (the recommender against Ray Serve, fifteen minutes), "
                     "python-peers (Python models and a three-step graph against Triton, MLServer "
-                    "and Ray Serve, fifteen minutes)")
+                    "and Ray Serve, fifteen minutes), cascade (examples/textclf's cascade "
+                    "against its MLP alone, five minutes)")
     ap.add_argument("--install-peers", action="store_true",
                     help="make the peer environments the areas need when they are missing "
                     "(what `bash benchmarks/peers/setup.sh` does; minutes each)")
@@ -556,6 +557,16 @@ def _python_peers(args: argparse.Namespace, command: list[str],
     return Outcome("python-peers", body, targets)
 
 
+def _cascade_plan(args: argparse.Namespace) -> list[str]:
+    return cascade_area.plan(PY, args.rounds, _scratch(cascade_area.RESULT))
+
+
+def _cascade(args: argparse.Namespace, command: list[str],
+             runs: list[dict]) -> Outcome:  # type: ignore[type-arg]
+    body, targets = cascade_area.render(_stamp(args, command), runs[0])
+    return Outcome("cascade", body, targets)
+
+
 AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "serving": (_serving_plan, _serving),
     "feature-reads": (_reads_plan, _reads),
@@ -569,6 +580,7 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "feast-offline": (_feast_offline_plan, _feast_offline),
     "recommend-ray": (_ray_plan, _ray),
     "python-peers": (_python_plan, _python_peers),
+    "cascade": (_cascade_plan, _cascade),
 }
 
 _RATIO_NAMES = {
@@ -604,7 +616,8 @@ _SERVER_NAMES = {
 _RESULT_FILES = {"serving": "serving.json", "mlserver": "serving.json",
                  "hedging": "hedging.json",
                  "graph": "graph.json", "feast-offline": "feast_offline.json",
-                 "recommend-ray": "ray.json", "python-peers": python_area.RESULT}
+                 "recommend-ray": "ray.json", "python-peers": python_area.RESULT,
+                 "cascade": cascade_area.RESULT}
 
 
 # --------------------------------------------------------------------------- helpers
