@@ -361,8 +361,9 @@ def pytest_configure(config: pytest.Config) -> None:
     WATCH.install()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config,
+                                  items: list[pytest.Item]) -> Iterator[None]:
     """`make test` runs ``--dist loadgroup``: a test file goes to one worker whole (its module
     fixtures -- servers, trained models -- are made once), unless its tests name groups of their
     own (``xdist_group``), as the doc pages do: each page is minutes of child processes, and one
@@ -370,6 +371,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    yield
+    _suffix_group_ids(config, items)
+
+
+def _suffix_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a loadgroup worker, after pytest-xdist's own hook: give each test id its group suffix
+    (``path::test@group``, what the scheduler groups by) where that hook could not. pytest 9
+    keeps a node's id in a structured ``_id`` and pytest-xdist 3.8 still writes the old
+    ``_nodeid``: without this every test was scheduled alone, a file's tests were spread over
+    both workers, and each worker started the file's servers, trained models and Spark's JVM
+    again (pytest-dev/pytest-xdist#1386)."""
+    if not config.getvalue("loadgroup"):  # not a loadgroup worker
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: pytest-xdist's suffix took
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix) and isinstance(
+                getattr(item, "_id", None), NodeId):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
