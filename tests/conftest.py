@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -395,6 +395,55 @@ def _suffix_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
         if groups and not item.nodeid.endswith(suffix) and isinstance(
                 getattr(item, "_id", None), NodeId):
             item._id = NodeId.parse(item.nodeid + suffix)
+
+
+# The longest groups first: with two workers the run ends when the slower one does, and a long
+# group (a doc page, Spark's tests) drawn last leaves the other worker idle meanwhile. Each group's
+# seconds are kept in pytest's cache (.pytest_cache) from the last run that ran it; groups without
+# a measure go first, in pytest-xdist's own order (most tests first), as in a fresh clone.
+_GROUP_SECONDS = "redline/group-seconds"
+
+
+def _group_of(nodeid: str) -> str:
+    """A test's unit of work under ``--dist loadgroup``: its group, from the id's suffix."""
+    return nodeid.rsplit("@", 1)[1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup" or config.cache is None:
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    last: dict[str, float] = config.cache.get(_GROUP_SECONDS, {})
+
+    class LongestFirst(LoadGroupScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first assignment: the queue is complete
+                self.ordered = True
+                units = sorted(self.workqueue.items(),
+                               key=lambda unit: -last.get(unit[0], float("inf")))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
+_seconds: defaultdict[str, float] = defaultdict(float)  # by group; the controller sees all
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[_group_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = session.config.cache
+    if session.config.getvalue("dist") == "loadgroup" and _seconds and cache is not None:
+        measured = {group: round(s, 2) for group, s in _seconds.items()}
+        cache.set(_GROUP_SECONDS, {**cache.get(_GROUP_SECONDS, {}), **measured})
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
