@@ -387,6 +387,11 @@ def main() -> None:
             finally:
                 peer.stop()
         report["summary"] = summarize(report["peers"])
+    except BaseException:
+        if redline is not None:  # what the server said about it, before its folder goes
+            redline.stop(show_log=True)
+            redline = None
+        raise
     finally:
         if redline is not None:
             redline.stop()
