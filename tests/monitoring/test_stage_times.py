@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import redline.serving.request_end as request_end_module
+from redline.config import Settings
 from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.slowlog import SlowLog
 from redline.monitoring.stage_times import NEVER, StageTimesBuffer, v2_record
 from redline.serving.observers import Observers
 from redline.serving.stages import RequestRecord
-from tests.monitoring.helpers import record
+from tests.monitoring.helpers import idle_monitor, record
 from tests.monitoring.served import ADMIN_TOKEN, make_repository, monitored_settings, v2_body
 from tests.monitoring.test_server import metric_samples
 from tests.serving.helpers import ServerThread
@@ -334,3 +335,75 @@ def test_requests_that_arrive_while_the_tick_folds_are_counted_once() -> None:
     assert series.requests == {("rest", "primary", "ok"): sent}
     assert sum(series.timings["total"].counts) == sent
     assert sum(series.rows) == sent
+
+
+class _Version:
+    """What ``V2End`` reads of a model version (``request_end.VersionRef``)."""
+
+    key = ("m", "1")
+    shadowed = False
+    keep_io = True
+    io_next_ns = NEVER
+
+    def sample_due(self, t0: int) -> bool:
+        return False
+
+    def keep_io_on(self, record: RequestRecord, inputs: Any, outputs: Any, t0: int) -> None:
+        pass
+
+
+def test_every_v2_request_is_counted_once_flat_or_as_a_record() -> None:
+    """The V2 end's draw (the head sample, slow requests) and its series, taken inline:
+    through draws, slow requests and a rollout's observer coming and going, each request
+    leaves exactly one row or one record, and the sample keeps the ratio's share."""
+    settings = Settings()
+    settings.monitoring.trace_sample_ratio = 0.0
+    monitor = idle_monitor(settings)
+    observers = Observers([monitor.feed])
+    end = request_end_module.V2End(observers, "rest")
+    times = monitor.feed.stage_times("v2", "rest", "m", "1")
+    times.retune(slow_ns=50_000, sample_ratio=0.25)
+    version = _Version()
+
+    class Rollout:
+        def __init__(self) -> None:
+            self.seen: list[RequestRecord] = []
+
+        def request_finished(self, record: RequestRecord) -> None:
+            self.seen.append(record)
+
+    rollout = Rollout()
+    records: list[RequestRecord] = []  # every record the feed folds
+    fold = monitor.fold
+
+    def kept(batch: list[Any]) -> None:
+        records.extend(batch)
+        fold(batch)
+
+    monitor.fold = kept  # type: ignore[method-assign,assignment]
+    for i in range(4000):
+        if i == 1500:
+            observers.add(rollout)  # every request needs its record while it observes
+        if i == 2500:
+            observers.remove(rollout)
+        start = 1_000_000 * i
+        end.answered(version, "", None, 1, None, None, start, start + 1000, start + 2000,
+                     start + (60_000 if i % 97 == 0 else 3000))  # one in 97 slow
+    flat = len(times.times) // times.width
+    monitor.drain()
+    monitor.metrics.settle()
+    series = monitor.metrics.series[("v2", "m", "1")]
+    assert series.requests == {("rest", "primary", "ok"): 4000}
+    assert sum(series.timings["total"].counts) == 4000
+    assert flat + len(records) == 4000 and len({id(r) for r in records}) == len(records)
+    assert len(rollout.seen) == 1000  # each request while it observed, once
+    seen = {id(r) for r in rollout.seen}
+    assert seen <= {id(r) for r in records}
+    own = [r for r in records if id(r) not in seen]
+    slow = sum(1 for i in [*range(1500), *range(2500, 4000)] if i % 97 == 0)
+    assert sum(1 for r in own if r.end_ns - r.start_ns > 50_000) == slow
+    drawn = sum(1 for r in own if r.trace_keep and r.end_ns - r.start_ns <= 50_000)
+    # the head sample among the 3,000 requests of the flat path: about a quarter of them
+    # (a slow one takes a draw too); Binomial(~2970, 0.25): mean ~742, sd 23.6, five sd
+    assert 624 <= drawn <= 860, drawn
+    assert all(r.trace_keep is not None for r in own)
