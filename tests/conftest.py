@@ -411,11 +411,12 @@ def _group_of(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadgroup" or config.cache is None:
+    cache = getattr(config, "cache", None)  # None: -p no:cacheprovider
+    if config.getvalue("dist") != "loadgroup" or cache is None:
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    last: dict[str, float] = config.cache.get(_GROUP_SECONDS, {})
+    last: dict[str, float] = cache.get(_GROUP_SECONDS, {})
 
     class LongestFirst(LoadGroupScheduling):
         ordered = False
@@ -440,7 +441,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    cache = session.config.cache
+    cache = getattr(session.config, "cache", None)
     if session.config.getvalue("dist") == "loadgroup" and _seconds and cache is not None:
         measured = {group: round(s, 2) for group, s in _seconds.items()}
         cache.set(_GROUP_SECONDS, {**cache.get(_GROUP_SECONDS, {}), **measured})
