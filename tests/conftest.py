@@ -382,7 +382,7 @@ def _suffix_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
     ``_nodeid``: without this every test was scheduled alone, a file's tests were spread over
     both workers, and each worker started the file's servers, trained models and Spark's JVM
     again (pytest-dev/pytest-xdist#1386)."""
-    if not config.getvalue("loadgroup"):  # not a loadgroup worker
+    if not getattr(config.option, "loadgroup", False):  # not a loadgroup worker
         return
     try:
         from _pytest.nodeid import NodeId
@@ -412,7 +412,7 @@ def _group_of(nodeid: str) -> str:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     cache = getattr(config, "cache", None)  # None: -p no:cacheprovider
-    if config.getvalue("dist") != "loadgroup" or cache is None:
+    if getattr(config.option, "dist", None) != "loadgroup" or cache is None:
         return None
     from xdist.scheduler import LoadGroupScheduling
 
@@ -442,7 +442,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     cache = getattr(session.config, "cache", None)
-    if session.config.getvalue("dist") == "loadgroup" and _seconds and cache is not None:
+    if getattr(session.config.option, "dist", None) == "loadgroup" and _seconds and cache:
         measured = {group: round(s, 2) for group, s in _seconds.items()}
         cache.set(_GROUP_SECONDS, {**cache.get(_GROUP_SECONDS, {}), **measured})
 
