@@ -47,11 +47,9 @@ def load_native(model: MlflowModel, flavor: str, trust_pickle: bool) -> Any:
     skops_file = _skops_file(flavor, conf)
     try:
         if skops_file is not None and risk is None:
-            import_framework("skops", "mlflow")
-            import skops.io
-
+            skops_io = _import_skops_io()
             types = conf.get("skops_trusted_types") or None
-            native = skops.io.load(str(model.folder / skops_file), trusted=types)
+            native = skops_io.load(str(model.folder / skops_file), trusted=types)
         else:
             module = import_framework(f"mlflow.{flavor}", "mlflow")
             with mlflow_scope(None, allow_code=trust_pickle):
@@ -71,6 +69,27 @@ def load_native(model: MlflowModel, flavor: str, trust_pickle: bool) -> Any:
     if flavor == "xgboost" and type(native).__name__ == "Booster":
         return _xgboost_estimator(native, model.uri)
     return native
+
+
+def _import_skops_io() -> Any:
+    """``skops.io``, without importing PyTorch on the way. At import skops lists
+    scikit-learn's estimators by walking every package of scikit-learn, and one of them,
+    ``sklearn.externals.array_api_compat.torch``, imports all of PyTorch when it is installed
+    (seconds) though it holds no estimator (the walk skips ``externals``' modules, and a package
+    that does not import). It is held out for the walk only, when nothing has imported it yet."""
+    import sys
+
+    import_framework("skops", "mlflow")
+    held_out = "sklearn.externals.array_api_compat.torch"
+    hold = held_out not in sys.modules
+    if hold:
+        sys.modules[held_out] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import skops.io
+    finally:
+        if hold and sys.modules.get(held_out, False) is None:
+            del sys.modules[held_out]
+    return skops.io
 
 
 def pickle_risk(flavor: str, conf: dict[str, Any], folder: Path) -> str | None:
