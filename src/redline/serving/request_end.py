@@ -24,12 +24,8 @@ class FlatSeries:
     asked for once.
 
     ``series((model, version))`` is None while no lone observer keeps stage times (a rollout
-    observes too): then every request needs its record.
-
-    The head sample's draw, which the subclasses take inline on every request: ``countdown``
-    less one; a request leaves its row when that is not zero and it was not slower than
-    ``slow_ns``, else the draw is made (in the sample when the countdown reached zero; tracing
-    keeps a slow one whatever the draw) and a new countdown starts when this one ran out."""
+    observes too): then every request needs its record. ``draw(times, duration)`` is None when
+    the request leaves its row, else the head sample's draw for the record it gets instead."""
 
     __slots__ = ("_observers", "_api", "_transport", "_series")
 
@@ -47,6 +43,16 @@ class FlatSeries:
         if times is None:
             times = self._series[key] = make(self._api, self._transport, *key)
         return times
+
+    @staticmethod
+    def draw(times: StageTimes, duration_ns: int) -> bool | None:
+        countdown = times.countdown - 1
+        if countdown and duration_ns <= times.slow_ns:
+            times.countdown = countdown
+            return None
+        # The head sample was drawn here (tracing keeps a slow one whatever the draw).
+        times.countdown = countdown or times.gap()
+        return not countdown
 
 
 class FlatTimes(FlatSeries):
@@ -70,23 +76,16 @@ class FlatTimes(FlatSeries):
     def keep(self, record: RequestRecord) -> bool:
         if record.request_id or record.traceparent is not None:
             return False
-        key = (record.model, record.version)
-        # ``series`` and ``draw``, inline, as ``V2End.answered`` has them
-        times = self._series.get(key) if self._observers.stage_times is not None else None
+        times = self.series((record.model, record.version))
         if times is None:
-            times = self.series(key)  # its first request, or none kept
-            if times is None:
-                return False
-        countdown = times.countdown - 1
-        if countdown and record.end_ns - record.start_ns <= times.slow_ns:
-            times.countdown = countdown
+            return False
+        draw = self.draw(times, record.end_ns - record.start_ns)
+        if draw is None:
             if record.inputs is not None and record.path == "primary":
                 times.samples += (record.inputs, record.outputs)  # the windows' sample
             times.times += self._row(record)
             return True
-        # the head sample was drawn here (tracing keeps a slow one whatever the draw)
-        times.countdown = countdown or times.gap()
-        record.trace_keep = not countdown
+        record.trace_keep = draw
         return False
 
 
@@ -126,25 +125,15 @@ class V2End(FlatSeries):
         if record is None:  # run at once
             draw: bool | None = None
             if not (request_id or traceparent is not None or handle.shadowed):
-                # ``series`` and ``draw``, inline: this is nearly every V2 request's path, and
-                # the two calls were half of what it cost (~0.4 of ~1.2 µs, measured alone).
-                times = (self._series.get(handle.key)
-                         if self._observers.stage_times is not None else None)
-                if times is None:
-                    times = self.series(handle.key)  # its first request, or none kept
+                times = self.series(handle.key)
                 if times is not None:
-                    countdown = times.countdown - 1
-                    if countdown and end_ns - start_ns <= times.slow_ns:
-                        # a common request: its row, no record
-                        times.countdown = countdown
-                        if (decoded_ns >= handle.io_next_ns and handle.keep_io
+                    draw = self.draw(times, end_ns - start_ns)
+                    if draw is None:  # a common request: its row, no record
+                        if (handle.keep_io and decoded_ns >= handle.io_next_ns
                                 and handle.sample_due(decoded_ns)):
                             times.samples += (inputs, outputs)  # the windows' sample
                         times.times += (start_ns, decoded_ns, inferred_ns, end_ns, rows)
                         return None
-                    # the head sample was drawn here (tracing keeps a slow one whatever)
-                    times.countdown = countdown or times.gap()
-                    draw = not countdown
             record = self.record(handle, request_id, traceparent, rows, start_ns, decoded_ns)
             record.spans.append((INFERENCE, decoded_ns, inferred_ns))
             record.trace_keep = draw  # drawn here, or left to tracing
@@ -204,7 +193,7 @@ class RequestEnd:
         record.status = status
         record.end_ns = perf_ns() if end_ns is None else end_ns  # record.finish, inline
         observers = self._observers
-        if not observers.observed:  # (the attribute: ``bool(observers)`` is a call)
+        if not observers:
             return None
         flat = self._flat
         if flat is not None and status == "ok" and flat.keep(record):
