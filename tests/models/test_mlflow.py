@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,22 @@ mlflow = pytest.importorskip("mlflow")
 pd = pytest.importorskip("pandas")
 
 COLUMNS = ["amount", "age", "score"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _uris_stay_in_this_module() -> Iterator[None]:
+    """``mlflow.set_tracking_uri``/``set_registry_uri`` also set ``MLFLOW_TRACKING_URI`` and
+    ``MLFLOW_REGISTRY_URI`` in ``os.environ``, for child processes: they are put back after this
+    module, or the children of a later test on this worker register into its store (the
+    ``mlflow.sklearn.log_model`` of docs/models.md did, and the page's own store stayed empty)."""
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _rows(n: int = 60) -> tuple[np.ndarray, np.ndarray]:
