@@ -185,11 +185,15 @@ def test_the_top_level_help_teaches_the_one_shape(capsys) -> None:
     assert adds and all(" -m " in line for line in adds)
 
 
-def test_ingest_http_old_port_option_still_works() -> None:
+def test_ingest_http_takes_its_port_as_http_port_only() -> None:
+    import click
+
     from redline.commands.ingest import ingest_http
 
-    ctx = ingest_http.make_context("http", ["--port", "9999"])
-    assert ctx.params["legacy_port"] == 9999 and ctx.params["port"] is None
+    ctx = ingest_http.make_context("http", ["--http-port", "9999"])
+    assert ctx.params["port"] == 9999
+    with pytest.raises(click.NoSuchOption):  # the old alias is gone: a clear refusal
+        ingest_http.make_context("http", ["--port", "9999"])
 
 
 SERVE_THREADS_PROBE = """
