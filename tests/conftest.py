@@ -400,8 +400,15 @@ def _suffix_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
 # The longest groups first: with two workers the run ends when the slower one does, and a long
 # group (a doc page, Spark's tests) drawn last leaves the other worker idle meanwhile. Each group's
 # seconds are kept in pytest's cache (.pytest_cache) from the last run that ran it; groups without
-# a measure go first, in pytest-xdist's own order (most tests first), as in a fresh clone.
+# a measure go first (the doc pages among them first: each is one test, so pytest-xdist's own
+# order, most tests first, would hand them out last), as in a fresh clone, CI's case.
 _GROUP_SECONDS = "redline/group-seconds"
+
+
+def _longest_first(group: str, last: dict[str, float]) -> tuple[int, float]:
+    if group in last:
+        return 1, -last[group]
+    return 0, 0.0 if group.startswith("page:") else 1.0
 
 
 def _group_of(nodeid: str) -> str:
@@ -425,7 +432,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if not self.ordered:  # the first assignment: the queue is complete
                 self.ordered = True
                 units = sorted(self.workqueue.items(),
-                               key=lambda unit: -last.get(unit[0], float("inf")))
+                               key=lambda unit: _longest_first(unit[0], last))
                 self.workqueue.clear()
                 self.workqueue.update(units)
             super()._assign_work_unit(node)
