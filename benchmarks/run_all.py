@@ -413,7 +413,7 @@ def _ray(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Outc
     report = runs[0]
     bound = report["p99_bound_ms"]
     peers = report["peers"]
-    rows = [_ray_row(name if name != "redline" else f"redline (beside {config})", r)
+    rows = [_ray_row(name if name != "redline" else f"redline (in turns with {config})", r)
             + [ray_mode(config) if name != "redline" else ""]
             for config, targets in peers.items() for name, r in targets.items()]
     s = report["summary"]

@@ -131,7 +131,7 @@ def _cells(line: str) -> list[str]:
 def _lead_and_rows(body: str) -> tuple[str, dict[str, list[str]]]:
     lead = next(line for line in body.splitlines() if line.startswith("Against Ray Serve"))
     rows = {_cells(line)[0]: _cells(line) for line in body.splitlines()
-            if line.startswith("| ray-serve ") or line.startswith("| redline (beside ")}
+            if line.startswith("| ray-serve ") or line.startswith("| redline (in turns with ")}
     return lead, rows
 
 
@@ -139,7 +139,7 @@ def _lead_matches_rows(lead: str, rows: dict[str, list[str]], bound: float) -> N
     config = re.search(r"best configuration in this run \(([^)]+)\)", lead)
     assert config, lead
     best = config.group(1)
-    peer, ours = rows[f"ray-serve {best}"], rows[f"redline (beside {best})"]
+    peer, ours = rows[f"ray-serve {best}"], rows[f"redline (in turns with {best})"]
     assert lead == run_all.ray_lead(best, peer, ours, bound)
     for i, where in ((1, "at c=1"), (3, "at c=8")):
         ratio = float(ours[i]) / float(peer[i])
