@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script, the repository root may not be on the path
@@ -547,24 +548,19 @@ def _graph(args: argparse.Namespace, command: list[str], runs: list[dict]) -> Ou
     return Outcome("graph", "\n".join(lines), [])
 
 
-def _python_plan(args: argparse.Namespace) -> list[str]:
-    return python_area.plan(PY, args.rounds, _scratch(python_area.RESULT))
+def _module_area(area: str, module: ModuleType) -> tuple[Callable[[argparse.Namespace], list[str]],
+                                                  Render]:
+    """An area whose module says its command (``plan``), result file (``RESULT``) and block
+    (``render``): ``python_area``, ``cascade_area``."""
+    def plan(args: argparse.Namespace) -> list[str]:
+        return module.plan(PY, args.rounds, _scratch(module.RESULT))  # type: ignore[no-any-return]
 
+    def render(args: argparse.Namespace, command: list[str],
+               runs: list[dict]) -> Outcome:  # type: ignore[type-arg]
+        body, targets = module.render(_stamp(args, command), runs[0])
+        return Outcome(area, body, targets)
 
-def _python_peers(args: argparse.Namespace, command: list[str],
-                  runs: list[dict]) -> Outcome:  # type: ignore[type-arg]
-    body, targets = python_area.render(_stamp(args, command), runs[0])
-    return Outcome("python-peers", body, targets)
-
-
-def _cascade_plan(args: argparse.Namespace) -> list[str]:
-    return cascade_area.plan(PY, args.rounds, _scratch(cascade_area.RESULT))
-
-
-def _cascade(args: argparse.Namespace, command: list[str],
-             runs: list[dict]) -> Outcome:  # type: ignore[type-arg]
-    body, targets = cascade_area.render(_stamp(args, command), runs[0])
-    return Outcome("cascade", body, targets)
+    return plan, render
 
 
 AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
@@ -579,8 +575,8 @@ AREAS: dict[str, tuple[Callable[[argparse.Namespace], list[str]], Render]] = {
     "graph": (_graph_plan, _graph),
     "feast-offline": (_feast_offline_plan, _feast_offline),
     "recommend-ray": (_ray_plan, _ray),
-    "python-peers": (_python_plan, _python_peers),
-    "cascade": (_cascade_plan, _cascade),
+    "python-peers": _module_area("python-peers", python_area),
+    "cascade": _module_area("cascade", cascade_area),
 }
 
 _RATIO_NAMES = {

@@ -103,29 +103,38 @@ def bench(port: int, api: str, seconds: float) -> None:
 
 class CpuTrace:
     """A server's CPU seconds read every ``SAMPLE_S`` on a thread, so the CPU spent between
-    two wall-clock instants can be read afterwards (linear between two samples)."""
+    two wall-clock instants can be read afterwards (linear between two samples). A subclass
+    reads something else with ``read`` (``thread_cpu.py``: every thread's)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.samples: list[tuple[float, float]] = [(time.time(), cpu_seconds(pid))]
+        self.samples: list[tuple[float, Any]] = [(time.time(), self.read(pid))]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def read(self, pid: int) -> Any:
+        return cpu_seconds(pid)
+
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
-            self.samples.append((time.time(), cpu_seconds(self.pid)))
+            self.samples.append((time.time(), self.read(self.pid)))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append((time.time(), cpu_seconds(self.pid)))
+        self.samples.append((time.time(), self.read(self.pid)))
 
-    def at(self, when: float) -> float:
+    def around(self, when: float) -> tuple[Any, Any, float]:
+        """The samples either side of ``when`` and how far between them it lies (0 to 1)."""
         times = [t for t, _ in self.samples]
         i = min(max(bisect.bisect_left(times, when), 1), len(times) - 1)
-        (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
-        return c0 + (c1 - c0) * min(max((when - t0) / max(t1 - t0, 1e-9), 0.0), 1.0)
+        (t0, before), (t1, after) = self.samples[i - 1], self.samples[i]
+        return before, after, min(max((when - t0) / max(t1 - t0, 1e-9), 0.0), 1.0)
+
+    def at(self, when: float) -> Any:
+        before, after, f = self.around(when)
+        return before + (after - before) * f
 
 
 def quiesce(servers: dict[str, Server], most_s: float = 3.0) -> None:

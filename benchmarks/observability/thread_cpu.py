@@ -3,10 +3,11 @@ monitoring on against off, in the turns ``capacity.py`` takes.
 
 ``capacity.py`` reads a server's CPU time as a whole (utime + stime, every thread). This reads
 each thread's own from ``/proc/PID/task/TID/schedstat`` (nanoseconds on the CPU, nanoseconds
-waiting on the run queue, and how many times it was put on a CPU) every ``SAMPLE_S`` while the
-client runs, and takes the client's measured window (``window_unix``) as ``capacity.py`` does.
-Threads are named from a ``py-spy dump`` of each server after the settle (``py-spy`` in the
-environment; without it, by thread id, the main thread being the event loop's).
+waiting on the run queue, and how many times it was put on a CPU) as often as ``capacity.py``
+reads the whole while the client runs, and takes the client's measured window
+(``window_unix``) as ``capacity.py`` does. Threads are named from a ``py-spy dump`` of each
+server after the settle (``py-spy`` in the environment; without it, by thread id, the main
+thread being the event loop's).
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/thread_cpu.py --rounds 4 --otlp
 """
@@ -14,7 +15,6 @@ environment; without it, by thread id, the main thread being the event loop's).
 from __future__ import annotations
 
 import argparse
-import bisect
 import re
 import shutil
 import statistics
@@ -25,10 +25,17 @@ import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from benchmarks.observability.capacity import Server, answered, bench, bench_proc, quiesce, start
+from benchmarks.observability.capacity import (
+    CpuTrace,
+    Server,
+    answered,
+    bench,
+    bench_proc,
+    quiesce,
+    start,
+)
 from benchmarks.observability.overhead import Collector
 
-SAMPLE_S = 0.02
 Sample = dict[int, tuple[int, int, int]]  # tid -> (run ns, run-queue wait ns, timeslices)
 
 
@@ -43,30 +50,14 @@ def read_threads(pid: int) -> Sample:
     return out
 
 
-class ThreadTrace:
-    """Every thread's schedstat, read every ``SAMPLE_S`` on a thread of this process."""
+class ThreadTrace(CpuTrace):
+    """Every thread's schedstat, sampled as ``CpuTrace`` samples the whole server's CPU."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.samples: list[tuple[float, Sample]] = [(time.time(), read_threads(pid))]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self.samples.append((time.time(), read_threads(self.pid)))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.samples.append((time.time(), read_threads(self.pid)))
+    def read(self, pid: int) -> Sample:
+        return read_threads(pid)
 
     def at(self, when: float) -> dict[int, tuple[float, float, float]]:
-        times = [t for t, _ in self.samples]
-        i = min(max(bisect.bisect_left(times, when), 1), len(times) - 1)
-        (t0, a), (t1, b) = self.samples[i - 1], self.samples[i]
-        f = min(max((when - t0) / max(t1 - t0, 1e-9), 0.0), 1.0)
+        a, b, f = self.around(when)
         out = {}
         for tid, after in b.items():
             before = a.get(tid, (0, 0, 0))
