@@ -65,8 +65,7 @@ _half_s = 0.0
 _started = 0.0
 _looked_at = 0.0
 _waited_ns: int | None = None
-_armed = False  # an alarm is pending (armed by this module, not yet fired)...
-_fires_at = 0.0  # ...at this time
+_fires_at = math.inf  # when the pending alarm fires (inf: none pending)
 
 
 class RanTooLong(BaseException):
@@ -85,22 +84,22 @@ def run_queue_wait_ns() -> int | None:
 
 
 def _arm(seconds: float) -> None:
-    global _armed, _fires_at
-    _armed, _fires_at = True, now() + seconds
+    global _fires_at
+    _fires_at = now() + seconds
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def disarm() -> None:
     """Cancel a pending alarm (before handing SIGALRM to another owner)."""
-    global _armed
-    _armed = False
+    global _fires_at
+    _fires_at = math.inf
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
     """Stop the run once its own time is up (see the module doc); else look again later."""
-    global _armed, _looked_at, _waited_ns
-    _armed = False
+    global _fires_at, _looked_at, _waited_ns
+    _fires_at = math.inf
     if not _active:
         return  # armed for a run that has ended: lapse until the next run arms it
     t = now()
@@ -113,7 +112,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
         _arm(_half_s)
         return
     waited = run_queue_wait_ns() if _waited_ns is not None else None
-    held = t - _looked_at + _half_s  # since the run started
+    held = t - _started
     if waited is not None and held < MAX_HELD * 2 * _half_s:
         own = (t - _looked_at) - (waited - _waited_ns) / 1e9  # type: ignore[operator]
         if own < OWN_SHARE * _half_s:
@@ -167,7 +166,7 @@ class InlineGuard:
         global _active, _half_s, _started, _looked_at
         _half_s, _started, _looked_at = self.limit_s / 2, now(), 0.0
         _active = True  # after _started: an alarm from here on measures this run
-        if not _armed or _fires_at > _started + _half_s:  # none pending, or too late for us
+        if _fires_at > _started + _half_s:  # none pending, or one too late for this run
             _arm(_half_s)
         try:
             return fn(arg)
