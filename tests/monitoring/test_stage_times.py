@@ -353,8 +353,8 @@ class _Version:
 
 
 def test_every_v2_request_is_counted_once_flat_or_as_a_record() -> None:
-    """The V2 end's draw (the head sample, slow requests) and its series, taken inline:
-    through draws, slow requests and a rollout's observer coming and going, each request
+    """The V2 end's draw (the head sample, slow requests) and its series: through draws,
+    slow requests and a rollout's observer coming and going, each request
     leaves exactly one row or one record, and the sample keeps the ratio's share."""
     settings = Settings()
     settings.monitoring.trace_sample_ratio = 0.0
