@@ -35,19 +35,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script, the repository root may not be on the path
+from benchmarks.models.python_compare import free_port, http_ok  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "textclf"
 PY = sys.executable
 GRAPHS = {"cascade": "textclf", "logistic": "textclf_logistic", "mlp": "textclf_mlp"}
 CLASSES = ["billing", "shipping", "account", "technical"]
 BUDGET = {"x-redline-budget-ms": "1000", "content-type": "application/json"}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build(scratch: Path, tickets: int, hidden: int, threshold: float) -> tuple[Path, Path]:
@@ -75,16 +70,14 @@ def serve(repo: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
          "--http-port", str(port), "--no-grpc", "--no-watch", "--log-level", "warning"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "REDLINE_SCALING__WORKERS": "1"})
-    import httpx
-
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
+            if http_ok(port, "/v2/health/ready"):
                 return proc
-        except httpx.HTTPError:
+        except OSError:  # not listening yet (urllib's errors are OSErrors)
             pass
         time.sleep(0.3)
     proc.kill()
