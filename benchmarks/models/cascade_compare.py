@@ -1,15 +1,15 @@
 """A cascade against the costly model alone: examples/textclf's graphs, served and replayed.
 
 The text classifier (``examples/textclf``) is generated and trained in a scratch folder with an
-MLP large enough to cost something (``--hidden``, 2,048 units a layer: ~6 M multiply-adds a
-row; the table shows what that costs served, against the logistic model alone), and its three
-graphs are added to one repository: the cascade (``textclf``: the logistic model answers when
-its top probability reaches ``--threshold``, else the MLP), and each model alone
-(``textclf_logistic``, ``textclf_mlp``), each behind the same Python featurizer and label step. ``redline serve`` (one worker) runs on CPU 0,
-the load on CPU 1. Each round sends every held-out ticket once to each graph, closed loop at each
-``--concurrency``, the graphs in a rotating order; per graph and concurrency it keeps the
-accuracy, p50 and p99 of the round trip and, for the cascade, the share of tickets each step
-answered (its ``answered_by`` output).
+MLP large enough to cost something (``--hidden``, 2,048 units a layer: ~6 M multiply-adds a row;
+the table shows what that costs served, against the logistic model alone), and its three graphs
+are added to one repository: the cascade (``textclf``: the logistic model answers when its top
+probability reaches ``--threshold``, else the MLP), and each model alone (``textclf_logistic``,
+``textclf_mlp``), each behind the same Python featurizer and label step. ``redline serve`` (one
+worker) runs on CPU 0, the load on CPU 1. Each round sends every held-out ticket once to each
+graph, closed loop at each ``--concurrency``, the graphs in a rotating order; per graph and
+concurrency it keeps the accuracy, p50 and p99 of the round trip and, for the cascade, the share
+of tickets each step answered (its ``answered_by`` output).
 
 Why a threshold of 0.97 and not the example's 0.9: with this MLP the logistic model is sure and
 wrong on a few more of the ambiguous tickets, so 0.9 costs about a point of accuracy; 0.97 keeps
