@@ -24,6 +24,10 @@ Before measuring, every API is driven for ``--settle`` seconds: a new version's 
 for its predictions are calibrated once its first window of predictions fills (a one-off piece
 of work that does not belong in a measurement of steady serving).
 
+``--variant NAME:K=V`` adds a monitored server with settings of its own (environment variables;
+an empty value unsets one), each against "off" in the same rounds: what one part of monitoring
+costs, e.g. the trace export (``notrace:REDLINE_MONITORING__OTLP_ENDPOINT=``).
+
 ``--together`` drives the servers at once instead: on a busy machine the noise then lands on
 all of them within the same seconds, each getting a share of what is left.
 
@@ -59,16 +63,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(monitoring: bool, otlp: str | None = None, trace_ratio: float | None = None
-          ) -> Server:
-    port = free_port()
-    env = {**os.environ}
+def server_env(monitoring: bool, otlp: str | None = None, trace_ratio: float | None = None,
+               settings: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a server starts with: monitoring off, or on with the trace export at
+    ``otlp`` and ``settings`` (a ``--variant``'s: an empty value unsets that variable)."""
+    settings = settings or {}
+    env = {**os.environ, **settings}
     if not monitoring:
         env["REDLINE_MONITORING__ENABLED"] = "false"
-    if otlp:
+    if otlp and "REDLINE_MONITORING__OTLP_ENDPOINT" not in settings:
         env["REDLINE_MONITORING__OTLP_ENDPOINT"] = otlp
     if trace_ratio is not None:
         env["REDLINE_MONITORING__TRACE_SAMPLE_RATIO"] = str(trace_ratio)
+    return {key: value for key, value in env.items() if value or key not in settings}
+
+
+def start(monitoring: bool, otlp: str | None = None, trace_ratio: float | None = None,
+          settings: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    env = server_env(monitoring, otlp, trace_ratio, settings)
     proc = subprocess.Popen(
         [sys.executable, "-m", "redline.cli", "serve", "--config", str(DEMO / "redline.yaml"),
          "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
@@ -182,6 +195,11 @@ def main() -> None:
     parser.add_argument("--traces-100", action="store_true",
                         help="also a monitored server that keeps and exports every request's "
                              "spans (trace_sample_ratio 1.0; with --otlp)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:K=V[,K=V]",
+                        help="also a monitored server with these environment settings, to see "
+                             "what one part costs, e.g. 'notrace:REDLINE_MONITORING__OTLP_"
+                             "ENDPOINT=' (no trace export) or 'tick5:REDLINE_MONITORING__TICK_S=5'"
+                             "; repeatable")
     parser.add_argument("--together", action="store_true",
                         help="drive the servers at once instead of in turns: on a busy machine "
                              "all of them then meet the same noise")
@@ -200,6 +218,10 @@ def main() -> None:
     servers = {"off": start(False), "on": start(True, otlp)}
     if args.traces_100:
         servers["traces_100"] = start(True, otlp, trace_ratio=1.0)
+    for variant in args.variant:
+        name, _, pairs = variant.partition(":")
+        settings = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+        servers[name] = start(True, otlp, settings=settings)
     settle_until = time.monotonic() + args.settle
     while time.monotonic() < settle_until:  # traffic fills the windows: calibrations happen now
         for api in apis:

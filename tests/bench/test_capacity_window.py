@@ -1,6 +1,6 @@
 """The capacity benchmark counts a server's CPU over the client's measured seconds only: the
 CPU trace read between two instants, and a process that burns CPU only outside the window
-charged nothing inside it."""
+charged nothing inside it. Its variants start servers with their own settings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks.observability.capacity import CpuTrace
+from benchmarks.observability.capacity import CpuTrace, server_env
 
 
 def test_cpu_between_two_instants_is_read_from_the_samples() -> None:
@@ -31,3 +31,15 @@ def test_work_outside_the_window_is_not_counted() -> None:
     trace.stop()
     assert trace.at(end) - trace.at(start) < 0.1
     assert trace.at(start) - trace.at(trace.samples[0][0]) > 0.1  # a shared core: not all of 0.3 s
+
+
+def test_a_variant_sets_and_unsets_settings_of_its_own() -> None:
+    otlp = "http://127.0.0.1:9/v1/traces"
+    on = server_env(True, otlp)
+    assert on["REDLINE_MONITORING__OTLP_ENDPOINT"] == otlp
+    assert "REDLINE_MONITORING__ENABLED" not in on
+    assert server_env(False)["REDLINE_MONITORING__ENABLED"] == "false"
+    quiet = server_env(True, otlp, settings={"REDLINE_MONITORING__OTLP_ENDPOINT": "",
+                                             "REDLINE_MONITORING__TICK_S": "5"})
+    assert "REDLINE_MONITORING__OTLP_ENDPOINT" not in quiet  # no trace export
+    assert quiet["REDLINE_MONITORING__TICK_S"] == "5"
