@@ -215,11 +215,14 @@ def run_page(page: Path, rel: str, cwd: Path, env: dict[str, str], ports: dict[i
     try:
         if needs_server(runnable) and not starts_server(runnable):
             watch_file(scratch / "server.log", f"{rel}: the demo server")
+            ready = f"127.0.0.1:{ports[8000]}/v2/health/ready"
             out, problem = shell.run(
                 f"redline serve --config {cwd_rel(cwd, env)}.redline/demo/redline.yaml "
                 f">{scratch}/server.log 2>&1 &\n"
-                f"curl -s -o /dev/null --retry 60 --retry-connrefused --retry-delay 1 "
-                f"127.0.0.1:{ports[8000]}/v2/health/ready", 90)
+                # polled every 0.1 s (curl's --retry-delay is whole seconds: up to one per page
+                # lost); the last try fails the shell (set -e) when it never got ready
+                f"for _ in $(seq 600); do curl -sf -o /dev/null {ready} && break; sleep 0.1; "
+                f"done\ncurl -sf -o /dev/null {ready}", 90)
             if problem:
                 log = (scratch / "server.log").read_text()[-3000:]
                 return failures + [f"{rel}: the demo server did not start: {problem}\n{log}"]
