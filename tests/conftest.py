@@ -61,19 +61,50 @@ REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
 
 
-_HANDED_OUT: set[int] = set()
+# Listening ports come from a block of this process's own, below the kernel's ephemeral range
+# (32768-60999 on Linux). A port the kernel hands out for a bind to port 0 is an ephemeral one:
+# between the pick and the server's bind, any client connection (the suite makes thousands) may
+# take it as its local port, and the other xdist worker may pick it too ("Address already in
+# use" in a server's log). Each xdist worker has its own block; within it a process starts at a
+# random place (two processes outside xdist, a benchmark beside a test run, rarely meet) and
+# goes round it, skipping ports something holds.
+PORT_BLOCK = 3000
+_FIRST_BLOCK = 17000  # blocks of 17000-31999: below the ephemeral range
+
+
+def _port_block(worker: str) -> range:
+    """The ports of xdist worker ``worker`` ("gw0", "gw1", ...; "" outside xdist)."""
+    index = int(worker[2:]) + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    start = _FIRST_BLOCK + index % 5 * PORT_BLOCK
+    return range(start, start + PORT_BLOCK)
+
+
+def _port_cycle() -> Iterator[int]:
+    import random
+
+    block = _port_block(os.environ.get("PYTEST_XDIST_WORKER", ""))
+    at = random.randrange(len(block))
+    while True:
+        yield block[at]
+        at = (at + 1) % len(block)
+
+
+_PORTS = _port_cycle()
 
 
 def free_port() -> int:
-    """A free port not handed out before in this session: the kernel may give the same free
-    port to two binds in a row (a test once got one port for both HTTP and gRPC)."""
-    while True:
+    """A free port from this process's block, none handed out again before the block's other
+    ports have been (the kernel may give one free port to two binds in a row: a test once got
+    one port for both HTTP and gRPC)."""
+    for _ in range(PORT_BLOCK):
+        port = next(_PORTS)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held by something (or lingering after a server of this suite)
+        return port
+    raise RuntimeError(f"no free port among {PORT_BLOCK} of this process's block")
 
 
 def free_cluster_port() -> int:
