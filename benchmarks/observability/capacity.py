@@ -78,6 +78,17 @@ def server_env(monitoring: bool, otlp: str | None = None, trace_ratio: float | N
     return {key: value for key, value in env.items() if value or key not in settings}
 
 
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``--variant``'s value, ``NAME:K=V[,K=V]``, as (name, settings)."""
+    name, _, rest = text.partition(":")
+    pairs = [pair for pair in rest.split(",") if pair]
+    if not name or not pairs or any("=" not in pair for pair in pairs):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME:K=V[,K=V], e.g. "
+            "'notrace:REDLINE_MONITORING__OTLP_ENDPOINT=' (an empty value unsets it)")
+    return name, dict(pair.split("=", 1) for pair in pairs)
+
+
 def start(monitoring: bool, otlp: str | None = None, trace_ratio: float | None = None,
           settings: dict[str, str] | None = None) -> Server:
     port = free_port()
@@ -195,7 +206,8 @@ def main() -> None:
     parser.add_argument("--traces-100", action="store_true",
                         help="also a monitored server that keeps and exports every request's "
                              "spans (trace_sample_ratio 1.0; with --otlp)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:K=V[,K=V]",
+    parser.add_argument("--variant", action="append", default=[], type=variant,
+                        metavar="NAME:K=V[,K=V]",
                         help="also a monitored server with these environment settings, to see "
                              "what one part costs, e.g. 'notrace:REDLINE_MONITORING__OTLP_"
                              "ENDPOINT=' (no trace export) or 'tick5:REDLINE_MONITORING__TICK_S=5'"
@@ -210,6 +222,11 @@ def main() -> None:
                         help="write the rounds and their summary here as JSON")
     args = parser.parse_args()
     apis = args.apis.split(",")
+    names = [name for name, _ in args.variant]
+    for name in names:
+        if name in ("off", "on", "traces_100") or names.count(name) > 1:
+            parser.error(f"--variant {name}: that name is taken (off, on, traces_100, or "
+                         "another variant); name it after what it changes, e.g. notrace")
     otlp = None
     if args.otlp or args.traces_100:
         collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
@@ -218,9 +235,7 @@ def main() -> None:
     servers = {"off": start(False), "on": start(True, otlp)}
     if args.traces_100:
         servers["traces_100"] = start(True, otlp, trace_ratio=1.0)
-    for variant in args.variant:
-        name, _, pairs = variant.partition(":")
-        settings = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+    for name, settings in args.variant:
         servers[name] = start(True, otlp, settings=settings)
     settle_until = time.monotonic() + args.settle
     while time.monotonic() < settle_until:  # traffic fills the windows: calibrations happen now

@@ -4,12 +4,13 @@ charged nothing inside it. Its variants start servers with their own settings.""
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
 import pytest
 
-from benchmarks.observability.capacity import CpuTrace, server_env
+from benchmarks.observability.capacity import CpuTrace, server_env, variant
 
 
 def test_cpu_between_two_instants_is_read_from_the_samples() -> None:
@@ -43,3 +44,22 @@ def test_a_variant_sets_and_unsets_settings_of_its_own() -> None:
                                              "REDLINE_MONITORING__TICK_S": "5"})
     assert "REDLINE_MONITORING__OTLP_ENDPOINT" not in quiet  # no trace export
     assert quiet["REDLINE_MONITORING__TICK_S"] == "5"
+
+
+def test_a_variant_is_read_or_refused_with_its_shape() -> None:
+    assert variant("notrace:REDLINE_MONITORING__OTLP_ENDPOINT=,A=1") == (
+        "notrace", {"REDLINE_MONITORING__OTLP_ENDPOINT": "", "A": "1"})
+    for bad in ("notrace", "notrace:", ":A=1", "x:A=1,B"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME:K=V"):
+            variant(bad)
+
+
+def test_a_variant_may_not_take_a_servers_name() -> None:
+    """Refused before any server starts: a variant named "on" would have replaced it."""
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "benchmarks/observability/capacity.py", "--variant",
+                          "on:REDLINE_MONITORING__TICK_S=5"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": "src:."})
+    assert got.returncode == 2 and "that name is taken" in got.stderr
