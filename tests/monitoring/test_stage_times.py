@@ -18,7 +18,7 @@ from redline.config import Settings
 from redline.monitoring.buckets import latency_buckets
 from redline.monitoring.metrics import RequestMetrics
 from redline.monitoring.slowlog import SlowLog
-from redline.monitoring.stage_times import NEVER, StageTimesBuffer, v2_record
+from redline.monitoring.stage_times import NEVER, SPILL_ROWS, StageTimesBuffer, v2_record
 from redline.serving.observers import Observers
 from redline.serving.stages import RequestRecord
 from tests.monitoring.helpers import idle_monitor, record
@@ -179,6 +179,26 @@ def test_the_countdown_samples_each_request_with_the_ratio() -> None:
     assert StageTimesBuffer(sample_ratio=0.0).countdown == NEVER
 
 
+def test_spilled_times_are_taken_whole_and_in_order() -> None:
+    """The request path packs a buffer's ints every ``SPILL_ROWS`` requests: ``take`` returns
+    every request's integers once, in arrival order, whatever was packed and what was not."""
+    times = StageTimesBuffer(width=5)
+    assert times.spill_at == SPILL_ROWS * 5 and len(times.take()) == 0
+    sent: list[int] = []
+    for burst in (3 * SPILL_ROWS + 17, SPILL_ROWS, 0, 1):
+        for _ in range(burst):
+            row = [len(sent) * 10 + k for k in range(5)]
+            sent += row
+            times.times += row
+            if len(times.times) >= times.spill_at:
+                times.spill()
+        assert len(times.times) < times.spill_at and times.held() * 5 == len(sent)
+        got = times.take()
+        assert got.dtype == np.int64 and got.tolist() == sent
+        assert times.held() == 0 and len(times.take()) == 0
+        sent = []
+
+
 def test_flat_times_fold_into_the_same_metrics_as_their_records() -> None:
     rng = np.random.default_rng(2)
     buckets = latency_buckets([5.0])
@@ -315,6 +335,8 @@ def test_requests_that_arrive_while_the_tick_folds_are_counted_once() -> None:
         for _ in range(n):
             start = 1_000_000_000 + sent * 1000
             times.times += (start, start + 10, start + 20, start + 30, 1)
+            if len(times.times) >= times.spill_at:  # as the request path does
+                times.spill()
             sent += 1
 
     async def serve_meanwhile() -> None:
@@ -389,7 +411,7 @@ def test_every_v2_request_is_counted_once_flat_or_as_a_record() -> None:
         start = 1_000_000 * i
         end.answered(version, "", None, 1, None, None, start, start + 1000, start + 2000,
                      start + (60_000 if i % 97 == 0 else 3000))  # one in 97 slow
-    flat = len(times.times) // times.width
+    flat = times.held()
     monitor.drain()
     monitor.metrics.settle()
     series = monitor.metrics.series[("v2", "m", "1")]

@@ -11,6 +11,7 @@ import sys
 
 from redline.config import Settings
 from redline.monitoring.monitor import RecordFeed, ServerMonitor
+from redline.monitoring.stage_times import SPILL_ROWS
 from redline.serving.observers import Observers, StageTimesObserver, TracingObserver
 from redline.serving.request_end import RequestEnd
 from redline.serving.stages import NEVER, RequestRecord, v1_times
@@ -50,6 +51,24 @@ def test_a_common_v1_request_leaves_its_stage_times_not_its_record() -> None:
     assert feed.records == []
     times = feed.stage_series[("v1", "rest", "cards", "1")]
     assert times.countdown == NEVER - 1 and times.times == v1_times(record)
+
+
+def test_many_common_v1_requests_are_each_folded_once() -> None:
+    """Past ``SPILL_ROWS`` requests their rows are packed into arrays on the request path;
+    the fold still counts each request once, with its own stage times."""
+    feed, observers = monitored()
+    end = RequestEnd(observers, "v1", "rest", v1_times)
+    sent = 3 * SPILL_ROWS + 5
+    for _ in range(sent):
+        end.finish(v1_record())
+    times = feed.stage_series[("v1", "rest", "cards", "1")]
+    assert times.held() == sent and len(times.times) < times.spill_at
+    monitor = feed._monitor  # noqa: SLF001 - the feed's own monitor folds what it holds
+    assert monitor.drain() == sent
+    monitor.metrics.settle()
+    series = monitor.metrics.series[("v1", "cards", "1")]
+    assert sum(series.timings["total"].counts) == sent
+    assert sum(series.timings["decode"].counts) == sent
 
 
 def test_an_error_or_a_request_id_hands_the_record_over() -> None:

@@ -224,7 +224,7 @@ class ServerMonitor:
             self.tracing.fold(records)
 
     def fold_times(self, api: str, transport: str, model: str, version: str,
-                   flat: list[int]) -> None:
+                   flat: np.ndarray | list[int]) -> None:
         """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
         the slow log (traces and windows want none of them: not kept, not sampled)."""
         times = np.asarray(flat, dtype=np.int64).reshape(-1, WIDTH[api])
@@ -246,7 +246,7 @@ class ServerMonitor:
         done = len(records)
         for (api, transport, model, version), times in list(self.feed.stage_series.items()):
             flat = times.take()
-            if flat:
+            if len(flat):
                 self.fold_times(api, transport, model, version, flat)
                 done += len(flat) // times.width
             self._fold_samples(model, version, times)

@@ -3,6 +3,15 @@
 One per (model, version), handed out by the monitor's feed; the tick takes its integers and
 folds them into the metrics and the slow log (``ServerMonitor.fold_times``) with numpy, many
 requests at once. What a request leaves here and why: ``serving/stages.py``'s ``StageTimes``.
+
+Why the integers do not wait a whole tick as Python ints: a second of requests' ints (four or
+more new ones a request, megabytes at capacity) kept alive until the tick makes every
+allocation walk fresh memory, which pushes the request path's own working set (ONNX Runtime,
+numpy, the HTTP objects) out of the CPU's cache: at capacity, keeping them so cost 5-10% of
+a V2 or ``/v1`` request's CPU, spread over all the code it runs. So every ``SPILL_ROWS``
+requests the request path hands its list to ``spill()``, which packs it into one int64
+array; the ints die young, their memory is reused while it is still in cache
+(``benchmarks/observability/capacity.py``, docs/observability.md).
 """
 
 from __future__ import annotations
@@ -10,6 +19,8 @@ from __future__ import annotations
 import math
 import random
 import time
+
+import numpy as np
 
 NEVER = 1 << 62  # the serving side's ``stages.NEVER``: never reached
 FIELDS = 5  # start, decoded, inferred, end, rows (``stages.TIME_FIELDS``)
@@ -19,21 +30,25 @@ V1_STAGES = ("decode", "features", "sessions", "admission", "query", "retrieve",
              "inference", "rules")
 V1_FIELDS = 5 + len(V1_STAGES)  # ``stages.V1_TIME_FIELDS``
 WIDTH = {"v2": FIELDS, "v1": V1_FIELDS}  # integers a request, by API
+SPILL_ROWS = 256  # requests whose ints a buffer holds before packing them (module doc)
 
 
 class StageTimesBuffer:
-    """``times`` (``width`` integers a request), the trace threshold and the head-sample
-    countdown.
+    """``times`` (``width`` integers a request; packed by ``spill()`` once ``spill_at`` long),
+    the trace threshold and the head-sample countdown.
 
     The countdown is a geometric gap: each request is in the head sample with probability
     ``sample_ratio``, independently, as one random draw per request would give, for one integer
     decrement a request instead of a draw."""
 
-    __slots__ = ("times", "samples", "slow_ns", "countdown", "sample_ratio", "width")
+    __slots__ = ("times", "spill_at", "_packed", "samples", "slow_ns", "countdown",
+                 "sample_ratio", "width")
 
     def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0,
                  width: int = FIELDS) -> None:
         self.times: list[int] = []
+        self.spill_at = SPILL_ROWS * width  # the request path calls spill() at this length
+        self._packed: list[np.ndarray] = []  # earlier requests' ints, spilled
         # The monitoring windows' sample among these requests (``/v1``): inputs, outputs,
         # inputs, ... -- the arrays alone, so a sampled request needs no record either.
         self.samples: list[object] = []
@@ -63,13 +78,26 @@ class StageTimesBuffer:
             self.samples = []
         return samples
 
-    def take(self) -> list[int]:
-        """Every request's integers so far, oldest first: the list itself, a new one in its
-        place (on the loop's thread, as the request path that appends)."""
-        times = self.times
-        if times:
-            self.times = []
-        return times
+    def spill(self) -> None:
+        """Pack the ints in ``times`` into one int64 array and start a new list (called by the
+        request path when ``times`` reaches ``spill_at``)."""
+        self._packed.append(np.array(self.times, dtype=np.int64))
+        self.times = []
+
+    def held(self) -> int:
+        """How many requests' integers wait for the next ``take``."""
+        return (len(self.times) + sum(len(a) for a in self._packed)) // self.width
+
+    def take(self) -> np.ndarray:
+        """Every request's integers so far, oldest first, as one flat int64 array (empty:
+        none), the buffer emptied (on the loop's thread, as the request path that appends)."""
+        if self.times:
+            self.spill()
+        packed = self._packed
+        if not packed:
+            return np.empty(0, dtype=np.int64)
+        self._packed = []
+        return packed[0] if len(packed) == 1 else np.concatenate(packed)
 
 
 class FlatRecord:

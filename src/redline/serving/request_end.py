@@ -83,7 +83,10 @@ class FlatTimes(FlatSeries):
         if draw is None:
             if record.inputs is not None and record.path == "primary":
                 times.samples += (record.inputs, record.outputs)  # the windows' sample
-            times.times += self._row(record)
+            row = times.times
+            row += self._row(record)
+            if len(row) >= times.spill_at:
+                times.spill()  # (why: monitoring/stage_times.py)
             return True
         record.trace_keep = draw
         return False
@@ -132,7 +135,10 @@ class V2End(FlatSeries):
                         if (handle.keep_io and decoded_ns >= handle.io_next_ns
                                 and handle.sample_due(decoded_ns)):
                             times.samples += (inputs, outputs)  # the windows' sample
-                        times.times += (start_ns, decoded_ns, inferred_ns, end_ns, rows)
+                        flat = times.times
+                        flat += (start_ns, decoded_ns, inferred_ns, end_ns, rows)
+                        if len(flat) >= times.spill_at:
+                            times.spill()  # (why: monitoring/stage_times.py)
                         return None
             record = self.record(handle, request_id, traceparent, rows, start_ns, decoded_ns)
             record.spans.append((INFERENCE, decoded_ns, inferred_ns))

@@ -171,11 +171,15 @@ class StageTimes(Protocol):
     The request path asks two things of it: ``slow_ns`` (a request slower than this is kept for
     its trace, so it gets a record) and ``countdown`` (requests left until the next one in the
     trace head sample, counted down by the request path; when it reaches zero the request is
-    in the sample and ``gap()`` draws the next countdown)."""
+    in the sample and ``gap()`` draws the next countdown). When ``times`` reaches ``spill_at``
+    integers it calls ``spill()``, which packs them (why: ``monitoring/stage_times.py``)."""
 
     times: list[int]
+    spill_at: int
     samples: list[Any]
     slow_ns: int
     countdown: int
 
     def gap(self) -> int: ...
+
+    def spill(self) -> None: ...

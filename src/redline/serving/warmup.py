@@ -102,11 +102,15 @@ class _Unread:
 
     def __init__(self) -> None:
         self.times: list[int] = []
+        self.spill_at = 4096
         self.samples: list[Any] = []
         self.slow_ns = self.countdown = NEVER
 
     def gap(self) -> int:
         return NEVER
+
+    def spill(self) -> None:
+        self.times = []
 
 
 class _Listener(uvicorn.Server):
