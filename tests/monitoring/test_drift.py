@@ -75,6 +75,32 @@ def test_missing_and_out_of_range_rates(profile: dict) -> None:
     assert age["out_of_range_rate"] == pytest.approx(0.1) and "out_of_range_rate" in age["beyond"]
 
 
+def test_each_feature_reads_as_if_reported_alone(profile: dict) -> None:
+    """The report sorts every feature's window at once (few numpy calls, see ``report``):
+    non-finite values of one feature must not shift another's, and each feature's rates and
+    statistics are those of its own finite values, computed straight from its reference."""
+    rng = np.random.default_rng(12)
+    live = data(rng, 3000)
+    live[rng.random(3000) < 0.15, 0] = np.nan
+    live[rng.random(3000) < 0.05, 1] = np.inf
+    live[rng.random(3000) < 0.05, 1] = -np.inf
+    live[rng.random(3000) < 0.1, 1] = 1e6  # out of range, finite
+    live[rng.random(3000) < 0.2, 2] = np.nan
+    monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=5000, min_rows=100)
+    monitor.add(live, None)
+    r = monitor.report()
+    for i, f in enumerate(r["features"]):
+        ref = monitor.references[i]
+        finite = live[:, i][np.isfinite(live[:, i])]
+        outside = np.count_nonzero((finite < ref.lo) | (finite > ref.hi)) / finite.size
+        assert f["rows"] == 3000
+        assert f["missing_rate"] == round(1 - finite.size / 3000, 4)
+        assert f["out_of_range_rate"] == round(outside, 4)
+        alone = {k: round(v, 5) for k, v in ref.statistics(finite).items()}
+        assert f["statistics"] == alone, f["feature"]
+    assert r["features"][1]["out_of_range_rate"] > 0.05  # the check above saw real outliers
+
+
 def test_window_is_bounded_and_small_windows_never_alarm(profile: dict) -> None:
     monitor = DriftMonitor("m", "1", profile, NAMES, window_rows=1000, min_rows=200)
     rng = np.random.default_rng(10)

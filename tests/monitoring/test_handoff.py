@@ -102,8 +102,8 @@ def test_a_tick_hands_the_loop_a_turn_between_features_and_record_slices(monkeyp
                 units.append((name, start, turns.count))
         return wrapper
 
-    monkeypatch.setattr(drift_module.DriftMonitor, "_feature",
-                        counted("feature", drift_module.DriftMonitor._feature))
+    monkeypatch.setattr(drift_module.DriftMonitor, "_one",  # a feature's (or the prediction's)
+                        counted("feature", drift_module.DriftMonitor._one))
     windows_cls = type(monitor.windows)
     monkeypatch.setattr(windows_cls, "_absorb_version",
                         counted("absorb", windows_cls._absorb_version))
@@ -120,7 +120,8 @@ def test_a_tick_hands_the_loop_a_turn_between_features_and_record_slices(monkeyp
     asyncio.run(main())
     kinds = [u[0] for u in units]
     assert kinds.count("absorb") >= 1000 // 128  # the second's records, in slices
-    assert kinds.count("feature") == FEATURES
+    drift = monitor.windows.drift[("m", "1")]
+    assert kinds.count("feature") == FEATURES + (drift.prediction_ref is not None)
     for before, after in zip(units, units[1:], strict=False):
         assert after[1] > before[2], (before, after)  # the loop ran in between
     report = monitor.drift_reports[("m", "1")]

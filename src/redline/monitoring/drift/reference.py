@@ -113,13 +113,14 @@ class FeatureReference:
         ref = self.reference_quantiles()
         return float(np.mean(np.abs(live - ref)) / self.scale)
 
-    def statistics(self, x: np.ndarray) -> dict[str, float]:
-        """PSI, JS and (numeric) Wasserstein of finite live values ``x`` against the reference.
+    def statistics(self, x: np.ndarray, presorted: bool = False) -> dict[str, float]:
+        """PSI, JS and (numeric) Wasserstein of finite live values ``x`` against the reference
+        (``presorted``: ``x`` is already sorted ascending).
 
         A numeric feature's values are sorted once: its bin shares are then a search of each
         bin edge in them, its Wasserstein quantiles read off them (``sorted_quantiles``)."""
         if self.kind == "numeric":
-            ordered = np.sort(x)
+            ordered = x if presorted else np.sort(x)
             # values below each inner edge: a value equal to an edge is in the bin above it,
             # as ``shares``' searchsorted(side="right") places it
             below = np.searchsorted(ordered, self.inner_edges, side="left")
