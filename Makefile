@@ -39,16 +39,20 @@ services:
 demo: $(VENV)/.demo-installed
 	$(PY) -m redline.demo
 
-# Two workers, a test file (or a doc page: tests/conftest.py's groups) each at a time: most tests
-# wait on servers and child processes, so the suite's wall time nearly halves on two cores
-# (PYTEST_WORKERS=0 runs it in one process).
-PYTEST_WORKERS ?= 2
+# Three workers, a test file (or a doc page: tests/conftest.py's groups) each at a time: many
+# tests wait on servers and child processes, so a third worker fills two cores' idle time
+# (PYTEST_WORKERS=0 runs it in one process). Bytecode is kept even where the environment says
+# PYTHONDONTWRITEBYTECODE: the suite starts hundreds of Python processes (servers, the CLI, doc
+# blocks), each of which would compile redline's modules anew, and every worker would rewrite
+# every test module's asserts (~10 s of CPU a worker). README.md, "Development".
+PYTEST_WORKERS ?= 3
+KEEP_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 test: $(VENV)/.dev-installed services
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(KEEP_BYTECODE) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The unit and in-process tests, in about a minute and a half: no child servers, no doc pages.
 test-fast: $(VENV)/.dev-installed services
-	$(PY) -m pytest -q -m "not slow"
+	$(KEEP_BYTECODE) $(PY) -m pytest -q -m "not slow"
 
 # The comparisons of docs/performance.md, run and written into its tables (about ten minutes on
 # 2 cores). The peers run from environments of their own: `bash benchmarks/peers/setup.sh`

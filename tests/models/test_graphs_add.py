@@ -54,7 +54,9 @@ def add(capsys: pytest.CaptureFixture[str], tmp_path: Path, folder: Path,
                *extra)
 
 
-def test_a_graph_is_added_with_its_sample_run_and_runs(capsys, tmp_path) -> None:
+def test_a_graph_is_added_with_its_sample_run_and_runs(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # its folder gets no bytecode
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
     folder = graph(tmp_path, GOOD)
     code, _, err = add(capsys, tmp_path, folder, "--sample", str(tmp_path / "rows.npy"))
     assert code == 2 and "step 'pre' runs Python code (steps.py:pre)" in err
@@ -76,6 +78,8 @@ def test_a_graph_is_added_with_its_sample_run_and_runs(capsys, tmp_path) -> None
                          '{"raw": [[1, 1, 1, 1]]}')
     assert code == 0, err
     assert '"label": [1]' in out
+    assert not list(repo.version_dir("g", 1).rglob("__pycache__"))
+    assert not list(folder.rglob("__pycache__"))  # (the sample ran on a staged copy)
     (repo.version_dir("g", 1) / "steps.py").write_text(STEPS + "\n# changed\n")
     with pytest.raises(Exception, match="does not match its recorded sha256"):
         load_runner(repo, "g")

@@ -76,6 +76,30 @@ def test_a_folder_model_with_weights_a_module_and_strings(repo, tmp_path):
         session.close()
 
 
+def test_a_version_holds_only_its_files_where_python_writes_bytecode(repo, tmp_path,
+                                                                     monkeypatch):
+    """Importing model.py and its siblings (at add, in a worker process, and at load) writes
+    no ``__pycache__`` into the folder: a version keeps the files its checksums record."""
+    import sys
+
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # (workers inherit it)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    src = pm.folder_model(tmp_path / "scorer")
+    sample = {"x": np.eye(3, dtype=np.float32), "tag": np.array(["a", "b", "c"], dtype=object)}
+    for runtime in ("process", "thread"):
+        meta = repo.add_python(f"scorer-{runtime}", src, sample, trust_code=True,
+                               runtime=runtime)
+        folder = repo.version_dir(meta.name, 1)
+        session = load_runner(repo, meta.name, python_runtime=runtime)
+        try:
+            assert session.run(session.validate(sample))["score"].tolist() == [2.0, 4.0, 6.0]
+        finally:
+            session.close()
+        held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+        assert held == set(meta.extra["python"]["files"]) | {"metadata.json"}, held
+        assert repo.verify(meta.name).version == 1
+
+
 def test_signature_given_to_add_wins_over_none_declared(repo, tmp_path):
     meta = add(repo, tmp_path, pm.NO_SIGNATURE, inputs={"INPUT0": ("FP32", [-1, 16])},
                outputs=[{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}])

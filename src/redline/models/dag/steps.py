@@ -4,10 +4,8 @@ run, so both answer the same."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,13 @@ from redline.errors import InvalidInput, ModelError
 from redline.models.dag.spec import ANSWERED_BY, Step
 from redline.models.datatypes import V2_TO_NUMPY
 from redline.models.metadata import TensorSpec
-from redline.models.python.code import describe_failure, forget, user_traceback, where
+from redline.models.python.code import (
+    describe_failure,
+    forget,
+    import_from_folder,
+    user_traceback,
+    where,
+)
 from redline.models.python.contract import BrokenSignature, OutputCheck
 
 Arrays = dict[str, np.ndarray]
@@ -33,18 +37,9 @@ def import_function(folder: Path, function: str, label: str) -> StepFunction:
     path = folder / file
     if not path.is_file():
         raise InvalidInput(f"{label}: {path} does not exist; put {file} next to graph.yaml")
-    package_name = f"_redline_graph_{next(_counter)}"
-    package = types.ModuleType(package_name)
-    package.__path__ = [str(folder)]
-    sys.modules[package_name] = package
-    spec = importlib.util.spec_from_file_location(f"{package_name}.{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
     try:
-        spec.loader.exec_module(module)
+        module = import_from_folder(f"_redline_graph_{next(_counter)}", folder, path)
     except Exception as exc:  # noqa: BLE001 - the user's import may raise anything
-        forget(module)
         raise ModelError(f"{label}: cannot import {file}: {describe_failure(exc, folder)}; fix "
                          "the file", traceback=user_traceback(exc, folder)) from None
     found = getattr(module, name, None)

@@ -7,11 +7,14 @@ import is the user's to fix, and the traceback into redline's own frames would n
 
 The folder is imported as a package of its own under a unique name, so two versions of a model
 (loaded side by side during a hot swap) never share a module, and ``model.py`` can import its
-sibling files relatively (``from . import features``).
+sibling files relatively (``from . import features``). Nothing is written into the folder: no
+``__pycache__`` beside ``model.py`` or its siblings, so a version holds the files it was added
+with and their recorded checksums, whether or not Python writes bytecode where it runs.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import itertools
 import sys
@@ -88,24 +91,50 @@ def import_model(folder: Path) -> types.ModuleType:
     path = folder / ENTRY_FILE
     if not path.is_file():
         raise ModelError(f"{path} does not exist: a Python model version holds {ENTRY_FILE}")
-    package_name = f"{_PACKAGE_PREFIX}{next(_counter)}"
+    try:
+        return import_from_folder(f"{_PACKAGE_PREFIX}{next(_counter)}", folder, path)
+    except Exception as exc:  # noqa: BLE001 - the user's import may raise anything
+        raise ModelError(f"cannot import {path}: {describe_failure(exc, folder)}",
+                         traceback=user_traceback(exc, folder)) from None
+
+
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """A user's file loaded from its source, its bytecode never written beside it."""
+
+    def set_data(self, path: str, data: Any, *, _mode: int = 0o666) -> None:
+        return None  # (the one place a source loader writes: its bytecode cache)
+
+
+def _folder_finder(folder: Path) -> importlib.machinery.FileFinder:
+    return importlib.machinery.FileFinder(
+        str(folder),
+        (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+        (_SourceOnlyLoader, importlib.machinery.SOURCE_SUFFIXES),
+        (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES))
+
+
+def import_from_folder(package_name: str, folder: Path, path: Path) -> types.ModuleType:
+    """``path`` (a file of ``folder``) imported as ``package_name.<stem>``, ``folder`` being the
+    package, so the file imports its siblings relatively; no bytecode is written into the
+    folder, for the file or its siblings (the module doc). A failure forgets what it imported
+    and raises the user's exception."""
     package = types.ModuleType(package_name)
     package.__path__ = [str(folder)]
     package.__file__ = None
+    # the siblings are found through the import system's finder for the folder: this one's
+    sys.path_importer_cache[str(folder)] = _folder_finder(folder)
     sys.modules[package_name] = package
-    name = f"{package_name}.model"
-    spec = importlib.util.spec_from_file_location(name, path)
+    name = f"{package_name}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path,
+                                                  loader=_SourceOnlyLoader(name, str(path)))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - the user's import may raise anything
+    except BaseException:
         forget(module)
-        if not isinstance(exc, Exception):
-            raise
-        raise ModelError(f"cannot import {path}: {describe_failure(exc, folder)}",
-                         traceback=user_traceback(exc, folder)) from None
+        raise
     return module
 
 
