@@ -23,7 +23,7 @@ import pytest
 from tests.logwatch import WATCH, check_output, remove_logs, unexpected
 
 # OpenMP (LightGBM, PyTorch, XGBoost, scikit-learn) keeps idle threads spinning by default. With
-# pytest-xdist's two workers on two cores every parallel region is oversubscribed, and a thread
+# pytest-xdist's workers (three) on two cores every parallel region is oversubscribed, and a thread
 # spinning for its next task takes the core its partner needs to finish this one: LightGBM's
 # 100-tree ranker of the recommend example took 2-9 s with passive waits and 2-24 s without,
 # side by side on a busy machine. The same threads do the same work either way, so the results
@@ -428,8 +428,8 @@ def _suffix_group_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
             item._id = NodeId.parse(item.nodeid + suffix)
 
 
-# The longest groups first: with two workers the run ends when the slower one does, and a long
-# group (a doc page, Spark's tests) drawn last leaves the other worker idle meanwhile. Each group's
+# The longest groups first: the run ends when the slowest worker does, and a long
+# group (a doc page, Spark's tests) drawn last leaves the others idle meanwhile. Each group's
 # seconds are kept in pytest's cache (.pytest_cache) from the last run that ran it; groups without
 # a measure go first (the doc pages among them first: each is one test, so pytest-xdist's own
 # order, most tests first, would hand them out last), as in a fresh clone, CI's case.
