@@ -50,7 +50,7 @@ KEEP_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 test: $(VENV)/.dev-installed services
 	$(KEEP_BYTECODE) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
-# The unit and in-process tests, in about a minute and a half: no child servers, no doc pages.
+# The unit and in-process tests, in one and a half to two minutes: no child servers, no doc pages.
 test-fast: $(VENV)/.dev-installed services
 	$(KEEP_BYTECODE) $(PY) -m pytest -q -m "not slow"
 
