@@ -85,6 +85,12 @@ def test_a_version_holds_only_its_files_where_python_writes_bytecode(repo, tmp_p
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # (workers inherit it)
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     src = pm.folder_model(tmp_path / "scorer")
+    # a subpackage too, imported relatively from a sibling
+    (src / "scaling.py").write_text("from .helpers.factor import FACTOR\n\n\n"
+                                    "def scale(v):\n    return v * FACTOR\n")
+    (src / "helpers").mkdir()
+    (src / "helpers" / "__init__.py").write_text("")
+    (src / "helpers" / "factor.py").write_text("FACTOR = 2\n")
     sample = {"x": np.eye(3, dtype=np.float32), "tag": np.array(["a", "b", "c"], dtype=object)}
     for runtime in ("process", "thread"):
         meta = repo.add_python(f"scorer-{runtime}", src, sample, trust_code=True,

@@ -121,8 +121,11 @@ def import_from_folder(package_name: str, folder: Path, path: Path) -> types.Mod
     package = types.ModuleType(package_name)
     package.__path__ = [str(folder)]
     package.__file__ = None
-    # the siblings are found through the import system's finder for the folder: this one's
-    sys.path_importer_cache[str(folder)] = _folder_finder(folder)
+    # siblings and subpackages are found through the import system's finder for their folder:
+    # this one's, for the folder and every folder under it
+    for place in [folder, *(p for p in folder.rglob("*")
+                            if p.is_dir() and p.name != "__pycache__")]:
+        sys.path_importer_cache[str(place)] = _folder_finder(place)
     sys.modules[package_name] = package
     name = f"{package_name}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path,
