@@ -224,10 +224,10 @@ class ServerMonitor:
             self.tracing.fold(records)
 
     def fold_times(self, api: str, transport: str, model: str, version: str,
-                   flat: np.ndarray | list[int]) -> None:
+                   flat: np.ndarray) -> None:
         """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
         the slow log (traces and windows want none of them: not kept, not sampled)."""
-        times = np.asarray(flat, dtype=np.int64).reshape(-1, WIDTH[api])
+        times = flat.reshape(-1, WIDTH[api])
         if api == "v2":
             self.metrics.fold_times("v2", transport, model, version, times)
             self.slow.fold_times(times, times[:, 3] - times[:, 0],
