@@ -102,7 +102,7 @@ class _Unread:
 
     def __init__(self) -> None:
         self.times: list[int] = []
-        self.spill_at = 4096
+        self.spill_at = 4096  # nobody reads them: a spill only drops them (a bound)
         self.samples: list[Any] = []
         self.slow_ns = self.countdown = NEVER
 
