@@ -78,12 +78,22 @@ def test_budget_bounds_every_call(tmp_path: Path) -> None:
 
 
 def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: ignore[no-untyped-def]
-    """Both replicas answer 3% of calls a full second late; hedges after the p95 rescue them."""
-    proxies = [StragglerProxy(s.http_port, share=0.03, delay_s=1.0, seed=i).start()
+    """Both replicas answer 3% of calls a full second late; hedges after the p95 rescue them.
+
+    The client first learns its p95 from 60 calls without stragglers. (Learnt from the first
+    calls of a 3% tail, a p95 is itself a straggler's time whenever 5% of those few calls
+    straggled, about one run in five at 30 to 50 calls: then nothing is hedged until the next
+    recomputation. That is the estimate being right about the calls it saw, not hedging failing.)
+    """
+    proxies = [StragglerProxy(s.http_port, share=0.0, delay_s=1.0, seed=i).start()
                for i, s in enumerate(replicas)]
     try:
         client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=0.2,
                                 hedge_min_samples=30, budget_ms=5000)
+        for _ in range(60):
+            client.infer("affine", X)
+        for p in proxies:
+            p.share = 0.03
         waited = []
         for _ in range(400):
             start = time.monotonic()
@@ -95,11 +105,10 @@ def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: i
         for p in proxies:
             p.stop()
     assert sum(p.delayed for p in proxies) >= 5
-    assert stats.hedge_wins >= 1
+    assert stats.hedge_wins >= 3
     assert stats.hedges <= 0.2 * stats.requests + 1
-    # Calls before the client had 30 samples to take a p95 from may wait out a straggler; after
-    # that a straggler is hedged (only both replicas straggling at once, ~0.1%, still waits).
-    late = [w for w in waited[40:] if w >= 1.0]
+    # Every straggler is hedged; only both replicas straggling on one call (~0.1%) still waits.
+    late = [w for w in waited if w >= 1.0]
     assert len(late) <= 2, (late, stats)
 
 
