@@ -13,8 +13,11 @@ a call (``cpu``) and its on/off ratio per round are reported too. The windows' s
 in time and this loop is far faster than a served request: ``--emulate-rate R`` samples the
 share of requests a server at ``R`` req/s would. ``--demo`` builds both servers from the demo
 (``make demo`` first): ``/v1`` is then the fraud model with its features read from the
-preloaded store, V2 the breast-cancer model, as ``capacity.py`` serves them. No sockets, no
-other process: a tight-loop figure; ``capacity.py`` measures a served process at capacity.
+preloaded store, V2 the breast-cancer model, as ``capacity.py`` serves them. ``--api graph``:
+V2 requests to ``benchmarks/models/python_compare.py``'s three-step graph (a Python featurizer,
+an ONNX MLP, a Python post-step; a request the graph cannot answer on the spot is finished
+queued). No sockets, no other process: a tight-loop figure; ``capacity.py`` measures a served
+process at capacity.
 
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --rounds 21
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --api v1 --drain
@@ -22,6 +25,7 @@ other process: a tight-loop figure; ``capacity.py`` measures a served process at
         --calls 2000 --emulate-rate 1150
     PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --demo --api v1 \
         --tick --calls 1000 --emulate-rate 1150
+    PYTHONPATH=src:. .venv/bin/python benchmarks/observability/inline_cost.py --api graph --drain
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ PATH = "/v2/models/fraud/infer"
 HEADERS = [(b"host", b"x"), (b"content-type", b"application/json")]
 
 
-def _server(monitoring: bool, root: Path, window_rows_per_s: float | None = None) -> Any:
+def _server(monitoring: bool, root: Path, window_rows_per_s: float | None = None,
+            repository: Any = None) -> Any:
     from redline.assembly import build_server
     from redline.config import Settings
 
@@ -58,7 +63,36 @@ def _server(monitoring: bool, root: Path, window_rows_per_s: float | None = None
     if window_rows_per_s is not None:
         settings.monitoring.window_rows_per_s = window_rows_per_s
     settings.runtime.warmup_batch_sizes = [1]
-    return build_server(settings, make_repository(root))
+    return build_server(settings, repository if repository is not None
+                        else make_repository(root))
+
+
+GRAPH_PATH = "/v2/models/graph/infer"
+
+
+def _graph_repository(root: Path) -> Any:
+    """The three-step graph of ``benchmarks/models/python_compare.py`` (a Python featurizer,
+    an MLP in ONNX, a Python post-step), added as that benchmark adds it."""
+    import subprocess
+
+    from benchmarks.models.peer_apps import workload
+    from benchmarks.models.python_compare import _REDLINE_REPO
+    from redline.models import ModelRepository
+
+    files = root / "graph-files"
+    workload.write_files(files)
+    subprocess.run([sys.executable, "-c", _REDLINE_REPO, str(root / "repo"), str(files),
+                    "graph"], check=True, cwd=ROOT)
+    return ModelRepository(root / "repo")
+
+
+def _graph_bodies() -> list[bytes]:
+    from benchmarks.models.peer_apps import workload
+
+    rows = np.random.default_rng(0).random((64, workload.WIDTH), dtype=np.float32)
+    return [orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                      "shape": [1, workload.WIDTH], "data": r.tolist()}]})
+            for r in rows]
 
 
 DEMO = ROOT / ".redline" / "demo"
@@ -118,6 +152,9 @@ async def measure(rounds: int, calls: int, api: str = "v2",
     scratch = Path(tempfile.mkdtemp(prefix="redline-inline-"))
     if demo:
         servers = {"off": _demo_server(False), "on": _demo_server(True, window_rows_per_s)}
+    elif api == "graph":
+        servers = {name: _server(name == "on", scratch / name, window_rows_per_s,
+                                 _graph_repository(scratch / name)) for name in ("off", "on")}
     else:
         servers = {"off": _server(False, scratch / "off"),
                    "on": _server(True, scratch / "on", window_rows_per_s)}
@@ -136,6 +173,8 @@ async def measure(rounds: int, calls: int, api: str = "v2",
         v1_requests, v2_body = _demo_requests()
         bodies = [v2_body] * 64
         path = "/v2/models/breast_cancer/infer"
+    elif api == "graph":
+        bodies, path = _graph_bodies(), GRAPH_PATH
     from redline.serving.app import HttpRequest
 
     answered: list[int] = []
@@ -157,9 +196,15 @@ async def measure(rounds: int, calls: int, api: str = "v2",
         else:
             for i in range(calls):
                 t = time.perf_counter_ns()
-                app.infer_inline(path, HEADERS, bodies[i & 63], respond)
+                later = app.infer_inline(path, HEADERS, bodies[i & 63], respond)
+                if later is not None:  # queued (a graph's step kept off the loop): finish it
+                    await later({}, None, send)
                 waited += at[0] - t
         return waited
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            respond(message["status"], b"", [])
 
     if emulate_rate:
         # The windows' sample is paced in time; this loop runs requests far faster than a
@@ -215,7 +260,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--calls", type=int, default=4000, help="calls a round and server")
-    ap.add_argument("--api", choices=("v2", "v1"), default="v2")
+    ap.add_argument("--api", choices=("v2", "v1", "graph"), default="v2",
+                    help="graph: V2 requests to python_compare.py's three-step graph")
     ap.add_argument("--drain", action="store_true",
                     help="end each monitored round with the tick's fold, inside its time")
     ap.add_argument("--tick", action="store_true",

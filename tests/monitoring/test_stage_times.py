@@ -242,15 +242,27 @@ def test_the_slow_log_takes_the_slowest_flat_times_beside_records() -> None:
     assert slow[0]["stages_us"] == {"decode": 10, "inference": 5010, "encode": 10}
 
 
+def test_a_slow_graph_rows_entry_shows_the_steps_it_ran() -> None:
+    """A graph's row: the V2 fields, then each step's ns (-1: not run); its slow-log entry
+    lays the steps it ran end to end from the decode."""
+    steps = ("step:pre", "step:cheap", "step:sure")
+    row = [0, 10_000, 90_000, 100_000, 2, 30_000, 20_000, -1]
+    entry = v2_record("rest", "g", "1", row, steps=steps)
+    assert entry.spans == [("decode", 0, 10_000), ("step:pre", 10_000, 40_000),
+                           ("step:cheap", 40_000, 60_000), ("inference", 10_000, 90_000),
+                           ("encode", 90_000, 100_000)]
+    assert entry.timings_us()["total"] == 100
+
+
 def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:
     class Plain:
         def request_finished(self, record: object) -> None:
             pass
 
     class Keeps(Plain):
-        def stage_times(self, api: str, transport: str, model: str,
-                        version: str) -> StageTimesBuffer:
-            return StageTimesBuffer()
+        def stage_times(self, api: str, transport: str, model: str, version: str,
+                        steps: tuple[str, ...] = ()) -> StageTimesBuffer:
+            return StageTimesBuffer(steps=steps)
 
     assert Observers().stage_times is None
     assert Observers([Plain()]).stage_times is None

@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from redline.features.definitions import load_definitions
 from redline.models import ModelRepository
@@ -91,3 +92,14 @@ def test_v1_serves_a_graph_after_features(serve, repo_path, defs_path, tmp_path)
                 entities={"card_id": "g1"}, request={"amount": 120.0})]), timeout=10)
     assert reply.predictions[0].values[0] == pytest.approx(2 * (2 + 40 + 120 / 21 + 120),
                                                            rel=1e-5)
+    # Each step is a stage in /metrics too, for every request that ran it (the common ones
+    # included, which leave no record): the first and the two degraded requests ran lin.
+    deadline, ran = time.time() + 10, 0.0
+    while time.time() < deadline and ran < 3:  # the monitor folds on its tick
+        for family in text_string_to_metric_families(httpx.get(f"{server.http}/metrics").text):
+            if family.name == "redline_stage_duration_seconds":
+                ran = sum(s.value for s in family.samples if s.name.endswith("_count")
+                          and s.labels.get("stage") == "step:lin"
+                          and s.labels.get("model") == "cards_graph")
+        time.sleep(0.2)
+    assert ran >= 3

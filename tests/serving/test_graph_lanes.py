@@ -17,12 +17,15 @@ import pytest
 
 from redline.config import Settings
 from redline.models import ModelRepository
+from redline.monitoring.monitor import RecordFeed
+from redline.monitoring.stage_times import SPILL_ROWS
 from redline.serving.app import RestApp
 from redline.serving.dag import GraphHandle
 from redline.serving.deadline import LOW, now
 from redline.serving.observers import Observers
 from redline.serving.registry import ModelRegistry
 from redline.serving.stages import RequestRecord
+from tests.monitoring.helpers import idle_monitor
 from tests.serving.helpers import affine_model, lend_sigalrm
 
 pytestmark = pytest.mark.allow_log(r"graph 'every' step 'flaky' raised")
@@ -236,3 +239,76 @@ async def test_concurrent_requests_still_share_a_busy_steps_runs(
         assert [s for s in stages(record) if s.startswith("step:")] == [
             "step:pre", "step:slow", "step:double"]
 
+
+
+class _RecordsOnly:
+    """The monitor's feed behind an observer that keeps no stage times: every request then
+    hands over its record, as before graphs left rows."""
+
+    def __init__(self, feed: RecordFeed) -> None:
+        self.feed = feed
+
+    def request_finished(self, record: RequestRecord) -> None:
+        self.feed.request_finished(record)
+
+
+async def _send(app: RestApp, model: str, x: np.ndarray, request_id: str | None = None) -> int:
+    body = {"inputs": [{"name": "raw", "datatype": "FP32", "shape": list(x.shape),
+                        "data": x.ravel().tolist()}]}
+    if request_id is not None:
+        body["id"] = request_id
+    payload = orjson.dumps(body)
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(payload)).encode())]
+    statuses: list[int] = []
+    later = app.infer_inline(f"/v2/models/{model}/infer", headers, payload,
+                             lambda status, _body, _headers: statuses.append(status))
+    if later is not None:  # queued: the ASGI app finishes it
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(int(message["status"]))  # type: ignore[call-overload]
+
+        await later({}, None, send)  # type: ignore[arg-type]
+    return statuses[0]
+
+
+async def test_common_graph_requests_leave_rows_that_fold_as_their_records_did(
+        registry: ModelRegistry) -> None:
+    """Past a spill, on the spot and queued, with a cascade's step left out and requests that
+    must keep their record (degraded, named): each stage counts exactly the requests that ran
+    it, as when every request handed over its record."""
+    settings = Settings()
+    settings.monitoring.trace_sample_ratio = 0.0
+    rows_monitor, records_monitor = idle_monitor(settings), idle_monitor(settings)
+    apps = {"rows": RestApp(registry, registry.settings, Observers([rows_monitor.feed])),
+            "records": RestApp(registry, registry.settings,
+                               Observers([_RecordsOnly(records_monitor.feed)]))}
+    sure, unsure = np.ones((1, 4), np.float32), np.zeros((2, 4), np.float32)  # cheap answers / not
+    for app in apps.values():
+        for i in range(SPILL_ROWS + 40):
+            assert await _send(app, "every", sure if i % 3 else unsure) == 200
+        assert await _send(app, "every", -np.ones((1, 4), np.float32)) == 200  # degraded
+        assert await _send(app, "every", sure, request_id="r1") == 200
+        for _ in range(3):  # the slow step is stopped on the loop: the queued lane runs it
+            assert await _send(app, "slowchain", sure) == 200
+    kept = rows_monitor.feed.records
+    assert len(kept) == 2 and {r.path for r in kept} == {"fallback", "primary"}
+    assert rows_monitor.feed.stage_series[("v2", "rest", "every", "1")].held() == SPILL_ROWS + 40
+    assert rows_monitor.feed.stage_series[("v2", "rest", "slowchain", "1")].held() == 3
+    want = SPILL_ROWS + 40 + 2 + 3
+    assert rows_monitor.drain() == want
+    records_monitor.drain()  # (its feed folded most records as they came)
+    for monitor in (rows_monitor, records_monitor):
+        monitor.metrics.settle()
+    for model in ("every", "slowchain"):
+        rows = rows_monitor.metrics.series[("v2", model, "1")]
+        records = records_monitor.metrics.series[("v2", model, "1")]
+        assert rows.requests == records.requests
+        counts = {stage: sum(t.counts) for stage, t in rows.timings.items()}
+        assert counts == {stage: sum(t.counts) for stage, t in records.timings.items()}
+        assert counts["total"] == sum(rows.requests.values())
+    every = {s: sum(t.counts) for s, t in rows_monitor.metrics.series[("v2", "every", "1")]
+             .timings.items()}
+    unsure_sent = len([i for i in range(SPILL_ROWS + 40) if not i % 3])
+    assert every["step:sure"] == unsure_sent + 1  # + the degraded request's (x + 1 = 0)
+    assert every["step:cheap"] == every["step:pre"] == SPILL_ROWS + 40 + 2

@@ -157,12 +157,13 @@ class RequestMetrics:
                     series.feature_age.append(age)
 
     def fold_times(self, api: str, transport: str, model: str, version: str,
-                   times: np.ndarray) -> None:
+                   times: np.ndarray, steps: tuple[str, ...] = ()) -> None:
         """Common requests' flat stage times into their series, as ``fold`` does records.
 
         ``times``: one row a request, ``start, decoded, inferred, end, rows`` (``perf_ns``;
         ``serving/stages.py``'s ``StageTimes``): decode, inference, encode and the total, a
-        request answered ok on the primary path."""
+        request answered ok on the primary path; a graph's rows then the ns in each of its
+        ``steps`` (-1: not run)."""
         key = (api, model, version)
         series = self.series.get(key)
         if series is None:
@@ -172,6 +173,7 @@ class RequestMetrics:
             if stage not in series.timings:
                 series.timing(stage, n_bounds)
             series.timings[stage].pending_arrays.append(times[:, end] - times[:, begin])
+        self._fold_columns(series, times, steps)
         rkey = (transport, "primary", "ok")
         series.requests[rkey] = series.requests.get(rkey, 0) + len(times)
         series.rows_arrays.append(times[:, 4])
@@ -187,13 +189,7 @@ class RequestMetrics:
         if series is None:
             series = self.series[key] = _Series()
         n_bounds = len(self._bounds_ns)
-        for j, stage in enumerate(V1_STAGES, start=5):
-            spent = times[:, j]
-            spent = spent[spent >= 0]
-            if spent.size:
-                if stage not in series.timings:
-                    series.timing(stage, n_bounds)
-                series.timings[stage].pending_arrays.append(spent)
+        self._fold_columns(series, times, V1_STAGES)
         if TOTAL not in series.timings:
             series.timing(TOTAL, n_bounds)
         series.timings[TOTAL].pending_arrays.append(times[:, 1] - times[:, 0])
@@ -210,6 +206,18 @@ class RequestMetrics:
         room = self._recent_cap - len(series.feature_age)
         if ages.size and room > 0:
             series.feature_age.extend((ages[:room] / 1e9).tolist())
+
+    def _fold_columns(self, series: _Series, times: np.ndarray,
+                      stages: tuple[str, ...]) -> None:
+        """Columns 5, 6, ... of flat rows: the ns each request spent in ``stages`` (-1: not
+        passed), into those stages' timings."""
+        for j, stage in enumerate(stages, start=5):
+            spent = times[:, j]
+            spent = spent[spent >= 0]
+            if spent.size:
+                if stage not in series.timings:
+                    series.timing(stage, len(self._bounds_ns))
+                series.timings[stage].pending_arrays.append(spent)
 
     def settle(self) -> None:
         """Bucket what was folded since the last call: one ``searchsorted`` per stage."""

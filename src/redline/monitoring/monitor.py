@@ -119,14 +119,15 @@ class RecordFeed:
         # (api, transport, model, version) -> the flat buffer of its common requests
         self.stage_series: dict[tuple[str, str, str, str], StageTimesBuffer] = {}
 
-    def stage_times(self, api: str, transport: str, model: str,
-                    version: str) -> StageTimesBuffer:
+    def stage_times(self, api: str, transport: str, model: str, version: str,
+                    steps: tuple[str, ...] = ()) -> StageTimesBuffer:
         """The flat stage-times buffer of a version's common requests of ``api`` ("v2", "v1")
-        over ``transport`` (``serving/stages.py``'s ``StageTimes``), made at its first one."""
+        over ``transport`` (``serving/stages.py``'s ``StageTimes``), made at its first one;
+        a graph's V2 rows carry its ``steps``' ns too (a version's steps never change)."""
         key = (api, transport, model, version)
         times = self.stage_series.get(key)
         if times is None:
-            times = self.stage_series[key] = StageTimesBuffer(width=WIDTH[api])
+            times = self.stage_series[key] = StageTimesBuffer(width=WIDTH[api], steps=steps)
             self._monitor.tune(times, model)
         return times
 
@@ -224,14 +225,15 @@ class ServerMonitor:
             self.tracing.fold(records)
 
     def fold_times(self, api: str, transport: str, model: str, version: str,
-                   flat: np.ndarray) -> None:
-        """Common requests' flat stage times (``StageTimesBuffer.take``) into the metrics and
-        the slow log (traces and windows want none of them: not kept, not sampled)."""
-        times = flat.reshape(-1, WIDTH[api])
+                   flat: np.ndarray, steps: tuple[str, ...] = ()) -> None:
+        """Common requests' flat stage times (``StageTimesBuffer.take``; a graph's rows with
+        its ``steps``' ns) into the metrics and the slow log (traces and windows want none of
+        them: not kept, not sampled)."""
+        times = flat.reshape(-1, WIDTH[api] + len(steps))
         if api == "v2":
-            self.metrics.fold_times("v2", transport, model, version, times)
+            self.metrics.fold_times("v2", transport, model, version, times, steps)
             self.slow.fold_times(times, times[:, 3] - times[:, 0],
-                                 partial(v2_record, transport, model, version))
+                                 partial(v2_record, transport, model, version, steps=steps))
         else:
             self.metrics.fold_v1_times(transport, model, version, times)
             self.slow.fold_times(times, times[:, 1] - times[:, 0],
@@ -247,7 +249,7 @@ class ServerMonitor:
         for (api, transport, model, version), times in list(self.feed.stage_series.items()):
             flat = times.take()
             if len(flat):
-                self.fold_times(api, transport, model, version, flat)
+                self.fold_times(api, transport, model, version, flat, times.steps)
                 done += len(flat) // times.width
             self._fold_samples(model, version, times)
         return done
@@ -270,7 +272,8 @@ class ServerMonitor:
             flat = times.take()
             step = TIMES_SLICE * times.width
             for at in range(0, len(flat), step):  # (slices of the list taken: no shifting)
-                self.fold_times(api, transport, model, version, flat[at:at + step])
+                self.fold_times(api, transport, model, version, flat[at:at + step],
+                                times.steps)
                 await asyncio.sleep(0)
             done += len(flat) // times.width
             self._fold_samples(model, version, times)

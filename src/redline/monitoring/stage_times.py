@@ -42,17 +42,20 @@ class StageTimesBuffer:
     decrement a request instead of a draw."""
 
     __slots__ = ("times", "spill_at", "_packed", "samples", "slow_ns", "countdown",
-                 "sample_ratio", "width")
+                 "sample_ratio", "width", "steps")
 
     def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0,
-                 width: int = FIELDS) -> None:
+                 width: int = FIELDS, steps: tuple[str, ...] = ()) -> None:
         self.times: list[int] = []
         self.spill_at = SPILL_ROWS * width  # the request path calls spill() at this length
         self._packed: list[np.ndarray] = []  # earlier requests' ints, spilled
         # The monitoring windows' sample among these requests (``/v1``): inputs, outputs,
         # inputs, ... -- the arrays alone, so a sampled request needs no record either.
         self.samples: list[object] = []
-        self.width = width
+        self.width = width + len(steps)
+        # A graph's V2 rows: after the five fields, the ns in each of these stages
+        # (``step:<name>``, in the graph's order; -1: the request did not run it).
+        self.steps = steps
         self.slow_ns = slow_ns
         self.sample_ratio = sample_ratio
         self.countdown = self.gap()
@@ -129,12 +132,19 @@ class FlatRecord:
         return out
 
 
-def v2_record(transport: str, model: str, version: str, row: list[int]) -> FlatRecord:
-    """A V2 row (start, decoded, inferred, end, rows) as a slow-log entry."""
-    start, decoded, inferred, end, rows = row
-    return FlatRecord("v2", transport, model, version, start, end, rows,
-                      [("decode", start, decoded), ("inference", decoded, inferred),
-                       ("encode", inferred, end)])
+def v2_record(transport: str, model: str, version: str, row: list[int],
+              steps: tuple[str, ...] = ()) -> FlatRecord:
+    """A V2 row (start, decoded, inferred, end, rows, then a graph's ``steps``' ns) as a
+    slow-log entry; a graph's steps laid end to end from the decode, in the graph's order."""
+    start, decoded, inferred, end, rows = row[:FIELDS]
+    spans = [("decode", start, decoded)]
+    at = decoded
+    for stage, ns in zip(steps, row[FIELDS:], strict=True):
+        if ns >= 0:
+            spans.append((stage, at, at + ns))
+            at += ns
+    spans += [("inference", decoded, inferred), ("encode", inferred, end)]
+    return FlatRecord("v2", transport, model, version, start, end, rows, spans)
 
 
 def v1_record(transport: str, model: str, version: str, row: list[int]) -> FlatRecord:

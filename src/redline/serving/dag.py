@@ -46,7 +46,7 @@ from redline.serving.deadline import LOW, TIMER_SLACK_S, now
 from redline.serving.handle import ModelHandle
 from redline.serving.inline_guard import InlineGuard
 from redline.serving.predict.latency import LatencyWindow
-from redline.serving.stages import INFERENCE, RequestRecord, perf_ns
+from redline.serving.stages import INFERENCE, TIME_FIELDS, RequestRecord, perf_ns
 
 if TYPE_CHECKING:
     from redline.serving.registry import ModelRegistry
@@ -78,6 +78,8 @@ class GraphHandle(ModelHandle):
         self._p99 = {name: LatencyWindow(cfg.latency_window, cfg.latency_window_s,
                                          cfg.probe_interval_ms / 1000.0)
                      for name in session.spec.steps}
+        self.step_stages = tuple(f"step:{name}" for name in session.spec.steps)
+        self.step_columns = {stage: TIME_FIELDS + i for i, stage in enumerate(self.step_stages)}
         self._python: dict[str, Batcher] = {}
         for step in session.spec.steps.values():
             if step.kind == "python":

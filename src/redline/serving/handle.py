@@ -51,6 +51,10 @@ class ModelHandle:
     # Whether a request times stages of its own on its record while it runs (a graph's steps):
     # an edge that observes then makes the record before ``infer_now``, not after.
     steps_on_record = False
+    # A graph's steps as stages (``step:<name>``) in its order, and each one's column in the
+    # flat row a common request leaves (``stages.graph_times``); none for a model.
+    step_stages: tuple[str, ...] = ()
+    step_columns: dict[str, int] = {}  # noqa: RUF012 - read-only, replaced per graph
 
     def __init__(self, session: ModelRunner, settings: Settings) -> None:
         self.session = session

@@ -27,9 +27,11 @@ class TracingObserver(RequestObserver, Protocol):
 class StageTimesObserver(RequestObserver, Protocol):
     """An observer that also keeps the flat stage times of the series' common requests of
     ``api`` ("v2" or "v1") over ``transport`` ("rest" or "grpc"), used only while it is the one
-    observer (then those requests need no record)."""
+    observer (then those requests need no record); a graph's V2 rows carry the ns of its
+    ``steps`` (their stage names) too."""
 
-    def stage_times(self, api: str, transport: str, model: str, version: str) -> StageTimes: ...
+    def stage_times(self, api: str, transport: str, model: str, version: str,
+                    steps: tuple[str, ...] = ()) -> StageTimes: ...
 
 
 class Observers:
@@ -49,7 +51,7 @@ class Observers:
         self._tracers: tuple[Callable[[RequestRecord], str | None], ...] = ()
         self.finished: Callable[[RequestRecord], None] = self._finished_all
         self.traceparent: Callable[[RequestRecord], str | None] = _no_traceparent
-        self.stage_times: Callable[[str, str, str, str], StageTimes] | None = None
+        self.stage_times: Callable[..., StageTimes] | None = None
         for observer in items or ():
             self.add(observer)
 

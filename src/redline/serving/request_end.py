@@ -15,6 +15,7 @@ from redline.serving.stages import (
     INFERENCE,
     RequestRecord,
     StageTimes,
+    graph_times,
     perf_ns,
 )
 
@@ -34,14 +35,15 @@ class FlatSeries:
         self._api, self._transport = api, transport
         self._series: dict[tuple[str, str], StageTimes] = {}
 
-    def series(self, key: tuple[str, str]) -> StageTimes | None:
-        """The series of ``key``: (model, version), as ``ModelHandle.key`` holds it."""
+    def series(self, key: tuple[str, str], steps: tuple[str, ...] = ()) -> StageTimes | None:
+        """The series of ``key``: (model, version), as ``ModelHandle.key`` holds it (a graph's
+        with its ``steps``' stages, ``ModelHandle.step_stages``)."""
         make = self._observers.stage_times  # None while a rollout observes requests too
         if make is None:
             return None
         times = self._series.get(key)
         if times is None:
-            times = self._series[key] = make(self._api, self._transport, *key)
+            times = self._series[key] = make(self._api, self._transport, *key, steps)
         return times
 
     @staticmethod
@@ -62,14 +64,15 @@ class FlatTimes(FlatSeries):
     ``keep(record)`` is asked for a finished, ok request: True when its row went into its
     series' buffer and the record can be dropped; False when something needs the record -- a
     request id (a label may join it), a caller ``traceparent``, the trace head sample (drawn
-    here: ``record.trace_keep``), slowness -- or no lone observer keeps stage times. A request
+    here: ``record.trace_keep``), slowness, stages its row has no column for (a general graph's
+    steps on ``/v1``) -- or no lone observer keeps stage times. A request
     in the windows' sample leaves its arrays beside its row (``samples``), not its record, which
     the records' fold would walk through the metrics, the slow log and the windows."""
 
     __slots__ = ("_row",)
 
     def __init__(self, observers: Observers, api: str, transport: str,
-                 row: Callable[[RequestRecord], list[int]]) -> None:
+                 row: Callable[[RequestRecord], list[int] | None]) -> None:
         super().__init__(observers, api, transport)
         self._row = row
 
@@ -81,10 +84,13 @@ class FlatTimes(FlatSeries):
             return False
         draw = self.draw(times, record.end_ns - record.start_ns)
         if draw is None:
+            values = self._row(record)
+            if values is None:  # the row cannot say it all: the record goes (tracing draws)
+                return False
             if record.inputs is not None and record.path == "primary":
                 times.samples += (record.inputs, record.outputs)  # the windows' sample
             row = times.times
-            row += self._row(record)
+            row += values
             if len(row) >= times.spill_at:
                 times.spill()  # (why: monitoring/stage_times.py)
             return True
@@ -102,8 +108,11 @@ class V2End(FlatSeries):
     (:class:`FlatSeries`); any other gets its :class:`RequestRecord`, built from the same reads
     and handed to the observers (:class:`RequestEnd`). A request that has to queue for its model
     gets its record when it queues (``record``), so the queue and inference stages are timed on
-    it; ``failed(...)`` ends a request with its error's code. Each returns the W3C
-    ``traceparent`` the answer carries (None: none). Called only while someone observes."""
+    it. A graph's request is timed on a record from its decode (its steps are stages), and a
+    common one, at once or queued, answered on its primary path, leaves that record's row
+    (``graph_times``) instead of the record. ``failed(...)`` ends a request with its error's
+    code. Each returns the W3C ``traceparent`` the answer carries (None: none). Called only
+    while someone observes."""
 
     __slots__ = ("_end",)
 
@@ -144,6 +153,20 @@ class V2End(FlatSeries):
             record.spans.append((INFERENCE, decoded_ns, inferred_ns))
             record.trace_keep = draw  # drawn here, or left to tracing
             handle.keep_io_on(record, inputs, outputs, decoded_ns)
+        elif handle.steps_on_record and record.path == "primary" and not (
+                request_id or traceparent is not None or handle.shadowed):
+            times = self.series(handle.key, handle.step_stages)
+            if times is not None:
+                draw = self.draw(times, end_ns - record.start_ns)
+                if draw is None:  # a common graph request: its row, not its record
+                    if record.inputs is not None:  # (the graph kept its windows' sample)
+                        times.samples += (record.inputs, record.outputs)
+                    flat = times.times
+                    flat += graph_times(record, inferred_ns, end_ns, handle.step_columns)
+                    if len(flat) >= times.spill_at:
+                        times.spill()
+                    return None
+                record.trace_keep = draw
         record.spans.append((ENCODE, inferred_ns, end_ns))
         return self._end.finish(record, end_ns=end_ns)
 
@@ -169,6 +192,9 @@ class VersionRef(Protocol):
 
     key: tuple[str, str]  # (model, version)
     shadowed: bool
+    steps_on_record: bool  # a graph: its record comes with its steps' spans
+    step_stages: tuple[str, ...]  # a graph's steps' stages, in its order (else empty)
+    step_columns: dict[str, int]  # each of those stages' column in a graph's row
     keep_io: bool
     io_next_ns: int
 
@@ -190,7 +216,7 @@ class RequestEnd:
     __slots__ = ("_observers", "_flat")
 
     def __init__(self, observers: Observers, api: str, transport: str,
-                 row: Callable[[RequestRecord], list[int]] | None = None) -> None:
+                 row: Callable[[RequestRecord], list[int] | None] | None = None) -> None:
         self._observers = observers
         self._flat = FlatTimes(observers, api, transport, row) if row is not None else None
 

@@ -134,8 +134,10 @@ _NOT_PASSED = (-1,) * len(V1_STAGES)
 _PATH_INDEX = {path: i for i, path in enumerate(PATHS)}
 
 
-def v1_times(record: RequestRecord) -> list[int]:
-    """A finished ``/v1`` record as its flat ``StageTimes`` row (``V1_TIME_FIELDS`` integers)."""
+def v1_times(record: RequestRecord) -> list[int] | None:
+    """A finished ``/v1`` record as its flat ``StageTimes`` row (``V1_TIME_FIELDS`` integers);
+    None for a general graph's request, whose steps (``step:<name>``) only its record carries
+    to the metrics."""
     attrs = record.attributes
     age = attrs.get("feature_age_s") if attrs else None
     row = [record.start_ns, record.end_ns, record.rows, _PATH_INDEX[record.path],
@@ -144,9 +146,25 @@ def v1_times(record: RequestRecord) -> list[int]:
     for stage, start, end in record.spans:
         j = column.get(stage)
         if j is None:
-            continue  # a graph's own steps (step:<name>): in timings_us and traces only
+            return None
         passed = row[j]
         row[j] = end - start if passed < 0 else passed + end - start
+    return row
+
+
+def graph_times(record: RequestRecord, inferred_ns: int, end_ns: int,
+                columns: dict[str, int]) -> list[int]:
+    """A graph's finished V2 record as its flat ``StageTimes`` row: the five V2 fields (its
+    decode is its first span), then the ns in each step (``columns``: a step's stage to its
+    column; -1: not run; a step run twice, summed)."""
+    decoded = record.spans[0][2]
+    row = [record.start_ns, decoded, inferred_ns, end_ns, record.rows,
+           *(-1,) * len(columns)]
+    for stage, start, end in record.spans:
+        j = columns.get(stage)
+        if j is not None:
+            passed = row[j]
+            row[j] = end - start if passed < 0 else passed + end - start
     return row
 
 
@@ -158,7 +176,8 @@ class StageTimes(Protocol):
     integers in ``times`` (and, when it is the monitoring windows' sample, its input and output
     arrays in ``samples``, as a ``/v1`` request does): ``start, decoded, inferred, end``
     (``perf_ns`` values: decode is start..decoded, inference decoded..inferred, encode
-    inferred..end) and its rows; the
+    inferred..end) and its rows; a graph's request, timed on a record for its steps, then
+    leaves ``graph_times`` instead (those five, then the ns of each step); the
     monitor buckets them on its tick. Why: a :class:`RequestRecord`, its span tuples and their
     fold cost a large share of a one-row V2 request's server CPU, five integers in one
     ``list.extend`` a fraction of a microsecond (``benchmarks/observability/inline_cost.py``).

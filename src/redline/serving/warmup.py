@@ -92,7 +92,8 @@ class _Quiet:
     def request_finished(self, record: RequestRecord) -> None:
         return None
 
-    def stage_times(self, api: str, transport: str, model: str, version: str) -> StageTimes:
+    def stage_times(self, api: str, transport: str, model: str, version: str,
+                    steps: tuple[str, ...] = ()) -> StageTimes:
         return _Unread()
 
 
