@@ -290,3 +290,47 @@ def test_failover_at_a_steady_rate_with_hedging_on(tmp_path: Path) -> None:
 def test_an_endpoint_it_cannot_speak_to_is_a_clear_error() -> None:
     with pytest.raises(InvalidInput, match="http:// or https://"):
         redline.AsyncClient(["127.0.0.1:8000", "grpc://127.0.0.1:8001"])
+
+
+def test_the_hedge_p95_forgets_a_burst_of_slow_answers(replicas) -> None:  # type: ignore[no-untyped-def]
+    """Both replicas answer 20 calls 0.3 s late, then recover: once the burst is older than
+    ``hedge_window_s`` the p95 is the fast answers' again, so a straggler is hedged within
+    milliseconds, not after the burst's 300 (as it was when the p95 kept the last 1,000
+    answers whatever their age)."""
+    proxies = [StragglerProxy(s.http_port, share=1.0, delay_s=0.3, seed=i).start()
+               for i, s in enumerate(replicas)]
+    try:
+        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=0.5,
+                                hedge_min_samples=20, hedge_window_s=1.0, budget_ms=5000)
+        burst = [threading.Thread(target=lambda: [client.infer("affine", X) for _ in range(5)])
+                 for _ in range(4)]  # the burst: every answer late, four calls at a time
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join(30)
+        assert client.stats.requests == 20 and client.stats.hedges == 0
+        for p in proxies:
+            p.share = 0.0
+        time.sleep(1.2)  # the burst is older than the window
+        for _ in range(30):
+            client.infer("affine", X)
+        preferred = client.endpoints.ranked()[0].address
+        slow = next(p for p in proxies if preferred.endswith(f":{p.port}"))
+        slow.share, slow.delay_s = 1.0, 1.0
+        start = time.monotonic()
+        assert client.infer("affine", X)["s"].tolist() == [10.0]
+        waited = time.monotonic() - start
+        stats = client.stats
+        client.close()
+    finally:
+        for p in proxies:
+            p.stop()
+    assert waited < 0.2, (waited, stats)
+    assert stats.hedge_wins >= 1
+
+
+def test_hedge_settings_out_of_range_are_a_clear_error() -> None:
+    for option, value in (("hedge_quantile", 1.5), ("hedge_max_share", -0.1),
+                          ("hedge_window_s", 0), ("hedge_min_samples", 0)):
+        with pytest.raises(InvalidInput, match=option):
+            redline.Client(["127.0.0.1:1", "127.0.0.1:2"], **{option: value})

@@ -9,7 +9,10 @@ Every call has a budget (``budget_ms``): each attempt is sent with what is left 
   request provably never left (connection refused). A retry goes to the next replica.
 - **Hedging** (Dean and Barroso, "The Tail at Scale"): when an answer has not come back after
   the client's observed p95, the same request goes to a second replica; the first answer wins
-  and the other is cancelled. Hedges are capped to ``hedge_max_share`` of requests (5%).
+  and the other is cancelled. Hedges are capped to ``hedge_max_share`` of requests (5%). The
+  p95 is taken over the answers of the last ``hedge_window_s`` (10 s), recomputed every 50
+  calls or second: a burst of slow answers (a replica's pause) raised it, and kept over a count
+  alone it stayed raised -- hedging nothing -- for as many calls as the window held.
 - **Failover**: endpoints (say one per zone) are ranked fastest healthy first
   (``scaling/endpoints.py``); a failed one is quarantined and re-probed later.
 
@@ -91,10 +94,18 @@ class AsyncClient:
     def __init__(self, endpoints: str | list[str], *, protocol: str = "http",
                  budget_ms: float = 1000.0, hedge: bool = True, hedge_max_share: float = 0.05,
                  hedge_min_samples: int = 50, hedge_after_ms: float | None = None,
-                 hedge_quantile: float = 0.95,
+                 hedge_quantile: float = 0.95, hedge_window_s: float = 10.0,
                  max_attempts: int = 3) -> None:
         if protocol not in ("http", "grpc"):
             raise errors.InvalidInput(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        for name, value, ok, want in (
+                ("hedge_quantile", hedge_quantile, 0.0 < hedge_quantile <= 1.0, "in (0, 1]"),
+                ("hedge_max_share", hedge_max_share, 0.0 <= hedge_max_share <= 1.0,
+                 "in [0, 1]"),
+                ("hedge_window_s", hedge_window_s, hedge_window_s > 0.0, "above 0"),
+                ("hedge_min_samples", hedge_min_samples, hedge_min_samples >= 1, "at least 1")):
+            if not ok:
+                raise errors.InvalidInput(f"{name} must be {want}, got {value!r}")
         addresses = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         self.protocol = protocol
         self.endpoints = EndpointSet.of(addresses)
@@ -104,10 +115,14 @@ class AsyncClient:
         self.hedge_min_samples = hedge_min_samples
         self.hedge_after_ms = hedge_after_ms  # fixed delay instead of the observed p95
         self.hedge_quantile = hedge_quantile
+        self.hedge_window_s = hedge_window_s
         self.max_attempts = max_attempts
         self.stats = ClientStats()
+        # Recent answers' ms, and when each came (``time.monotonic``): the hedge's p95.
         self._recent: deque[float] = deque(maxlen=1000)
+        self._recent_at: deque[float] = deque(maxlen=1000)
         self._p95_ms: float | None = None
+        self._p95_at = 0.0  # when the p95 was last computed
         self._http: dict[str, ConnectionPool] = {}
         if protocol == "http":
             for address in addresses:
@@ -204,12 +219,25 @@ class AsyncClient:
             return None
         if self.hedge_after_ms is not None:
             return self.hedge_after_ms / 1000.0
-        if len(self._recent) < self.hedge_min_samples:
+        t = time.monotonic()
+        if (self._p95_ms is None or self.stats.requests % 50 == 0
+                or t - self._p95_at >= 1.0):
+            self._p95_ms = self._quantile_ms(t)
+        return None if self._p95_ms is None else self._p95_ms / 1000.0
+
+    def _quantile_ms(self, t: float) -> float | None:
+        """The ``hedge_quantile`` of the answers of the last ``hedge_window_s`` (older ones are
+        dropped); None below ``hedge_min_samples`` of them: no hedging until there are."""
+        self._p95_at = t
+        recent, at = self._recent, self._recent_at
+        horizon = t - self.hedge_window_s
+        while at and at[0] < horizon:
+            at.popleft()
+            recent.popleft()
+        if len(recent) < self.hedge_min_samples:
             return None
-        if self._p95_ms is None or self.stats.requests % 50 == 0:
-            ordered = sorted(self._recent)
-            self._p95_ms = ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_quantile))]
-        return self._p95_ms / 1000.0
+        ordered = sorted(recent)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_quantile))]
 
     async def _hedged(self, call: tuple[Any, ...], primary: Endpoint, backup: Endpoint | None,
                       deadline: float) -> tuple[Any, Endpoint, bool]:
@@ -260,9 +288,11 @@ class AsyncClient:
             raise
         except TimeoutError:
             raise _Retryable("timed out", sent=True) from None
-        ms = (time.monotonic() - start) * 1000.0
+        ended = time.monotonic()
+        ms = (ended - start) * 1000.0
         endpoint.record_ok(ms)
         self._recent.append(ms)
+        self._recent_at.append(ended)
         return value
 
     # ------------------------------------------------------------------ HTTP
