@@ -34,6 +34,13 @@ def test_top_k_of_a_batch_is_each_query_alone_bit_for_bit() -> None:
         for i in range(n):
             assert np.array_equal(rows[i], alone[i][0][0])
             assert scores[i].tobytes() == alone[i][1][0].tobytes()
+    # a query read from anywhere in memory (a view one float off any alignment) scores alike
+    raw = np.empty(queries.size + 1, dtype=np.float32)
+    shifted = raw[1:].reshape(queries.shape)
+    shifted[:] = queries
+    rows, scores = exact_top_k_rows(emb, shifted[3:5], 50)
+    assert np.array_equal(rows[0], alone[3][0][0])
+    assert scores[1].tobytes() == alone[4][1][0].tobytes()
     # against a full sort of the same scores: the exact top-K, best first, ties by row
     full = emb @ np.vstack([queries[5], queries[0]]).T
     expect = np.lexsort((np.arange(len(emb)), -full[:, 0]))[:50]

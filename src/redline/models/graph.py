@@ -283,8 +283,6 @@ def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray,
 
 # Items per group when the top-k looks for its threshold (see exact_top_k_rows).
 TOP_K_GROUP = 64
-# Queries per scoring product: every product has this one shape (see exact_top_k_rows).
-SCORE_BLOCK = 4
 
 
 def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
@@ -294,30 +292,24 @@ def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
     in row order.
 
     One kernel for one query and for a batch of them, so that a query's answer does not depend
-    on what it was batched with, bit for bit: the scores are matrix products of one shape,
-    ``SCORE_BLOCK`` queries at a time (the last block padded with zero rows). BLAS picks its
-    kernel by shape -- a one-column product is a matrix-vector product, and OpenBLAS's kernel for
-    eight columns sums differently from its kernel for two on some CPUs -- so a product whose
-    width followed the batch would change a query's last bit with its company. The top-k is
-    exact and cheap:
-    the items are cut into groups of ``TOP_K_GROUP``, the k largest group maxima bound the k-th
-    score from below, and only the groups that reach the bound (about k of them) are
-    partitioned, not the whole catalogue.
+    on what it was batched with, bit for bit: each query's scores are one matrix-vector product
+    of the same shape. BLAS picks its kernel by shape -- OpenBLAS's matrix product for eight
+    columns sums differently from its kernel for two on some CPUs -- so a product whose width
+    followed the batch would change a query's last bit with its company. (Products of four
+    queries, zero-padded, were no faster a query than four matrix-vector products here: both
+    read the whole catalogue once a query's worth of arithmetic, and a lone query paid for
+    four.) The top-k is exact and cheap: the items are cut into groups of ``TOP_K_GROUP``, the
+    k largest group maxima bound the k-th score from below, and only the groups that reach the
+    bound (about k of them) are partitioned, not the whole catalogue.
     """
     n, items = queries.shape[0], emb.shape[0]
-    blocks = -(-n // SCORE_BLOCK)
-    q = np.zeros((blocks * SCORE_BLOCK, queries.shape[1]), dtype=np.float32)
-    q[:n] = queries
-    # [blocks * SCORE_BLOCK, items], each query's scores contiguous: reductions run over rows
-    scores = np.concatenate([(emb @ q[b:b + SCORE_BLOCK].T).T
-                             for b in range(0, len(q), SCORE_BLOCK)])
+    scores = [emb @ _aligned(queries[j]) for j in range(n)]
     k = min(k, items)
     width = items // TOP_K_GROUP  # group g: items g, g + width, g + 2 width, ... (and the tail)
     out_rows = np.empty((n, k), dtype=np.int64)
     out_scores = np.empty((n, k), dtype=np.float32)
     members = np.arange(TOP_K_GROUP, dtype=np.int64) * width
-    for j in range(n):
-        row = scores[j]
+    for j, row in enumerate(scores):
         if width > k:
             maxima = row[:width * TOP_K_GROUP].reshape(TOP_K_GROUP, width).max(axis=0)
             bound = np.partition(maxima, width - k)[width - k]
@@ -334,6 +326,17 @@ def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
         out_rows[j] = chosen[order]
         out_scores[j] = chosen_values[order]
     return out_rows, out_scores
+
+
+def _aligned(vector: np.ndarray) -> np.ndarray:
+    """``vector`` as float32 in a copy that starts on a 64-byte boundary: a BLAS kernel may
+    peel its first elements to reach an aligned address and so sum in another order, and the
+    same query must meet the same kernel wherever it came from (alone, or a batch's row)."""
+    buf = np.empty(vector.shape[0] + 16, dtype=np.float32)
+    start = (-buf.ctypes.data % 64) // 4
+    out = buf[start:start + vector.shape[0]]
+    out[:] = vector
+    return out
 
 
 def measure_recall(index: Any, cat: Catalogue, k: int, queries: int = 200,

@@ -17,7 +17,7 @@ here), then each request (``graph_request.run_graph``):
 5. **rules** — drop the items already seen in the session and those out of stock; top-N.
 
 Across requests: requests that reach retrieval together are one search (their query vectors
-one [n, dim] matrix: one matrix product and a top-K per row, or one HNSW search of the matrix),
+one [n, dim] matrix: a scoring and a top-K per row, or one HNSW search of the matrix),
 and requests that reach ranking together are one ranker run over all their candidates
 ([sum K, features]). Both go through the dynamic batcher (``serving/batcher.py``): retrieval
 through the runner's own, ranking through the ranker version's, whose batches hold up to
