@@ -478,8 +478,9 @@ def ray_modes(peers: dict, best: str, bound: float) -> str:  # type: ignore[type
         if configs:
             top = max(configs, key=key)
             rate, c1 = key(top)
-            parts.append(f"in its {mode}, {top}: {rate} req/s with p99 ≤ {bound:.0f} ms, "
-                         f"{c1:.0f} req/s at c=1")
+            sustained = (f"{rate} req/s with p99 ≤ {bound:.0f} ms" if rate
+                         else f"no rate with p99 ≤ {bound:.0f} ms")
+            parts.append(f"in its {mode}, {top}: {sustained}, {c1:.0f} req/s at c=1")
     return (f"Ray Serve at its best {'; '.join(parts)}. The peer's best, which the targets "
             f"are measured against: {best} ({ray_mode(best)}).")
 

@@ -192,6 +192,14 @@ def test_the_ray_comparison_judges_redline_against_the_best_peer_configuration()
     assert not summarize(peers)["p99_lower_at_every_sustained_rate"]
 
 
+def test_the_ray_sentence_says_when_a_mode_sustained_no_rate() -> None:
+    peers = {"one:proxy": {"ray-serve one:proxy": _ray_side(110, [(5, 21.3)])},
+             "one:haproxy": {"ray-serve one:haproxy": _ray_side(300, [(5, 3.0), (10, 4.0)])}}
+    text = run_all.ray_modes(peers, "one:haproxy", 20.0)
+    assert "one:proxy: no rate with p99 ≤ 20 ms, 110 req/s at c=1" in text
+    assert "one:haproxy: 10 req/s with p99 ≤ 20 ms, 300 req/s at c=1" in text
+
+
 def test_the_serving_table_shows_today_against_a_baseline_commit() -> None:
     def cell(server: str, proto: str, c: int, rps: float) -> dict[str, object]:
         return {"server": server, "protocol": proto, "concurrency": c, "rps": rps,
