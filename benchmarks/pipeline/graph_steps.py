@@ -25,7 +25,8 @@ from redline.models import ModelRepository
 from redline.models.graph import GraphSpec
 from redline.serving.deadline import Budget
 from redline.serving.handle import ModelHandle
-from redline.serving.predict.graph import GraphRunner, _score
+from redline.serving.predict.graph import GraphRunner
+from redline.serving.predict.graph_request import _score
 from redline.serving.predict.sessions import SessionItem
 
 
