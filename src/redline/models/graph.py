@@ -281,8 +281,10 @@ def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray,
     return rows[0], scores[0]
 
 
-# Items per group when the top-k looks for its threshold (see exact_top_k_rows).
-TOP_K_GROUP = 64
+# Items per group when the top-k looks for its threshold (see exact_top_k_rows): smaller groups
+# leave fewer candidates to partition; a lone query's top-100 of 50,000 took 202 µs at 16
+# against 235 at 64 (the example's embeddings; random ones 381 against 417).
+TOP_K_GROUP = 16
 
 
 def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
