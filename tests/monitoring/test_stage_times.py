@@ -252,6 +252,9 @@ def test_a_slow_graph_rows_entry_shows_the_steps_it_ran() -> None:
                            ("step:cheap", 40_000, 60_000), ("inference", 10_000, 90_000),
                            ("encode", 90_000, 100_000)]
     assert entry.timings_us()["total"] == 100
+    # its buffer packs every SPILL_ROWS requests, as a model's does, whatever the row's width
+    buffer = StageTimesBuffer(steps=steps)
+    assert buffer.width == 8 and buffer.spill_at == SPILL_ROWS * 8
 
 
 def test_only_a_lone_observer_that_keeps_stage_times_gets_them() -> None:

@@ -282,8 +282,8 @@ def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray,
 
 
 # Items per group when the top-k looks for its threshold (see exact_top_k_rows): smaller groups
-# leave fewer candidates to partition; a lone query's top-100 of 50,000 took 202 µs at 16
-# against 235 at 64 (the example's embeddings; random ones 381 against 417).
+# leave fewer candidates to partition (0.88x the time of 64 for a lone query's top-100 of
+# 50,000: benchmarks/pipeline/retrieval_kernels.py).
 TOP_K_GROUP = 16
 
 
@@ -297,12 +297,12 @@ def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
     on what it was batched with, bit for bit: each query's scores are one matrix-vector product
     of the same shape. BLAS picks its kernel by shape -- OpenBLAS's matrix product for eight
     columns sums differently from its kernel for two on some CPUs -- so a product whose width
-    followed the batch would change a query's last bit with its company. (Products of four
-    queries, zero-padded, were no faster a query than four matrix-vector products here: both
-    read the whole catalogue once a query's worth of arithmetic, and a lone query paid for
-    four.) The top-k is exact and cheap: the items are cut into groups of ``TOP_K_GROUP``, the
-    k largest group maxima bound the k-th score from below, and only the groups that reach the
-    bound (about k of them) are partitioned, not the whole catalogue.
+    followed the batch would change a query's last bit with its company. (Zero-padded products
+    of four queries, one shape too, were slower a query at every batch size, a lone query
+    paying for four: ``benchmarks/pipeline/retrieval_kernels.py``.) The top-k is exact and
+    cheap: the items are cut into groups of ``TOP_K_GROUP``, the k largest group maxima bound
+    the k-th score from below, and only the groups that reach the bound (about k of them) are
+    partitioned, not the whole catalogue.
     """
     n, items = queries.shape[0], emb.shape[0]
     scores = [emb @ _aligned(queries[j]) for j in range(n)]

@@ -46,13 +46,13 @@ class StageTimesBuffer:
 
     def __init__(self, slow_ns: int = NEVER, sample_ratio: float = 0.0,
                  width: int = FIELDS, steps: tuple[str, ...] = ()) -> None:
+        self.width = width + len(steps)
         self.times: list[int] = []
-        self.spill_at = SPILL_ROWS * width  # the request path calls spill() at this length
+        self.spill_at = SPILL_ROWS * self.width  # the request path calls spill() at this length
         self._packed: list[np.ndarray] = []  # earlier requests' ints, spilled
         # The monitoring windows' sample among these requests (``/v1``): inputs, outputs,
         # inputs, ... -- the arrays alone, so a sampled request needs no record either.
         self.samples: list[object] = []
-        self.width = width + len(steps)
         # A graph's V2 rows: after the five fields, the ns in each of these stages
         # (``step:<name>``, in the graph's order; -1: the request did not run it).
         self.steps = steps

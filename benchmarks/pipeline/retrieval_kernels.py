@@ -1,0 +1,92 @@
+"""The exact retrieval's two choices, measured: how a batch's scores are computed, and the
+top-k's group size (``redline/models/graph.py``'s ``exact_top_k_rows``).
+
+Scores, for batches of 1, 2, 4 and 8 queries: one matrix-vector product a query (what redline
+does) against zero-padded matrix products of four queries (what it did). Top-k of one query:
+``TOP_K_GROUP`` 16 (redline's) against 64. Each pair in alternating order, thread CPU time,
+one BLAS thread (as the server runs it); medians in microseconds, and the ratio.
+
+    PYTHONPATH=src:. python benchmarks/pipeline/retrieval_kernels.py \
+        [--embeddings examples/recommend/artifacts/items.npy] [--rounds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from redline.models import graph
+
+BLOCK = 4  # queries a padded product held
+
+
+def per_query(emb: np.ndarray, queries: np.ndarray) -> list[np.ndarray]:
+    return [emb @ graph._aligned(q) for q in queries]  # noqa: SLF001 - the kernel measured
+
+
+def padded_blocks(emb: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    n = len(queries)
+    q = np.zeros((-(-n // BLOCK) * BLOCK, queries.shape[1]), dtype=np.float32)
+    q[:n] = queries
+    return np.concatenate([(emb @ q[b:b + BLOCK].T).T for b in range(0, len(q), BLOCK)])
+
+
+def top_k_with(group: int) -> Callable[[np.ndarray, np.ndarray], object]:
+    def run(emb: np.ndarray, queries: np.ndarray) -> object:
+        kept, graph.TOP_K_GROUP = graph.TOP_K_GROUP, group
+        try:
+            return graph.exact_top_k_rows(emb, queries, 100)
+        finally:
+            graph.TOP_K_GROUP = kept
+    return run
+
+
+def pair(emb: np.ndarray, n: int, ours: Callable[..., object], theirs: Callable[..., object],
+         rounds: int, rng: np.random.Generator) -> dict[str, float]:
+    """Median thread-CPU µs of ``ours`` and ``theirs`` over ``rounds`` batches of ``n``
+    session-like queries (recency-weighted sums of catalogue rows), alternating."""
+    times: dict[str, list[float]] = {"ours": [], "theirs": []}
+    for r in range(rounds):
+        rows = rng.integers(0, len(emb), (n, 10))
+        queries = (emb[rows] * (0.8 ** np.arange(10))[None, :, None]).sum(axis=1)
+        queries = queries.astype(np.float32)
+        for name in (("ours", "theirs") if r % 2 else ("theirs", "ours")):
+            fn = ours if name == "ours" else theirs
+            t = time.thread_time_ns()
+            fn(emb, queries)
+            times[name].append((time.thread_time_ns() - t) / 1e3)
+    a, b = statistics.median(times["ours"]), statistics.median(times["theirs"])
+    return {"ours_us": round(a, 1), "theirs_us": round(b, 1), "ratio": round(a / b, 3)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--embeddings", type=Path, default=None,
+                    help="an items.npy (default: 50,000 x 32 random, unit-scaled)")
+    ap.add_argument("--items", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=40)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    if args.embeddings is not None:
+        emb = np.ascontiguousarray(np.load(args.embeddings), dtype=np.float32)
+    else:
+        emb = (rng.normal(size=(args.items, 32)) / np.sqrt(32)).astype(np.float32)
+    out: dict[str, object] = {"items": emb.shape[0], "dim": emb.shape[1]}
+    with threadpool_limits(1):
+        out["scores, per-query GEMV over padded 4-query products"] = {
+            str(n): pair(emb, n, per_query, padded_blocks, args.rounds, rng) for n in (1, 2, 4, 8)}
+        out["top-k of one query, groups of 16 over 64"] = pair(
+            emb, 1, top_k_with(16), top_k_with(64), args.rounds, rng)
+    print(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
