@@ -312,6 +312,25 @@ def ingest_redis_stream(defs: Path | str | None, redis_url: str, stream: str, ma
     return out.stdout
 
 
+def keep_drift_thresholds(root: Path, window_rows: int | None = None) -> None:
+    """Calibrate every version's drift thresholds in the repository at ``root`` now and keep
+    them beside it (``drift_thresholds.json``), as its first server would: for a repository
+    that many tests copy and serve for a second or two each, whose servers would otherwise each
+    start the same seconds-long calibration and stop before it ends (nothing kept)."""
+    from redline.config import MonitoringSettings
+    from redline.models import ModelRepository
+    from redline.monitoring.drift import DriftMonitor
+
+    defaults = MonitoringSettings()
+    repo = ModelRepository(root)
+    for name in repo.list_models():
+        for version in repo.versions(name):
+            meta = repo.metadata(name, version)
+            DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
+                         window_rows or defaults.drift_window_rows, defaults.drift_min_rows,
+                         keep_in=repo.version_dir(name, version)).calibrate(background=False)
+
+
 # A smaller `make demo`: the same steps and files, fewer rows and calls.
 SMALL_DEMO_ARGS = ["--calls", "200", "--cards", "300", "--days", "4", "--replay", "200",
                    "--bench-seconds", "0.5"]

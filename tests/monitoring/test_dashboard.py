@@ -100,7 +100,7 @@ def loaded(tmp_path: Path) -> Iterator[ServerThread]:
                         {"request_id": f"w{i}:{j}", "label": int(rng.random() < 0.5)}
                         for j in range(2)]})
                 i += 1
-                time.sleep(0.002)
+                time.sleep(0.01)
 
     thread = threading.Thread(target=load, daemon=True)
     thread.start()

@@ -13,6 +13,7 @@ import pytest
 from redline.config import Settings
 from redline.features.definitions import load_definitions
 from redline.models import ModelRepository
+from tests.conftest import keep_drift_thresholds
 from tests.serving.helpers import ServerThread
 
 HERE = Path(__file__).parent
@@ -48,6 +49,7 @@ def defs_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trained_repo(tmp_path_factory: pytest.TempPathFactory, defs_path: Path) -> Path:
     root = tmp_path_factory.mktemp("models")
     train_models(root, defs_path)
+    keep_drift_thresholds(root)  # each test's server reads them instead of calibrating
     return root
 
 
