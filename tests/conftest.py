@@ -312,11 +312,12 @@ def ingest_redis_stream(defs: Path | str | None, redis_url: str, stream: str, ma
     return out.stdout
 
 
-def keep_drift_thresholds(root: Path, window_rows: int | None = None) -> None:
+def keep_drift_thresholds(root: Path) -> None:
     """Calibrate every version's drift thresholds in the repository at ``root`` now and keep
-    them beside it (``drift_thresholds.json``), as its first server would: for a repository
-    that many tests copy and serve for a second or two each, whose servers would otherwise each
-    start the same seconds-long calibration and stop before it ends (nothing kept)."""
+    them beside it (``drift_thresholds.json``), as its first server with the default window
+    would: for a repository that many tests copy and serve for a second or two each, whose
+    servers would otherwise each start the same seconds-long calibration and stop before it
+    ends (nothing kept)."""
     from redline.config import MonitoringSettings
     from redline.models import ModelRepository
     from redline.monitoring.drift import DriftMonitor
@@ -327,7 +328,7 @@ def keep_drift_thresholds(root: Path, window_rows: int | None = None) -> None:
         for version in repo.versions(name):
             meta = repo.metadata(name, version)
             DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
-                         window_rows or defaults.drift_window_rows, defaults.drift_min_rows,
+                         defaults.drift_window_rows, defaults.drift_min_rows,
                          keep_in=repo.version_dir(name, version)).calibrate(background=False)
 
 
