@@ -312,24 +312,29 @@ def ingest_redis_stream(defs: Path | str | None, redis_url: str, stream: str, ma
     return out.stdout
 
 
-def keep_drift_thresholds(root: Path) -> None:
+def keep_drift_thresholds(root: Path) -> dict[str, str | None]:
     """Calibrate every version's drift thresholds in the repository at ``root`` now and keep
     them beside it (``drift_thresholds.json``), as its first server with the default window
     would: for a repository that many tests copy and serve for a second or two each, whose
     servers would otherwise each start the same seconds-long calibration and stop before it
-    ends (nothing kept)."""
+    ends (nothing kept). Returns where each ``model:version``'s came from ("file": already
+    kept, "computed": made here)."""
     from redline.config import MonitoringSettings
     from redline.models import ModelRepository
     from redline.monitoring.drift import DriftMonitor
 
     defaults = MonitoringSettings()
     repo = ModelRepository(root)
+    sources: dict[str, str | None] = {}
     for name in repo.list_models():
         for version in repo.versions(name):
             meta = repo.metadata(name, version)
-            DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
-                         defaults.drift_window_rows, defaults.drift_min_rows,
-                         keep_in=repo.version_dir(name, version)).calibrate(background=False)
+            drift = DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
+                                 defaults.drift_window_rows, defaults.drift_min_rows,
+                                 keep_in=repo.version_dir(name, version))
+            drift.calibrate(background=False)
+            sources[f"{name}:{version}"] = drift.thresholds_from
+    return sources
 
 
 # A smaller `make demo`: the same steps and files, fewer rows and calls.

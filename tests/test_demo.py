@@ -8,7 +8,7 @@ import re
 import pytest
 
 from redline.models import ModelRepository
-from tests.conftest import SmallDemo
+from tests.conftest import SmallDemo, keep_drift_thresholds
 
 pytestmark = pytest.mark.slow  # servers, child processes or seconds of work: not in test-fast
 
@@ -33,18 +33,5 @@ def test_every_version_keeps_its_drift_thresholds(small_demo: SmallDemo) -> None
     """The demo waits for each version's drift calibration before its server stops, so a
     server of its repository (every doc page's) reads the thresholds instead of spending
     seconds of CPU on them again: a server with default settings takes them from the file."""
-    from redline.config import MonitoringSettings
-    from redline.monitoring.drift import DriftMonitor
-    from redline.monitoring.threshold_file import FILE_NAME
-
-    defaults = MonitoringSettings()
-    repo = ModelRepository(small_demo.project / ".redline" / "models")
-    for name in ("breast_cancer", "fraud"):
-        version = repo.resolve(name)
-        assert (repo.version_dir(name, version) / FILE_NAME).is_file(), name
-        meta = repo.metadata(name, version)
-        drift = DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
-                             defaults.drift_window_rows, defaults.drift_min_rows,
-                             keep_in=repo.version_dir(name, version))
-        drift.calibrate(background=False)
-        assert drift.thresholds_from == "file", name
+    sources = keep_drift_thresholds(small_demo.project / ".redline" / "models")
+    assert sources["breast_cancer:1"] == sources["fraud:1"] == "file", sources

@@ -305,13 +305,13 @@ def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
     partitioned, not the whole catalogue.
     """
     n, items = queries.shape[0], emb.shape[0]
-    scores = [emb @ _aligned(queries[j]) for j in range(n)]
     k = min(k, items)
     width = items // TOP_K_GROUP  # group g: items g, g + width, g + 2 width, ... (and the tail)
     out_rows = np.empty((n, k), dtype=np.int64)
     out_scores = np.empty((n, k), dtype=np.float32)
     members = np.arange(TOP_K_GROUP, dtype=np.int64) * width
-    for j, row in enumerate(scores):
+    for j in range(n):
+        row = emb @ _aligned(queries[j])  # this query's scores, used while still in cache
         if width > k:
             maxima = row[:width * TOP_K_GROUP].reshape(TOP_K_GROUP, width).max(axis=0)
             bound = np.partition(maxima, width - k)[width - k]

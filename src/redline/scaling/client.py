@@ -118,9 +118,8 @@ class AsyncClient:
         self.hedge_window_s = hedge_window_s
         self.max_attempts = max_attempts
         self.stats = ClientStats()
-        # Recent answers' ms, and when each came (``time.monotonic``): the hedge's p95.
-        self._recent: deque[float] = deque(maxlen=1000)
-        self._recent_at: deque[float] = deque(maxlen=1000)
+        # Recent answers: (when it came, ``time.monotonic``; its ms), for the hedge's p95.
+        self._recent: deque[tuple[float, float]] = deque(maxlen=1000)
         self._p95_ms: float | None = None
         self._p95_at = 0.0  # when the p95 was last computed
         self._http: dict[str, ConnectionPool] = {}
@@ -229,14 +228,13 @@ class AsyncClient:
         """The ``hedge_quantile`` of the answers of the last ``hedge_window_s`` (older ones are
         dropped); None below ``hedge_min_samples`` of them: no hedging until there are."""
         self._p95_at = t
-        recent, at = self._recent, self._recent_at
+        recent = self._recent
         horizon = t - self.hedge_window_s
-        while at and at[0] < horizon:
-            at.popleft()
+        while recent and recent[0][0] < horizon:
             recent.popleft()
         if len(recent) < self.hedge_min_samples:
             return None
-        ordered = sorted(recent)
+        ordered = sorted(ms for _, ms in recent)
         return ordered[min(len(ordered) - 1, int(len(ordered) * self.hedge_quantile))]
 
     async def _hedged(self, call: tuple[Any, ...], primary: Endpoint, backup: Endpoint | None,
@@ -291,8 +289,7 @@ class AsyncClient:
         ended = time.monotonic()
         ms = (ended - start) * 1000.0
         endpoint.record_ok(ms)
-        self._recent.append(ms)
-        self._recent_at.append(ended)
+        self._recent.append((ended, ms))
         return value
 
     # ------------------------------------------------------------------ HTTP
