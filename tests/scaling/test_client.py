@@ -329,8 +329,39 @@ def test_the_hedge_p95_forgets_a_burst_of_slow_answers(replicas) -> None:  # typ
     assert stats.hedge_wins >= 1
 
 
+def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type: ignore[no-untyped-def]
+    """The hedge delay is learnt from first attempts. When the preferred replica turns slow and
+    hedges answer instead, each call counts as the time its first attempt had run (past the
+    delay), so the delay rises; counting the hedges' quick answers instead let it fall under its
+    own hedges until they hit the cap."""
+    proxies = [StragglerProxy(s.http_port, share=0.0, delay_s=0.3, seed=i).start()
+               for i, s in enumerate(replicas)]
+    try:
+        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=1.0,
+                                hedge_min_samples=20, budget_ms=5000)
+        for _ in range(30):
+            client.infer("affine", X)
+        learnt = client.hedge_delay_ms()
+        assert learnt is not None and learnt >= client._async.hedge_min_ms
+        preferred = client.endpoints.ranked()[0].address
+        slow = next(p for p in proxies if preferred.endswith(f":{p.port}"))
+        slow.share = 1.0
+        for _ in range(10):
+            assert client.infer("affine", X)["s"].tolist() == [10.0]
+        risen = client.hedge_delay_ms()
+        stats = client.stats
+        client.close()
+    finally:
+        for p in proxies:
+            p.stop()
+    assert stats.hedge_wins >= 8, stats
+    # 10 of 40 first attempts ran past the old delay: the 95th percentile is one of them.
+    assert risen is not None and risen > learnt, (learnt, risen, stats)
+
+
 def test_hedge_settings_out_of_range_are_a_clear_error() -> None:
     for option, value in (("hedge_quantile", 1.5), ("hedge_max_share", -0.1),
-                          ("hedge_window_s", 0), ("hedge_min_samples", 0)):
+                          ("hedge_window_s", 0), ("hedge_min_samples", 0),
+                          ("hedge_min_ms", -1.0)):
         with pytest.raises(InvalidInput, match=option):
             redline.Client(["127.0.0.1:1", "127.0.0.1:2"], **{option: value})

@@ -12,7 +12,11 @@ Every call has a budget (``budget_ms``): each attempt is sent with what is left 
   and the other is cancelled. Hedges are capped to ``hedge_max_share`` of requests (5%). The
   p95 is taken over the answers of the last ``hedge_window_s`` (10 s), recomputed every 50
   calls or second: a burst of slow answers (a replica's pause) raised it, and kept over a count
-  alone it stayed raised -- hedging nothing -- for as many calls as the window held.
+  alone it stayed raised -- hedging nothing -- for as many calls as the window held. The
+  samples are first attempts' times: a first attempt a hedge beat counts as the time it had
+  run (a lower bound past the p95). Counting the winner's time instead fed the estimate its
+  own hedges' short answers, so it fell call by call until hedges hit their cap. No hedge
+  goes sooner than ``hedge_min_ms`` (1 ms).
 - **Failover**: endpoints (say one per zone) are ranked fastest healthy first
   (``scaling/endpoints.py``); a failed one is quarantined and re-probed later.
 
@@ -95,7 +99,7 @@ class AsyncClient:
                  budget_ms: float = 1000.0, hedge: bool = True, hedge_max_share: float = 0.05,
                  hedge_min_samples: int = 50, hedge_after_ms: float | None = None,
                  hedge_quantile: float = 0.95, hedge_window_s: float = 10.0,
-                 max_attempts: int = 3) -> None:
+                 hedge_min_ms: float = 1.0, max_attempts: int = 3) -> None:
         if protocol not in ("http", "grpc"):
             raise errors.InvalidInput(f"protocol must be 'http' or 'grpc', got {protocol!r}")
         for name, value, ok, want in (
@@ -103,6 +107,7 @@ class AsyncClient:
                 ("hedge_max_share", hedge_max_share, 0.0 <= hedge_max_share <= 1.0,
                  "in [0, 1]"),
                 ("hedge_window_s", hedge_window_s, hedge_window_s > 0.0, "above 0"),
+                ("hedge_min_ms", hedge_min_ms, hedge_min_ms >= 0.0, "at least 0"),
                 ("hedge_min_samples", hedge_min_samples, hedge_min_samples >= 1, "at least 1")):
             if not ok:
                 raise errors.InvalidInput(f"{name} must be {want}, got {value!r}")
@@ -116,6 +121,9 @@ class AsyncClient:
         self.hedge_after_ms = hedge_after_ms  # fixed delay instead of the observed p95
         self.hedge_quantile = hedge_quantile
         self.hedge_window_s = hedge_window_s
+        # A learnt p95 under a millisecond is scheduler noise, and hedges sent that soon add
+        # the load that makes the next answers later: never sooner than this.
+        self.hedge_min_ms = hedge_min_ms
         self.max_attempts = max_attempts
         self.stats = ClientStats()
         # Recent answers: (when it came, ``time.monotonic``; its ms), for the hedge's p95.
@@ -213,6 +221,14 @@ class AsyncClient:
         concurrent calls that all waited past the p95 cannot overshoot it together)."""
         return self.stats.hedges + 1 <= self.hedge_max_share * self.stats.requests
 
+    def hedge_delay_ms(self) -> float | None:
+        """When a call would be hedged now: the learnt quantile of first attempts over the
+        window (at least ``hedge_min_ms``), or ``hedge_after_ms``; None while too few answered."""
+        if self.hedge_after_ms is not None:
+            return self.hedge_after_ms
+        quantile = self._quantile_ms(time.monotonic())
+        return None if quantile is None else max(quantile, self.hedge_min_ms)
+
     def _hedge_delay_s(self) -> float | None:
         if not self.hedge or not self._hedge_allowed():
             return None
@@ -222,7 +238,7 @@ class AsyncClient:
         if (self._p95_ms is None or self.stats.requests % 50 == 0
                 or t - self._p95_at >= 1.0):
             self._p95_ms = self._quantile_ms(t)
-        return None if self._p95_ms is None else self._p95_ms / 1000.0
+        return None if self._p95_ms is None else max(self._p95_ms, self.hedge_min_ms) / 1000.0
 
     def _quantile_ms(self, t: float) -> float | None:
         """The ``hedge_quantile`` of the answers of the last ``hedge_window_s`` (older ones are
@@ -240,15 +256,20 @@ class AsyncClient:
     async def _hedged(self, call: tuple[Any, ...], primary: Endpoint, backup: Endpoint | None,
                       deadline: float) -> tuple[Any, Endpoint, bool]:
         delay = self._hedge_delay_s() if backup is not None else None
+        started = time.monotonic()
         if delay is None or backup is None:
-            return await self._attempt(call, primary, deadline), primary, False
+            value = await self._attempt(call, primary, deadline)
+            self._sample(started)
+            return value, primary, False
         loop = asyncio.get_running_loop()
         first = loop.create_task(self._attempt(call, primary, deadline))
         owner = {first: primary}
         try:
             done, _ = await asyncio.wait((first,), timeout=delay)
             if done or not self._hedge_allowed():
-                return await first, primary, False
+                value = await first
+                self._sample(started)
+                return value, primary, False
             self.stats.hedges += 1
             second = loop.create_task(self._attempt(call, backup, deadline))
             owner[second] = backup
@@ -261,6 +282,8 @@ class AsyncClient:
                     if exc is None:
                         if task is second:
                             self.stats.hedge_wins += 1
+                        if not first.done() or first.exception() is None:
+                            self._sample(started)  # the first attempt's time, or its lower bound
                         return task.result(), owner[task], True
                     if failure is None or not isinstance(exc, _Retryable):
                         failure = exc  # an answer error (4xx) outranks a retryable one
@@ -286,11 +309,14 @@ class AsyncClient:
             raise
         except TimeoutError:
             raise _Retryable("timed out", sent=True) from None
-        ended = time.monotonic()
-        ms = (ended - start) * 1000.0
-        endpoint.record_ok(ms)
-        self._recent.append((ended, ms))
+        endpoint.record_ok((time.monotonic() - start) * 1000.0)
         return value
+
+    def _sample(self, started: float) -> None:
+        """A first attempt's time for the hedge's p95: its answer's, or how long it had run
+        when a hedge's answer came first."""
+        ended = time.monotonic()
+        self._recent.append((ended, (ended - started) * 1000.0))
 
     # ------------------------------------------------------------------ HTTP
     async def _http_call(self, call: tuple[Any, ...], endpoint: Endpoint, remaining: float
@@ -464,6 +490,12 @@ class Client:
     @property
     def endpoints(self) -> EndpointSet:
         return self._async.endpoints
+
+    def hedge_delay_ms(self) -> float | None:
+        async def read() -> float | None:  # on the client's loop: its answers change there
+            return self._async.hedge_delay_ms()
+
+        return self._run(read())
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
