@@ -104,6 +104,26 @@ def test_bounds_late_and_unmatched(backends: Factory) -> None:
     assert again == (0, [], 0, 3) and qa.report()["joined"] == 1000
 
 
+def test_recent_scores_are_the_last_window_whatever_the_batches(backends: Factory) -> None:
+    """Batches of 1 to 700 scores from two workers: the window is exactly the last 300 scores
+    in the order they were written (Redis keeps a blob a batch, trimmed by count)."""
+    a, b = backends(), backends()
+    qa, qb = monitor(a, window=300), monitor(b, window=300)
+    rng = np.random.default_rng(5)
+    written: list[float] = []
+    for n, size in enumerate([1, 7, 250, 3, 700, 2, 1, 299, 40, 1, 1, 5]):
+        q, backend = (qa, a) if n % 2 else (qb, b)
+        scores = rng.random(size)
+        q.predicted([""] * size, scores)  # a ranker's candidates: no request id each
+        backend.flush()
+        written += scores.tolist()
+        for state in (qa.state, qb.state):
+            assert state.snapshot().recent.tolist() == written[-300:]
+    if isinstance(a, RedisBackend):  # Redis holds the window: its oldest blob is needed
+        held = [int(c) for c in a.client.lrange(qa.state.keys["recent_n"], 0, -1)]
+        assert sum(held) >= 300 > sum(held[1:]), held
+
+
 def test_redis_down_is_a_clear_error_and_predictions_wait(redis_server: RedisServer) -> None:
     backend = RedisBackend(redis_server.url, timeout_ms=300)
     q = monitor(backend)
