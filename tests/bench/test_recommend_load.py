@@ -1,0 +1,48 @@
+"""The recommender comparison's load tool: both loops count what a real server answered, and
+while they run the heap held before is out of the collector's full passes (and back after)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from aiohttp import web
+
+from benchmarks.recommend.load import closed_loop, open_loop
+
+
+def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
+    frozen_while_sending: list[int] = []
+
+    def body(n: int) -> bytes:
+        frozen_while_sending.append(gc.get_freeze_count())
+        return b'{"n": %d}' % n
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True}, status=200 if request.path == "/ok" else 500)
+
+    async def go() -> tuple:
+        app = web.Application()
+        app.router.add_post("/ok", answer)
+        app.router.add_post("/bad", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            base = f"http://127.0.0.1:{port}"
+            return (await closed_loop(f"{base}/ok", body, 2, 0.3, warmup_s=0.1),
+                    await open_loop(f"{base}/ok", body, 200, 0.3, warmup_s=0.1),
+                    await open_loop(f"{base}/bad", body, 100, 0.2, warmup_s=0.0))
+        finally:
+            await runner.cleanup()
+
+    held = [object() for _ in range(1000)]  # what a benchmark holds before it measures
+    closed, opened, failing = asyncio.run(go())
+    assert closed.requests > 10 and closed.errors == 0 and closed.p99_ms > 0
+    assert 55 <= opened.requests <= 60 and opened.errors == 0  # 0.3 s at 200/s
+    assert failing.requests == 0 and failing.errors == 20 and failing.p99_ms == float("inf")
+    assert min(frozen_while_sending) >= len(held)
+    assert gc.get_freeze_count() == 0
