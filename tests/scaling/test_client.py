@@ -342,7 +342,7 @@ def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type:
         for _ in range(30):
             client.infer("affine", X)
         learnt = client.hedge_delay_ms()
-        assert learnt is not None and learnt >= client._async.hedge_min_ms
+        assert learnt is not None and learnt >= 1.0  # hedge_min_ms
         preferred = client.endpoints.ranked()[0].address
         slow = next(p for p in proxies if preferred.endswith(f":{p.port}"))
         slow.share = 1.0

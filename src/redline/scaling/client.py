@@ -226,8 +226,8 @@ class AsyncClient:
         window (at least ``hedge_min_ms``), or ``hedge_after_ms``; None while too few answered."""
         if self.hedge_after_ms is not None:
             return self.hedge_after_ms
-        quantile = self._quantile_ms(time.monotonic())
-        return None if quantile is None else max(quantile, self.hedge_min_ms)
+        self._p95_ms = self._quantile_ms(time.monotonic())
+        return None if self._p95_ms is None else max(self._p95_ms, self.hedge_min_ms)
 
     def _hedge_delay_s(self) -> float | None:
         if not self.hedge or not self._hedge_allowed():
