@@ -41,8 +41,8 @@ def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
 
     held = [object() for _ in range(1000)]  # what a benchmark holds before it measures
     closed, opened, failing = asyncio.run(go())
-    assert closed.requests > 10 and closed.errors == 0 and closed.p99_ms > 0
-    assert 55 <= opened.requests <= 60 and opened.errors == 0  # 0.3 s at 200/s
+    assert closed.requests >= 1 and closed.errors == 0 and closed.p99_ms > 0
+    assert opened.requests == 60 and opened.errors == 0  # every one due in 0.3 s at 200/s
     assert failing.requests == 0 and failing.errors == 20 and failing.p99_ms == float("inf")
     assert min(frozen_while_sending) >= len(held)
     assert gc.get_freeze_count() == 0
