@@ -14,11 +14,14 @@ Two workloads (``peer_apps/workload.py``), V2 REST JSON, one FP32 row of 16 per 
 
 Every server runs pinned to CPU 0 (one worker process for redline, one instance or replica per
 model for the peers, MLServer's one worker), the load tool (``redline bench``'s, run in this
-process) pinned to CPU 1. The
+process) pinned to CPU 1. During one server's turn every other server's processes are paused
+(SIGSTOP; ``--side-by-side`` leaves them running): idle, Ray's GCS, raylet and agents, Triton's
+and MLServer's threads still woke on CPU 0 and cut into the measured server's few milliseconds,
+which at 50 req/s, with a p99 bound of 5 ms, is the third slowest request. The
 peers run from their own environments (``bash benchmarks/peers/setup.sh pytriton mlserver
 ray-serve``, made on first use otherwise), each started with a tag in its environment and every
 process carrying it stopped at the end (``benchmarks/peers/procs.py``). All servers are up at
-once, idle when not measured; cells (target x concurrency 1 and 8) go round-robin for
+once, paused when not measured; cells (target x concurrency 1 and 8) go round-robin for
 ``--rounds`` rounds, then an open-loop ladder of rates (each round), every target at each rate
 until its p99 passes ``--p99-ms`` or it errs. Each cell records the server's CPU time per
 request (every process of the server). The report takes each cell's median over rounds with its
@@ -169,9 +172,31 @@ def answer(port: int, model: str) -> dict[str, list[float]]:
 class Run:
     """The servers of one run, started in a scratch folder and stopped together."""
 
-    def __init__(self, scratch: Path) -> None:
+    SETTLE_S = 0.5  # after a server is continued: its timers catch up before it is timed
+
+    def __init__(self, scratch: Path, pause: bool = True) -> None:
         self.scratch = scratch
         self.servers: dict[str, Server] = {}
+        self.pause = pause
+        self.paused: set[str] = set()
+
+    def turn(self, name: str) -> None:
+        """``name``'s turn: every other server paused (SIGSTOP), ``name`` continued."""
+        if not self.pause:
+            return
+        for other, server in self.servers.items():
+            if other != name and other not in self.paused:
+                peer_procs.pause_tagged(server.tag)
+                self.paused.add(other)
+        if name in self.paused:
+            peer_procs.resume_tagged(self.servers[name].tag)
+            self.paused.discard(name)
+            time.sleep(self.SETTLE_S)
+
+    def resume_all(self) -> None:
+        for name in list(self.paused):
+            peer_procs.resume_tagged(self.servers[name].tag)
+            self.paused.discard(name)
 
     def start(self, name: str, cmd: list[str], cwd: Path, http: int, grpc: int = 0,
               env: dict[str, str] | None = None) -> Server:
@@ -185,6 +210,7 @@ class Run:
         return server
 
     def stop(self) -> None:
+        self.resume_all()  # a stopped process does not act on SIGTERM until continued
         for server in self.servers.values():
             if server.proc.poll() is None:
                 server.proc.send_signal(signal.SIGTERM)
@@ -306,6 +332,7 @@ def bench(run: Run, t: Target, duration: float, warmup: float, *, c: int = 1,
 
     from redline.bench.runner import LoadSpec, run_load
 
+    run.turn(t.server)
     server = run.servers[t.server]
     url = (f"127.0.0.1:{server.grpc}" if t.protocol == "grpc"
            else f"http://127.0.0.1:{server.http}")
@@ -499,6 +526,9 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
     ap.add_argument("--replicas", type=int, default=1,
                     help="Ray Serve's replicas per deployment: as many as redline's workers "
                     "(one: the servers share one core)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="leave the servers not being measured running (default: paused, so "
+                    "each is measured alone)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
     args = ap.parse_args(argv)
     peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
@@ -510,7 +540,7 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w}: choose among {', '.join(WORKLOADS)}")
     scratch = Path(tempfile.mkdtemp(prefix="redline-pycompare-"))
-    run = Run(scratch)
+    run = Run(scratch, pause=not args.side_by_side)
     cpus = os.sched_getaffinity(0)
     try:
         files = scratch / "graph-files"
@@ -532,6 +562,7 @@ def main(argv: list[str] | None = None) -> dict:  # type: ignore[type-arg]
         result = {"command": " ".join(["python", *sys.argv[0:1], *(argv or sys.argv[1:])]),
                   "rounds": args.rounds, "duration_s": args.duration,
                   "p99_bound_ms": args.p99_ms, "peers": peers, "workloads": workloads,
+                  "alone": not args.side_by_side,
                   "cells": summarize(targets, data), "ratios": ratios(targets, data),
                   "runs": data}
         result["command"] = result["command"].replace(str(ROOT) + "/", "")

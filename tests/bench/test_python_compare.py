@@ -66,3 +66,31 @@ def test_redline_alone_runs_end_to_end() -> None:
                           for c in (1, 8)}
     assert all(c["rps"] > 0 and c["errors"] == 0 for c in cells.values())
     assert result["ratios"]["rowsum_c8_rps_vs_onnx"]["ratio"] > 0
+
+
+def _state(pid: int) -> str:
+    from pathlib import Path
+
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_each_server_is_measured_alone_and_stopped_even_when_paused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A server's turn pauses every other one (SIGSTOP) and continues its own; stopping the run
+    ends them all, the paused ones too."""
+    import sys
+
+    from benchmarks.peers import procs
+
+    run = python_compare.Run(tmp_path)
+    run.SETTLE_S = 0.0
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+    a, b = (run.start(name, cmd, tmp_path, http=0) for name in ("a", "b"))
+    try:
+        run.turn("a")
+        assert _state(b.proc.pid) == "T" and _state(a.proc.pid) in "RS"
+        run.turn("b")
+        assert _state(a.proc.pid) == "T" and _state(b.proc.pid) in "RS"
+    finally:
+        run.stop()
+    assert a.proc.poll() is not None and b.proc.poll() is not None
+    assert not procs.tagged(a.tag) and not procs.tagged(b.tag)
