@@ -107,8 +107,17 @@ async def _closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: in
 
 async def _open_loop(url: str, bodies: Callable[[int], bytes], rate: float, duration_s: float,
                      warmup_s: float, connections: int) -> Result:
-    latencies: list[float] = []
-    errors = 0
+    answers = await open_loop_answers(url, bodies, rate, duration_s, warmup_s, connections)
+    return _result([latency for latency, body in answers if body is not None],
+                   sum(body is None for _, body in answers), duration_s)
+
+
+async def open_loop_answers(url: str, bodies: Callable[[int], bytes], rate: float,
+                            duration_s: float, warmup_s: float = 0.5, connections: int = 64
+                            ) -> list[tuple[float, bytes | None]]:
+    """The open loop's measured requests: (seconds from its due time, the answer's body, or
+    None for an error status), for a caller that reads the answers (``tick_tail.py``)."""
+    answers: list[tuple[float, bytes | None]] = []
     conn = aiohttp.TCPConnector(limit=connections)
     async with aiohttp.ClientSession(connector=conn) as session:
         start = time.perf_counter() + 0.05
@@ -116,13 +125,11 @@ async def _open_loop(url: str, bodies: Callable[[int], bytes], rate: float, dura
         warm = int(warmup_s * rate)
 
         async def one(n: int, due: float) -> None:
-            nonlocal errors
-            ok = await _post(session, url, bodies(n))
+            async with session.post(url, data=bodies(n),
+                                    headers={"content-type": "application/json"}) as r:
+                body = await r.read()
             if n >= warm:
-                if ok:
-                    latencies.append(time.perf_counter() - due)
-                else:
-                    errors += 1
+                answers.append((time.perf_counter() - due, body if r.status == 200 else None))
 
         tasks = []
         for n in range(total):
@@ -132,4 +139,4 @@ async def _open_loop(url: str, bodies: Callable[[int], bytes], rate: float, dura
                 await asyncio.sleep(pause)
             tasks.append(asyncio.create_task(one(n, due)))
         await asyncio.gather(*tasks)
-    return _result(latencies, errors, duration_s)
+    return answers

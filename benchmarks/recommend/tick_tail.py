@@ -27,10 +27,8 @@ import os
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 import orjson
 
@@ -39,35 +37,7 @@ sys.path.insert(0, str(HERE.parents[1] / "examples" / "recommend"))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from benchmarks.recommend import compare_ray_serve as rec  # noqa: E402
-from benchmarks.recommend.load import frozen_heap  # noqa: E402
-
-
-async def open_loop(url: str, bodies: list[bytes], rate: float, duration_s: float,
-                    warmup_s: float = 0.5) -> list[tuple[float, float]]:
-    """(latency from the due time, the server's own total) a request, in seconds."""
-    out: list[tuple[float, float]] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-        start = time.perf_counter() + 0.05
-        total, warm = int((warmup_s + duration_s) * rate), int(warmup_s * rate)
-
-        async def one(n: int, due: float) -> None:
-            async with session.post(url, data=bodies[n % len(bodies)],
-                                    headers={"content-type": "application/json"}) as r:
-                body = await r.read()
-            if n >= warm:
-                server = orjson.loads(body).get("timings_us", {}).get("total", -1) / 1e6 \
-                    if r.status == 200 else float("nan")
-                out.append((time.perf_counter() - due, server))
-
-        tasks = []
-        for n in range(total):
-            due = start + n / rate
-            pause = due - time.perf_counter()
-            if pause > 0:
-                await asyncio.sleep(pause)
-            tasks.append(asyncio.create_task(one(n, due)))
-        await asyncio.gather(*tasks)
-    return out
+from benchmarks.recommend.load import frozen_heap, open_loop_answers  # noqa: E402
 
 
 def run_mode(monitoring: bool, args: argparse.Namespace, data: object) -> dict[int, dict]:
@@ -81,13 +51,19 @@ def run_mode(monitoring: bool, args: argparse.Namespace, data: object) -> dict[i
         bodies = [orjson.dumps(b) for b in rec.load_sessions(redis_url, server.url, data,
                                                              args.sessions)]
         url = f"{server.url}/v1/models/recommend/predict"
+
+        def body(n: int) -> bytes:
+            return bodies[n % len(bodies)]
+
         # Warm: connections, caches, and the drift calibration a fresh server runs at load.
-        asyncio.run(open_loop(url, bodies, min(args.rate), args.warmup))
+        asyncio.run(open_loop_answers(url, body, min(args.rate), args.warmup))
         out = {}
         for rate in args.rate:
             with frozen_heap():  # the data held here, out of the collector's full passes
-                got = np.array(asyncio.run(open_loop(url, bodies, rate, args.duration))) * 1000
-            latency, server_ms = got[:, 0], got[:, 1]
+                answers = asyncio.run(open_loop_answers(url, body, rate, args.duration))
+            latency = np.array([seconds for seconds, _ in answers]) * 1000
+            server_ms = np.array([orjson.loads(answer).get("timings_us", {}).get("total", -1)
+                                  / 1000 if answer else np.nan for _, answer in answers])
             slow = latency > args.slow_ms
             out[rate] = {"p50_ms": float(np.percentile(latency, 50)),
                          "p99_ms": float(np.percentile(latency, 99)),

@@ -10,7 +10,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +37,22 @@ def replicas(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
     finally:
         for s in servers:
             s.kill()
+
+
+@contextlib.contextmanager
+def through_stragglers(replicas, share: float, delay_s: float,  # type: ignore[no-untyped-def]
+                       **options: Any) -> Iterator[tuple[list[StragglerProxy], redline.Client]]:
+    """A client of the replicas, each behind a straggler proxy (seeded apart); the client
+    closed and the proxies stopped after."""
+    proxies = [StragglerProxy(s.http_port, share=share, delay_s=delay_s, seed=i).start()
+               for i, s in enumerate(replicas)]
+    try:
+        with redline.Client([f"127.0.0.1:{p.port}" for p in proxies], budget_ms=5000,
+                            **options) as client:
+            yield proxies, client
+    finally:
+        for p in proxies:
+            p.stop()
 
 
 def test_v2_over_http_and_grpc_sync_and_async(replicas) -> None:  # type: ignore[no-untyped-def]
@@ -85,11 +103,8 @@ def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: i
     straggled, about one run in five at 30 to 50 calls: then nothing is hedged until the next
     recomputation. That is the estimate being right about the calls it saw, not hedging failing.)
     """
-    proxies = [StragglerProxy(s.http_port, share=0.0, delay_s=1.0, seed=i).start()
-               for i, s in enumerate(replicas)]
-    try:
-        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=0.2,
-                                hedge_min_samples=30, budget_ms=5000)
+    with through_stragglers(replicas, 0.0, 1.0, hedge_max_share=0.2,
+                            hedge_min_samples=30) as (proxies, client):
         for _ in range(60):
             client.infer("affine", X)
         for p in proxies:
@@ -100,10 +115,6 @@ def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: i
             assert client.infer("affine", X)["s"].tolist() == [10.0]
             waited.append(time.monotonic() - start)
         stats = client.stats
-        client.close()
-    finally:
-        for p in proxies:
-            p.stop()
     assert sum(p.delayed for p in proxies) >= 5
     assert stats.hedge_wins >= 3
     assert stats.hedges <= 0.2 * stats.requests + 1
@@ -297,11 +308,8 @@ def test_the_hedge_p95_forgets_a_burst_of_slow_answers(replicas) -> None:  # typ
     ``hedge_window_s`` the p95 is the fast answers' again, so a straggler is hedged within
     milliseconds, not after the burst's 300 (as it was when the p95 kept the last 1,000
     answers whatever their age)."""
-    proxies = [StragglerProxy(s.http_port, share=1.0, delay_s=0.3, seed=i).start()
-               for i, s in enumerate(replicas)]
-    try:
-        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=0.5,
-                                hedge_min_samples=20, hedge_window_s=1.0, budget_ms=5000)
+    with through_stragglers(replicas, 1.0, 0.3, hedge_max_share=0.5, hedge_min_samples=20,
+                            hedge_window_s=1.0) as (proxies, client):
         burst = [threading.Thread(target=lambda: [client.infer("affine", X) for _ in range(5)])
                  for _ in range(4)]  # the burst: every answer late, four calls at a time
         for t in burst:
@@ -321,10 +329,6 @@ def test_the_hedge_p95_forgets_a_burst_of_slow_answers(replicas) -> None:  # typ
         assert client.infer("affine", X)["s"].tolist() == [10.0]
         waited = time.monotonic() - start
         stats = client.stats
-        client.close()
-    finally:
-        for p in proxies:
-            p.stop()
     assert waited < 0.2, (waited, stats)
     assert stats.hedge_wins >= 1
 
@@ -334,11 +338,8 @@ def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type:
     hedges answer instead, each call counts as the time its first attempt had run (past the
     delay), so the delay rises; counting the hedges' quick answers instead let it fall under its
     own hedges until they hit the cap."""
-    proxies = [StragglerProxy(s.http_port, share=0.0, delay_s=0.3, seed=i).start()
-               for i, s in enumerate(replicas)]
-    try:
-        client = redline.Client([f"127.0.0.1:{p.port}" for p in proxies], hedge_max_share=1.0,
-                                hedge_min_samples=20, budget_ms=5000)
+    with through_stragglers(replicas, 0.0, 0.3, hedge_max_share=1.0,
+                            hedge_min_samples=20) as (proxies, client):
         for _ in range(30):
             client.infer("affine", X)
         learnt = client.hedge_delay_ms()
@@ -350,10 +351,6 @@ def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type:
             assert client.infer("affine", X)["s"].tolist() == [10.0]
         risen = client.hedge_delay_ms()
         stats = client.stats
-        client.close()
-    finally:
-        for p in proxies:
-            p.stop()
     assert stats.hedge_wins >= 8, stats
     # 10 of 40 first attempts ran past the old delay: the 95th percentile is one of them.
     assert risen is not None and risen > learnt, (learnt, risen, stats)
