@@ -124,6 +124,28 @@ def test_recent_scores_are_the_last_window_whatever_the_batches(backends: Factor
         assert sum(held) >= 300 > sum(held[1:]), held
 
 
+def test_a_rankers_ids_go_in_small_pipelines_and_all_join(redis_server: RedisServer,
+                                                             monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Ten requests of 100 candidates, each with an id: written in pipelines of at most
+    IDS_PER_PIPELINE ids with a hand-over to the loop between two (redis-py packs every
+    argument holding the GIL), and every candidate joins its label."""
+    from redline.monitoring import joinstore_redis
+
+    handovers: list[int] = []
+    monkeypatch.setattr(joinstore_redis, "yield_to_loop", lambda: handovers.append(1))
+    backend = RedisBackend(redis_server.url)
+    q = monitor(backend)
+    ids = [f"req{r}:{i}" for r in range(10) for i in range(100)]
+    scores = np.random.default_rng(2).random(1000)
+    q.predicted(ids, scores)
+    backend.flush()
+    assert len(handovers) >= 1000 // joinstore_redis.IDS_PER_PIPELINE
+    assert outcome([q.state], ids, [1.0] * 1000) == (1000, [], 0, 0)
+    report = q.report()
+    assert report["labelled"] == 1000 and report["pending_join"] == 0
+    assert q.state.snapshot().recent.tolist() == scores.tolist()
+
+
 def test_redis_down_is_a_clear_error_and_predictions_wait(redis_server: RedisServer) -> None:
     backend = RedisBackend(redis_server.url, timeout_ms=300)
     q = monitor(backend)

@@ -40,6 +40,9 @@ from redline.monitoring.joinstore import JoinSnapshot
 
 PREFIX = "redline:quality"
 LABEL_CHUNK = 2000  # labels per Lua call: Redis serves nobody else while one runs
+# Predictions with an id per pipeline (a ranker's request has one a candidate: 100): redis-py
+# packs each argument in Python, ~0.6 µs, holding the GIL for the whole pipeline.
+IDS_PER_PIPELINE = 256
 PARSE_CHUNK = 500  # list items parsed to floats between two hand-overs (~0.3 ms)
 
 EVICT = """
@@ -156,11 +159,12 @@ class RedisJoin:
                 self._dropped += sum(1 for rid in ids if rid)
 
     def flush(self) -> None:
-        """The waiting predictions into Redis, one pipeline per batch (an absorbed slice) with
-        a hand-over to the loop between two (on the tick's thread): one pipeline for a tick's
-        ~500 predictions was ~1.5 ms of the GIL packing and parsing in one piece, and kept
-        Redis from the requests' feature reads meanwhile. A batch written is forgotten at
-        once, so a failure part-way re-sends only what was not written."""
+        """The waiting predictions into Redis, a pipeline per batch (an absorbed slice) or
+        per ``IDS_PER_PIPELINE`` of its ids, with a hand-over to the loop between two (on the
+        tick's thread): one pipeline for a tick's ~500 predictions was ~1.5 ms of the GIL
+        packing and parsing in one piece, and kept Redis from the requests' feature reads
+        meanwhile. A batch written is forgotten at once, so a failure part-way re-sends only
+        what was not written."""
         with self._lock:
             batches, dropped = list(self._batches), self._dropped
         if not batches:
@@ -168,13 +172,21 @@ class RedisJoin:
         k = self.keys
         now = time.time()
         for n, (seq, t, ids, values) in enumerate(batches):
-            if n:
+            kept = [(rid, s) for rid, s in zip(ids, values, strict=False) if rid]
+            # The ids in pipelines of IDS_PER_PIPELINE, a hand-over between two; the scores and
+            # the eviction with the last. A failure part-way re-sends the batch: writing an id
+            # again is harmless, and the scores go only once it is all written.
+            parts = [kept[i:i + IDS_PER_PIPELINE]
+                     for i in range(0, len(kept), IDS_PER_PIPELINE)] or [[]]
+            for part in parts[:-1]:
+                yield_to_loop()
+                pipe = self.backend.client.pipeline(transaction=False)
+                self._pending(pipe, dict(part), t)
+                self.backend.guarded(pipe.execute)
+            if n or len(parts) > 1:
                 yield_to_loop()
             pipe = self.backend.client.pipeline(transaction=False)
-            kept = {rid: s for rid, s in zip(ids, values, strict=False) if rid}
-            if kept:
-                pipe.hset(k["pending"], mapping=kept)
-                pipe.zadd(k["times"], dict.fromkeys(kept, t))
+            self._pending(pipe, dict(parts[-1]), t)
             if values:
                 recent = values[-self.window:]
                 pipe.eval(PUSH_RECENT, 2, k["recent_f8"], k["recent_n"],
@@ -196,6 +208,12 @@ class RedisJoin:
                     self._rows -= len(self._batches.popleft()[3])
         with self._lock:
             self._dropped -= dropped
+
+    def _pending(self, pipe: Any, kept: dict[str, float], t: float) -> None:
+        """Predictions with an id, waiting for their labels, into ``pipe``."""
+        if kept:
+            pipe.hset(self.keys["pending"], mapping=kept)
+            pipe.zadd(self.keys["times"], dict.fromkeys(kept, t))
 
     def _execute(self, pipe: Any, evict: tuple[Any, ...]) -> None:
         """Run ``pipe``, whose last call (when ``evict`` is set) is the eviction script by
