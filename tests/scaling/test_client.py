@@ -109,18 +109,21 @@ def test_hedging_rescues_stragglers_within_its_cap(replicas) -> None:  # type: i
             client.infer("affine", X)
         for p in proxies:
             p.share = 0.03
-        waited = []
+        calls = []  # (seconds waited, whether a hedge went out)
         for _ in range(400):
             start = time.monotonic()
-            assert client.infer("affine", X)["s"].tolist() == [10.0]
-            waited.append(time.monotonic() - start)
+            result = client.infer("affine", X)
+            assert result["s"].tolist() == [10.0]
+            calls.append((time.monotonic() - start, result.hedged))
         stats = client.stats
     assert sum(p.delayed for p in proxies) >= 5
     assert stats.hedge_wins >= 3
     assert stats.hedges <= 0.2 * stats.requests + 1
-    # Every straggler is hedged; only both replicas straggling on one call (~0.1%) still waits.
-    late = [w for w in waited if w >= 1.0]
-    assert len(late) <= 2, (late, stats)
+    # Every straggler is hedged. A call still waits when its hedge straggles too (3% of ~12
+    # hedged stragglers, and the seeded proxies repeat their draws: about one a run).
+    late = [(round(w, 3), hedged) for w, hedged in calls if w >= 1.0]
+    assert all(hedged for _, hedged in late), (late, stats)
+    assert len(late) <= 4, (late, stats)
 
 
 def test_failover_when_the_used_replica_is_killed(tmp_path: Path) -> None:
