@@ -328,10 +328,8 @@ def keep_drift_thresholds(root: Path) -> dict[str, str | None]:
     sources: dict[str, str | None] = {}
     for name in repo.list_models():
         for version in repo.versions(name):
-            meta = repo.metadata(name, version)
-            drift = DriftMonitor(name, str(version), meta.input_profile or {}, meta.feature_names,
-                                 defaults.drift_window_rows, defaults.drift_min_rows,
-                                 keep_in=repo.version_dir(name, version))
+            drift = DriftMonitor.of_version(name, str(version), repo.metadata(name, version),
+                                            defaults, repo.version_dir(name, version))
             drift.calibrate(background=False)
             sources[f"{name}:{version}"] = drift.thresholds_from
     return sources

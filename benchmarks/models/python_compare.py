@@ -172,31 +172,16 @@ def answer(port: int, model: str) -> dict[str, list[float]]:
 class Run:
     """The servers of one run, started in a scratch folder and stopped together."""
 
-    SETTLE_S = 0.5  # after a server is continued: its timers catch up before it is timed
-
     def __init__(self, scratch: Path, pause: bool = True) -> None:
         self.scratch = scratch
         self.servers: dict[str, Server] = {}
         self.pause = pause
-        self.paused: set[str] = set()
+        # 0.5 s to settle after a pause: each cell also warms up before it is timed.
+        self.turns = peer_procs.Turns({}, pause, settle_s=0.5)
 
     def turn(self, name: str) -> None:
         """``name``'s turn: every other server paused (SIGSTOP), ``name`` continued."""
-        if not self.pause:
-            return
-        for other, server in self.servers.items():
-            if other != name and other not in self.paused:
-                peer_procs.pause_tagged(server.tag)
-                self.paused.add(other)
-        if name in self.paused:
-            peer_procs.resume_tagged(self.servers[name].tag)
-            self.paused.discard(name)
-            time.sleep(self.SETTLE_S)
-
-    def resume_all(self) -> None:
-        for name in list(self.paused):
-            peer_procs.resume_tagged(self.servers[name].tag)
-            self.paused.discard(name)
+        self.turns.take(name)
 
     def start(self, name: str, cmd: list[str], cwd: Path, http: int, grpc: int = 0,
               env: dict[str, str] | None = None) -> Server:
@@ -207,10 +192,12 @@ class Run:
                                 env=peer_procs.tagged_env(tag, {**os.environ, **(env or {})}))
         server = Server(name, proc, tag, http, grpc)
         self.servers[name] = server
+        if self.pause:
+            self.turns.tags[name] = tag
         return server
 
     def stop(self) -> None:
-        self.resume_all()  # a stopped process does not act on SIGTERM until continued
+        self.turns.end()  # a stopped process does not act on SIGTERM until continued
         for server in self.servers.values():
             if server.proc.poll() is None:
                 server.proc.send_signal(signal.SIGTERM)

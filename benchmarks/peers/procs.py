@@ -77,6 +77,38 @@ def resume_tagged(tag: str) -> None:
         _send(pid, signal.SIGCONT)
 
 
+class Turns:
+    """Whose turn it is, among servers known by their tags. With ``pause``, every other server
+    is stopped (SIGSTOP) while one is measured and continued (SIGCONT) for its own turn, after
+    ``settle_s`` for the catching up of its timers: on two cores, the idle processes of a server
+    not being measured (Ray's GCS, raylet, agents and HAProxy; Triton's and MLServer's threads;
+    redline's monitoring tick) otherwise run on the cores the measured one needs, a noise each
+    side suffers from the other's side. Measured alone, each gets the machine a deployed server
+    would have. A name without a tag (a server this run did not start) is never paused."""
+
+    def __init__(self, tags: dict[str, str | None], pause: bool = True,
+                 settle_s: float = 1.0) -> None:
+        self.tags = {name: tag for name, tag in tags.items() if pause and tag}
+        self.settle_s = settle_s
+        self.paused: set[str] = set()
+
+    def take(self, name: str) -> None:
+        for other, tag in self.tags.items():
+            if other != name and other not in self.paused:
+                pause_tagged(tag)
+                self.paused.add(other)
+        if name in self.paused:
+            resume_tagged(self.tags[name])
+            self.paused.discard(name)
+            time.sleep(self.settle_s)
+
+    def end(self) -> None:
+        """Every paused server continued (a stopped process acts on SIGTERM only then)."""
+        for name in list(self.paused):
+            resume_tagged(self.tags[name])
+            self.paused.discard(name)
+
+
 def _send(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

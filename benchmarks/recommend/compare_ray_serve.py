@@ -6,7 +6,7 @@ and item windows the peer reads, starts the Ray Serve peer from its own environm
 each configuration asked for, and measures every target in alternation: c=1 and c=8 closed loop
 (throughput, p50, p99), then an open-loop ladder of rates, keeping the highest rate whose p99
 stays at or below ``--p99-ms``. During each turn the other server's processes are paused
-(SIGSTOP; ``Turns`` says why), unless ``--side-by-side``.
+(SIGSTOP; ``procs.Turns`` says why), unless ``--side-by-side``.
 
     python benchmarks/recommend/compare_ray_serve.py --artifacts examples/recommend/artifacts \
         --data examples/recommend/data --peer one:proxy --peer one:proxy:8 --peer one:haproxy \
@@ -199,9 +199,11 @@ def wait_until(proc: subprocess.Popen, name: str, seconds: float,
     raise RuntimeError(f"{name} did not answer in {seconds:.0f} s (its log is above)")
 
 
-def start_redline(artifacts: str, redis_url: str, model: str, workers: int) -> Server:
+def start_redline(artifacts: str, redis_url: str, model: str, workers: int,
+                  env: dict[str, str] | None = None) -> Server:
     """``redline models add`` into a scratch repository, then ``redline serve`` of the
-    example's settings on ``redis_url`` with ``workers`` worker processes."""
+    example's settings on ``redis_url`` with ``workers`` worker processes (``env``: more
+    environment for it, e.g. ``REDLINE_MONITORING__ENABLED``)."""
     folder = Path(tempfile.mkdtemp(prefix="redline-rec-repo-"))
     redline = [sys.executable, "-c", "from redline.cli import main; main()"]
     config = str(ROOT / "examples" / "recommend" / "redline.yaml")
@@ -213,8 +215,9 @@ def start_redline(artifacts: str, redis_url: str, model: str, workers: int) -> S
                              str(folder / "models"), "--redis-url", redis_url, "--http-port",
                              str(port), "--grpc-port", "0", "--no-watch", "--log-level",
                              "warning"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=procs.tagged_env(
-                                tag, {**os.environ, "REDLINE_SCALING__WORKERS": str(workers)}))
+                            start_new_session=True, env=procs.tagged_env(tag, {
+                                **os.environ, **(env or {}),
+                                "REDLINE_SCALING__WORKERS": str(workers)}))
     server = Server(proc, f"http://127.0.0.1:{port}", tag, folder)
     try:
         wait_until(proc, "redline serve", 120,
@@ -252,43 +255,13 @@ def summarize(peers: dict[str, dict[str, dict]]) -> dict:
 Target = tuple[str, object, "str | None"]  # URL, bodies, the tag of the server's processes
 
 
-class Turns:
-    """Whose turn it is. With ``pause``, every other server started here is stopped (SIGSTOP)
-    while one is measured and continued (SIGCONT) for its own turn, after ``SETTLE_S`` for the
-    catching up of its timers: on two cores, the idle processes of a server not being measured
-    (Ray's GCS, raylet, agents and HAProxy; redline's monitoring tick) otherwise run on the
-    cores the measured one needs, a noise each side suffers from the other's side. Measured
-    alone, each gets the machine a deployed server would have."""
-
-    SETTLE_S = 1.0
-
-    def __init__(self, targets: dict[str, Target], pause: bool) -> None:
-        self.tags = {name: t[2] for name, t in targets.items() if pause and t[2]}
-        self.paused: set[str] = set()
-
-    def take(self, name: str) -> None:
-        for other, tag in self.tags.items():
-            if other != name and other not in self.paused:
-                procs.pause_tagged(tag)
-                self.paused.add(other)
-        if name in self.paused:
-            procs.resume_tagged(self.tags[name])
-            self.paused.discard(name)
-            time.sleep(self.SETTLE_S)
-
-    def end(self) -> None:
-        for name in list(self.paused):
-            procs.resume_tagged(self.tags[name])
-            self.paused.discard(name)
-
-
 def measure(targets: dict[str, Target], rounds: int, duration: float, p99_ms: float,
             pause: bool = True) -> dict[str, dict]:
     """Interleaved: each round runs every target at c=1, then c=8; then the open-loop ladder,
     every target at each rate until it misses the p99 bound; with ``pause``, each target alone
-    (:class:`Turns`)."""
+    (``procs.Turns``)."""
     best: dict[str, dict] = {name: {} for name in targets}
-    turns = Turns(targets, pause)
+    turns = procs.Turns({name: t[2] for name, t in targets.items()}, pause)
     try:
         for _ in range(rounds):
             for c in (1, 8):

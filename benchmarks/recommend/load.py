@@ -60,11 +60,12 @@ def frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> bool:
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> bytes | None:
+    """The answer's body, or None for an error status."""
     async with session.post(url, data=body,
                             headers={"content-type": "application/json"}) as r:
-        await r.read()
-        return r.status == 200
+        answer = await r.read()
+        return answer if r.status == 200 else None
 
 
 async def closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: int,
@@ -93,7 +94,7 @@ async def _closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: in
             nonlocal errors
             n = w
             while (t0 := time.perf_counter()) < end:
-                ok = await _post(session, url, bodies(n))
+                ok = await _post(session, url, bodies(n)) is not None
                 n += concurrency
                 if t0 >= measure_from:
                     if ok:
@@ -125,11 +126,9 @@ async def open_loop_answers(url: str, bodies: Callable[[int], bytes], rate: floa
         warm = int(warmup_s * rate)
 
         async def one(n: int, due: float) -> None:
-            async with session.post(url, data=bodies(n),
-                                    headers={"content-type": "application/json"}) as r:
-                body = await r.read()
+            answer = await _post(session, url, bodies(n))
             if n >= warm:
-                answers.append((time.perf_counter() - due, body if r.status == 200 else None))
+                answers.append((time.perf_counter() - due, answer))
 
         tasks = []
         for n in range(total):

@@ -42,12 +42,11 @@ from benchmarks.recommend.load import frozen_heap, open_loop_answers  # noqa: E4
 
 def run_mode(monitoring: bool, args: argparse.Namespace, data: object) -> dict[int, dict]:
     redis_proc, redis_url, redis_dir = rec.start_redis()
-    before = os.environ.get("REDLINE_MONITORING__ENABLED")
-    os.environ["REDLINE_MONITORING__ENABLED"] = "true" if monitoring else "false"
     server = None
     try:
         server = rec.start_redline(str(Path(args.artifacts).resolve()), redis_url, "recommend",
-                                   args.workers)
+                                   args.workers, env={"REDLINE_MONITORING__ENABLED":
+                                                      "true" if monitoring else "false"})
         bodies = [orjson.dumps(b) for b in rec.load_sessions(redis_url, server.url, data,
                                                              args.sessions)]
         url = f"{server.url}/v1/models/recommend/predict"
@@ -72,10 +71,6 @@ def run_mode(monitoring: bool, args: argparse.Namespace, data: object) -> dict[i
                          if slow.any() else None}
         return out
     finally:
-        if before is None:
-            os.environ.pop("REDLINE_MONITORING__ENABLED", None)
-        else:
-            os.environ["REDLINE_MONITORING__ENABLED"] = before
         if server is not None:
             server.stop()
         redis_proc.terminate()

@@ -90,7 +90,7 @@ def test_each_server_is_measured_alone_and_stopped_even_when_paused(tmp_path) ->
     from benchmarks.peers import procs
 
     run = python_compare.Run(tmp_path)
-    run.SETTLE_S = 0.0
+    run.turns.settle_s = 0.0
     cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
     a, b = (run.start(name, cmd, tmp_path, http=0) for name in ("a", "b"))
     try:

@@ -178,15 +178,13 @@ class RedisJoin:
             # again is harmless, and the scores go only once it is all written.
             parts = [kept[i:i + IDS_PER_PIPELINE]
                      for i in range(0, len(kept), IDS_PER_PIPELINE)] or [[]]
-            for part in parts[:-1]:
-                yield_to_loop()
+            for i, part in enumerate(parts):
+                if n or i:
+                    yield_to_loop()
                 pipe = self.backend.client.pipeline(transaction=False)
                 self._pending(pipe, dict(part), t)
-                self.backend.guarded(pipe.execute)
-            if n or len(parts) > 1:
-                yield_to_loop()
-            pipe = self.backend.client.pipeline(transaction=False)
-            self._pending(pipe, dict(parts[-1]), t)
+                if i < len(parts) - 1:
+                    self.backend.guarded(pipe.execute)
             if values:
                 recent = values[-self.window:]
                 pipe.eval(PUSH_RECENT, 2, k["recent_f8"], k["recent_n"],

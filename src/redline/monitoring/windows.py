@@ -178,9 +178,8 @@ class ModelWindows:
             self._meta[key] = meta
             if meta is not None:
                 s = self.settings
-                drift = DriftMonitor(key[0], key[1], meta.input_profile or {},
-                                     meta.feature_names, s.drift_window_rows, s.drift_min_rows,
-                                     keep_in=self.folder(*key) if self.folder else None)
+                drift = DriftMonitor.of_version(key[0], key[1], meta, s,
+                                                self.folder(*key) if self.folder else None)
                 drift.calibrate()  # thresholds on a background thread, not in a report
                 self.drift[key] = drift
                 self.quality[key] = QualityMonitor(

@@ -69,6 +69,14 @@ class DriftMonitor:
         self._reported: tuple[int, int, bool] | None = None  # the rows the last report read
         self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
+    @classmethod
+    def of_version(cls, model: str, version: str, meta: Any, settings: Any,
+                   keep_in: Path | None) -> DriftMonitor:
+        """The monitor a server makes for a loaded version: its metadata's profile and
+        features, ``settings``' (``MonitoringSettings``) window, thresholds kept in ``keep_in``."""
+        return cls(model, version, meta.input_profile or {}, meta.feature_names,
+                   settings.drift_window_rows, settings.drift_min_rows, keep_in=keep_in)
+
     @property
     def has_reference(self) -> bool:
         return bool(self.references)
