@@ -86,14 +86,24 @@ def test_each_server_is_measured_alone_and_stopped_even_when_paused(tmp_path) ->
     """A server's turn pauses every other one (SIGSTOP) and continues its own; stopping the run
     ends them all, the paused ones too."""
     import sys
+    import time
 
     from benchmarks.peers import procs
 
     run = python_compare.Run(tmp_path)
     run.turns.settle_s = 0.0
-    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
-    a, b = (run.start(name, cmd, tmp_path, http=0) for name in ("a", "b"))
+
+    def cmd(name: str) -> list[str]:  # up once its file exists, as a server once ready
+        ready = tmp_path / f"{name}.ready"
+        return [sys.executable, "-c", "import pathlib, sys, time; "
+                "pathlib.Path(sys.argv[1]).touch(); time.sleep(120)", str(ready)]
+
+    a, b = (run.start(name, cmd(name), tmp_path, http=0) for name in ("a", "b"))
     try:
+        for name in ("a", "b"):  # a process still exec'ing has no environment to find it by
+            deadline = time.monotonic() + 30
+            while not (tmp_path / f"{name}.ready").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         run.turn("a")
         assert _state(b.proc.pid, "T") == "T" and _state(a.proc.pid, "RS") in "RS"
         run.turn("b")
