@@ -28,7 +28,7 @@ from redline.serving.stages import RequestRecord
 from tests.monitoring.helpers import idle_monitor
 from tests.serving.helpers import affine_model, lend_sigalrm
 
-pytestmark = pytest.mark.allow_log(r"graph 'every' step 'flaky' raised")
+pytestmark = pytest.mark.allow_log(r"graph '(every|plain)' step '(flaky|shy)' raised")
 
 STEPS = '''
 import time
@@ -56,6 +56,14 @@ def post(inputs):
 def slow(inputs):
     time.sleep(0.02)
     return {"z": inputs["x"] * 2}
+
+def shy(inputs):
+    raw = inputs["raw"]
+    if (raw < 0).any():
+        raise ValueError("negative input")
+    if (raw > 100).any():
+        return {"other": raw}  # not what the graph reads
+    return {"kept": raw * 3}
 '''
 
 GRAPHS = {
@@ -108,6 +116,26 @@ steps:
 outputs:
   z: slow.z
   s: double.s
+''',
+    # no fallback, no cascade: on the spot it runs in one loop (``GraphRun.answer_plain``)
+    "plain": '''
+inputs:
+  raw: {datatype: FP32, shape: [-1, 4]}
+steps:
+  pre:
+    kind: python
+    function: steps.py:pre
+    inputs: [raw]
+    outputs: {x: {datatype: FP32, shape: [-1, 4]}}
+  double: {kind: model, model: double.onnx, inputs: [pre.x]}
+  triple: {kind: model, model: affine, inputs: [pre.x]}
+  blend: {kind: ensemble, method: mean, steps: [double, triple], output: y}
+  shy: {kind: python, function: "steps.py:shy", inputs: [raw]}
+  post: {kind: python, function: "steps.py:post", batch: true, inputs: [double.s]}
+outputs:
+  label: post.label
+  y: blend.y
+  kept: shy.kept
 ''',
 }
 
@@ -178,6 +206,57 @@ async def test_on_the_spot_and_queued_answer_alike_with_the_same_stages(
     assert spot.path == "fallback"  # the negative rows: flaky's constant, flagged
     assert "step 'flaky' failed" in got["degraded"][0]
     assert got["flagged"].tolist() == [[0.0] * 4] * 3
+
+
+async def test_a_plain_graph_answers_in_one_loop_as_its_steps_would(
+        registry: ModelRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph with no fallback and no cascade runs on the spot without the coroutine: the
+    same answers, stages and step observations as the queued lane, and the same errors."""
+    from redline.models.dag import GraphRun
+
+    plain = registry.get("plain")
+    assert isinstance(plain, GraphHandle)
+    assert plain.dag.schedule.plain and not registry.get("every").dag.schedule.plain
+
+    def no_coroutine(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a plain graph on the spot went through GraphRun.answer")
+
+    windows = plain._p99  # noqa: SLF001 - each step's recent run times
+    for x in (np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((1, 4), np.float32)):
+        inputs, rows = plain.prepare({"raw": x})
+        spot, queued = RequestRecord("v2", "rest"), RequestRecord("v2", "rest")
+        seen = {name: len(w._seconds) for name, w in windows.items()}  # noqa: SLF001
+        with monkeypatch.context() as m:
+            m.setattr(GraphRun, "answer", no_coroutine)
+            got = plain.infer_now(inputs, rows, spot, now() + 5)
+        assert got is not None
+        assert {name: len(w._seconds) - seen[name]  # noqa: SLF001
+                for name, w in windows.items()} == dict.fromkeys(windows, 1)
+        want = await plain.infer_queued(inputs, rows, now() + 5, LOW, queued)
+        assert got.keys() == want.keys() == {"label", "y", "kept"}
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        np.testing.assert_allclose(got["y"], (x + 1) * 2.5)  # mean of (x+1)*2 and (x+1)*3
+        np.testing.assert_array_equal(got["kept"], x * 3)
+        assert sorted(stages(spot)) == sorted(stages(queued))  # (queued: branches at once)
+        assert stages(spot) == [f"step:{s}" for s in plain.dag.spec.order] + ["inference"]
+        assert spot.path == "primary" and spot.attributes is None
+    for bad, says in ((-np.ones((1, 4), np.float32), "raised ValueError"),
+                      (np.full((1, 4), 200, np.float32), "reads 'shy.kept' but step 'shy' "
+                                                         "returned no 'kept'")):
+        inputs, rows = plain.prepare({"raw": bad})
+        with pytest.raises(Exception) as on_the_spot:
+            plain.infer_now(inputs, rows, None, now() + 5)
+        with pytest.raises(Exception) as in_turn:
+            await plain.infer_queued(inputs, rows, now() + 5, LOW, None)
+        assert type(on_the_spot.value) is type(in_turn.value)
+        assert getattr(on_the_spot.value, "code", None) == "model_error"
+        assert str(on_the_spot.value) == str(in_turn.value)
+        assert says in str(on_the_spot.value)
+    inputs, rows = plain.prepare({"raw": np.ones((1, 4), np.float32)})
+    with pytest.raises(Exception) as late:
+        plain.infer_now(inputs, rows, None, now() - 1)
+    assert getattr(late.value, "code", None) == "deadline_exceeded"
 
 
 async def test_a_spent_budget_degrades_or_fails_alike_on_the_spot(

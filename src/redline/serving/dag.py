@@ -117,11 +117,11 @@ class GraphHandle(ModelHandle):
         None, and :meth:`infer_queued` runs it (see the module doc)."""
         if not self._ready(rows):
             return None
-        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule,
-                       _OnTheSpot(self, deadline, LOW, record), self.name)
+        env = _OnTheSpot(self, deadline, LOW, record)
+        run = GraphRun(self.dag.spec, self.dag.signatures, self.dag.schedule, env, self.name)
         mark = len(record.spans) if record is not None else 0
         t0 = perf_ns()
-        outputs = answer_now(run, inputs, rows)
+        outputs = answer_now(run, inputs, rows, env.run_now)
         if outputs is None:  # a step was stopped for running long: the queued lane runs it
             if record is not None:
                 del record.spans[mark:]
@@ -261,7 +261,10 @@ class _OnTheSpot(_RequestEnv):
     __slots__ = ()
 
     async def run(self, step: Step, inputs: Arrays, rows: int) -> Arrays:
-        out = self.handle.run_step_now(step, inputs, rows, self.deadline)
+        out = self.run_now(step, inputs, rows)
         if out is None:
             raise NotNow
         return out
+
+    def run_now(self, step: Step, inputs: Arrays, rows: int) -> Arrays | None:
+        return self.handle.run_step_now(step, inputs, rows, self.deadline)

@@ -5,7 +5,11 @@ graph whose steps each read the one before) runs with no task at all, each step 
 a graph with branches that may run together (an ensemble's members, two featurizers) gets a task
 per step, each awaiting only the steps it reads, so a slow branch never holds up another. When
 every step can run at once on the calling thread (the server's batchers are idle and the runs
-short), :func:`answer_now` computes the answer with no task and no loop round trip at all. The
+short), :func:`answer_now` computes the answer with no task and no loop round trip at all; for
+a *plain* graph (no fallback, no cascade: nothing that changes what a step's failure means)
+with no coroutine either, in one loop over the steps, their reads parsed once
+(``Schedule.reads``): the coroutine's frames and the reads' parsing were a large share of a
+three-step graph's time (``benchmarks/observability/inline_cost.py --api graph``). The
 ``StepEnv`` runs the leaves (models and Python functions) and knows the budget: the server's
 runs them through batchers within the request's budget (``serving/dag.py``), ``models add``'s
 sample run calls them directly (``runner.py``); this module is the one definition of what a
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -46,14 +51,22 @@ class NotNow(BaseException):
     A ``BaseException``, so that no step's fallback takes it for a failure."""
 
 
-def answer_now(run: GraphRun, inputs: Arrays, rows: int) -> Arrays | None:
+RunNow = Callable[[Step, Arrays, int], "Arrays | None"]
+
+
+def answer_now(run: GraphRun, inputs: Arrays, rows: int,
+               run_now: RunNow | None = None) -> Arrays | None:
     """``run``'s answer computed here, every step in turn, or None when a step could not run
-    at once (its env raised :class:`NotNow`; the values computed so far are dropped).
+    at once (its env raised :class:`NotNow`, or ``run_now`` returned None; the values computed
+    so far are dropped). ``run_now(step, inputs, rows)`` runs a ``model`` or ``python`` step at
+    once: given it, a plain graph takes :meth:`GraphRun.answer_plain`.
 
     Why a coroutine driven by hand: what a graph answers (fallbacks, cascades, degraded
     reasons) is written once, in :meth:`GraphRun.answer`; with an env whose ``run`` never
     waits, that coroutine finishes on its first ``send``, with no task, future or loop round
     trip. An env that does wait is a bug, refused here."""
+    if run_now is not None and run.schedule.plain:
+        return run.answer_plain(inputs, rows, run_now)
     coro = run.answer(inputs, rows, in_order=True)
     try:
         coro.send(None)
@@ -97,6 +110,41 @@ class GraphRun:
             why = "; ".join(self.reasons)
             out[DEGRADED] = np.full(rows, why, dtype=object)
         return out
+
+    def answer_plain(self, inputs: Arrays, rows: int, run_now: RunNow) -> Arrays | None:
+        """A plain graph's outputs (``Schedule.plain``), every step in turn on this thread; None
+        as soon as ``run_now`` cannot run a step at once. The same answer, errors and
+        observations as :meth:`answer` gives such a graph (a plain graph never degrades)."""
+        self.inputs, self.rows = inputs, rows
+        env, values, steps = self.env, self.values, self.spec.steps
+        reads = self.schedule.reads
+        for name in self.spec.order:
+            step = steps[name]
+            t0 = time.perf_counter_ns()
+            try:
+                if step.kind == "ensemble":
+                    out = combine(step, [values[m] for m in step.members])
+                else:
+                    try:
+                        args = {k: (values[p] if p else inputs)[o] for k, p, o in reads[name]}
+                    except KeyError:
+                        args = self.inputs_of(step)  # raises the error that names the read
+                    got = run_now(step, args, rows)
+                    if got is None:
+                        return None
+                    out = got
+                values[name] = out
+            except RedlineError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a step's own bug (as in ``_step``)
+                raise ModelError(f"graph '{self.graph}' step '{step.name}' failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                env.observe(step, t0, time.perf_counter_ns(), True)
+        try:
+            return {n: (values[p] if p else inputs)[o] for n, p, o in self.schedule.output_reads}
+        except KeyError:
+            return {n: self._read(ref, f"output '{n}'") for n, ref in self.spec.outputs.items()}
 
     async def _dataflow(self) -> None:
         """A task per step, started in order, each awaiting the tasks of what it reads."""
@@ -242,8 +290,11 @@ async def _gather(tasks: list[asyncio.Future[None]]) -> None:
 class Schedule:
     """How a graph's steps wait for each other: ``deps`` (each step's steps to await, a
     cascade's members standing for their cascade), ``chain``: whether each step reads the
-    one before it and no other, so the steps run one after another without tasks, and
-    ``degrades``: whether an answer may be degraded (a fallback or a cascade), so it says why."""
+    one before it and no other, so the steps run one after another without tasks,
+    ``degrades``: whether an answer may be degraded (a fallback or a cascade), so it says why,
+    ``plain``: no step can degrade and none is a cascade, so the steps can run in one loop
+    (:meth:`GraphRun.answer_plain`), and each step's reads and the graph's outputs as
+    ``(name, producer, output)`` (producer "": a graph input), parsed once."""
 
     def __init__(self, spec: DagSpec) -> None:
         from redline.models.dag.spec import dependencies
@@ -256,3 +307,9 @@ class Schedule:
         order = spec.order
         self.chain = all(self.deps[n] == [order[i - 1]] for i, n in enumerate(order) if i)
         self.degrades = spec.has_fallback
+        self.plain = not self.degrades and all(
+            spec.steps[n].kind in ("model", "python", "ensemble") for n in order)
+        self.reads: dict[str, tuple[tuple[str, str, str], ...]] = {
+            name: tuple((key, *split_ref(ref)) for key, ref in step.inputs.items())
+            for name, step in spec.steps.items()}
+        self.output_reads = tuple((name, *split_ref(ref)) for name, ref in spec.outputs.items())

@@ -73,6 +73,7 @@ class DagRunner(ModelRunner):
         self.local: dict[str, ModelRunner] = {}   # in-folder model steps
         self.repository_model = repository_model
         self._repo_runners: dict[str, ModelRunner] = {}
+        self._labels = {name: self.label(step) for name, step in spec.steps.items()}
         try:
             for step in spec.steps.values():
                 label = self.label(step)
@@ -98,8 +99,8 @@ class DagRunner(ModelRunner):
     def call_python(self, step: Step, inputs: Mapping[str, np.ndarray],
                     rows: int) -> dict[str, np.ndarray]:
         """A Python step's outputs, checked (rows first, declared dtypes)."""
-        return call_function(self.functions[step.name], dict(inputs), rows, self.folder,
-                             self.label(step), self.checks.get(step.name))
+        return call_function(self.functions[step.name], inputs, rows, self.folder,
+                             self._labels[step.name], self.checks.get(step.name))
 
     # ------------------------------------------------------------------ direct runs
     def run(self, inputs: Mapping[str, np.ndarray],

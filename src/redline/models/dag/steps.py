@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,8 @@ def forget_function(func: StepFunction) -> None:
         forget(module)
 
 
-def call_function(func: StepFunction, inputs: Arrays, rows: int, folder: Path, label: str,
+def call_function(func: StepFunction, inputs: Mapping[str, np.ndarray], rows: int,
+                  folder: Path, label: str,
                   check: OutputCheck | None = None) -> Arrays:
     """Run a Python step: its answer must be a dict of arrays with ``rows`` rows and no NaN
     (and exactly its declared outputs, when it declares them: ``check``). Any failure is a
