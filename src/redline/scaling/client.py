@@ -224,21 +224,26 @@ class AsyncClient:
     def hedge_delay_ms(self) -> float | None:
         """When a call would be hedged now: the learnt quantile of first attempts over the
         window (at least ``hedge_min_ms``), or ``hedge_after_ms``; None while too few answered."""
-        if self.hedge_after_ms is not None:
-            return self.hedge_after_ms
-        self._p95_ms = self._quantile_ms(time.monotonic())
-        return None if self._p95_ms is None else max(self._p95_ms, self.hedge_min_ms)
+        if self.hedge_after_ms is None:
+            self._p95_ms = self._quantile_ms(time.monotonic())
+        return self._delay_ms()
 
     def _hedge_delay_s(self) -> float | None:
         if not self.hedge or not self._hedge_allowed():
             return None
-        if self.hedge_after_ms is not None:
-            return self.hedge_after_ms / 1000.0
         t = time.monotonic()
-        if (self._p95_ms is None or self.stats.requests % 50 == 0
-                or t - self._p95_at >= 1.0):
+        if self.hedge_after_ms is None and (self._p95_ms is None or self.stats.requests % 50 == 0
+                                            or t - self._p95_at >= 1.0):
             self._p95_ms = self._quantile_ms(t)
-        return None if self._p95_ms is None else max(self._p95_ms, self.hedge_min_ms) / 1000.0
+        ms = self._delay_ms()
+        return None if ms is None else ms / 1000.0
+
+    def _delay_ms(self) -> float | None:
+        """The hedge delay from what is known: ``hedge_after_ms``, else the last learnt
+        quantile, never under ``hedge_min_ms``."""
+        if self.hedge_after_ms is not None:
+            return self.hedge_after_ms
+        return None if self._p95_ms is None else max(self._p95_ms, self.hedge_min_ms)
 
     def _quantile_ms(self, t: float) -> float | None:
         """The ``hedge_quantile`` of the answers of the last ``hedge_window_s`` (older ones are

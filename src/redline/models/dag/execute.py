@@ -8,12 +8,11 @@ every step can run at once on the calling thread (the server's batchers are idle
 short), :func:`answer_now` computes the answer with no task and no loop round trip at all; for
 a *plain* graph (no fallback, no cascade: nothing that changes what a step's failure means)
 with no coroutine either, in one loop over the steps, their reads parsed once
-(``Schedule.reads``): the coroutine's frames and the reads' parsing were a large share of a
-three-step graph's time (``benchmarks/observability/inline_cost.py --api graph``). The
-``StepEnv`` runs the leaves (models and Python functions) and knows the budget: the server's
-runs them through batchers within the request's budget (``serving/dag.py``), ``models add``'s
-sample run calls them directly (``runner.py``); this module is the one definition of what a
-graph answers."""
+(``Schedule.reads``): every request otherwise pays for three coroutine frames a step and for
+parsing each read again. The ``StepEnv`` runs the leaves (models and Python functions) and
+knows the budget: the server's runs them through batchers within the request's budget
+(``serving/dag.py``), ``models add``'s sample run calls them directly (``runner.py``); this
+module is the one definition of what a graph answers."""
 
 from __future__ import annotations
 
@@ -123,17 +122,16 @@ class GraphRun:
             t0 = time.perf_counter_ns()
             try:
                 if step.kind == "ensemble":
-                    out = combine(step, [values[m] for m in step.members])
-                else:
-                    try:
-                        args = {k: (values[p] if p else inputs)[o] for k, p, o in reads[name]}
-                    except KeyError:
-                        args = self.inputs_of(step)  # raises the error that names the read
-                    got = run_now(step, args, rows)
-                    if got is None:
-                        return None
-                    out = got
-                values[name] = out
+                    values[name] = combine(step, [values[m] for m in step.members])
+                    continue
+                try:
+                    args = {k: (values[p] if p else inputs)[o] for k, p, o in reads[name]}
+                except KeyError:
+                    args = self.inputs_of(step)  # raises the error that names the read
+                got = run_now(step, args, rows)
+                if got is None:
+                    return None
+                values[name] = got
             except RedlineError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a step's own bug (as in ``_step``)

@@ -76,7 +76,7 @@ class DagRunner(ModelRunner):
         self._labels = {name: self.label(step) for name, step in spec.steps.items()}
         try:
             for step in spec.steps.values():
-                label = self.label(step)
+                label = self._labels[step.name]
                 if step.kind == "python":
                     self.functions[step.name] = import_function(folder, step.function, label)
                     if step.outputs is not None:
