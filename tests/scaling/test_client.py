@@ -340,13 +340,14 @@ def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type:
     """The hedge delay is learnt from first attempts. When the preferred replica turns slow and
     hedges answer instead, each call counts as the time its first attempt had run (past the
     delay), so the delay rises; counting the hedges' quick answers instead let it fall under its
-    own hedges until they hit the cap."""
-    with through_stragglers(replicas, 0.0, 0.3, hedge_max_share=1.0,
-                            hedge_min_samples=20) as (proxies, client):
+    own hedges until they hit the cap. The floor (50 ms, far above a quick answer) is the
+    delay learnt: a hedge's own quick time, counted instead, could never pass it."""
+    with through_stragglers(replicas, 0.0, 0.3, hedge_max_share=1.0, hedge_min_samples=20,
+                            hedge_min_ms=50.0) as (proxies, client):
         for _ in range(30):
             client.infer("affine", X)
         learnt = client.hedge_delay_ms()
-        assert learnt is not None and learnt >= 1.0  # hedge_min_ms
+        assert learnt == 50.0  # hedge_min_ms: the quick answers' p95 is far under it
         preferred = client.endpoints.ranked()[0].address
         slow = next(p for p in proxies if preferred.endswith(f":{p.port}"))
         slow.share = 1.0
@@ -354,8 +355,10 @@ def test_a_first_attempt_a_hedge_beat_counts_as_slow(replicas) -> None:  # type:
             assert client.infer("affine", X)["s"].tolist() == [10.0]
         risen = client.hedge_delay_ms()
         stats = client.stats
-    assert stats.hedge_wins >= 8, stats
-    # 10 of 40 first attempts ran past the old delay: the 95th percentile is one of them.
+    # Once the hedges' quick answers rank the other replica first, calls go there unhedged
+    # (on a loaded machine after 7 of the 10, seen once in 30 runs). Two first attempts a hedge
+    # beat are what the claim needs: the 95th percentile of 40 is the second slowest.
+    assert stats.hedge_wins >= 2, stats
     assert risen is not None and risen > learnt, (learnt, risen, stats)
 
 

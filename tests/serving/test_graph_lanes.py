@@ -217,6 +217,12 @@ async def test_a_plain_graph_answers_in_one_loop_as_its_steps_would(
     plain = registry.get("plain")
     assert isinstance(plain, GraphHandle)
     assert plain.dag.schedule.plain and not registry.get("every").dag.schedule.plain
+    # This test is of the spot: a loaded machine's run-time estimates must not queue a step.
+    for step in plain.dag.spec.steps.values():
+        if step.kind == "python":
+            monkeypatch.setattr(plain._python[step.name], "_inline_max_s", 10.0)  # noqa: SLF001
+        elif step.kind == "model":
+            monkeypatch.setattr(plain._model(step).batcher, "_inline_max_s", 10.0)  # noqa: SLF001
 
     def no_coroutine(*args: object, **kwargs: object) -> None:
         raise AssertionError("a plain graph on the spot went through GraphRun.answer")
