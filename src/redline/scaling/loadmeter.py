@@ -3,7 +3,9 @@
 Each worker owns one slot of a small file mapped into every process (passed down as a file
 descriptor): requests in flight, requests finished, and the p99 of its recent requests. The
 autoscaler reads the slots; a worker never blocks on the supervisor, and a dead worker's slot is
-simply reset when its replacement starts.
+reset when it is found dead and again when its replacement starts. Beside the slots, each
+worker's open HTTP connections, which the workers read of one another to share the connections
+fairly (``scaling/accept.py``).
 
 One :class:`LoadMeter` per worker counts both transports: REST through :class:`AsgiMeter` (the
 ASGI app uvicorn runs) and gRPC - the V2 service and ``/v1`` - through :class:`GrpcMeter` (a
@@ -21,12 +23,16 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import numpy as np
 
 if TYPE_CHECKING:  # (the supervisor imports this module, not the serving package)
     from redline.serving.asgi import Asgi, Headers, InlineApp, Receive, Responder, Scope, Send
 
 _SLOT = struct.Struct("<qqqq")  # in_flight, finished, p99_us, pid
 MAX_SLOTS = 256
+_CONNECTIONS = struct.Struct("<q")  # a worker's open HTTP connections; -1: not accepting
+_CONNECTIONS_AT = _SLOT.size * MAX_SLOTS  # where the connection counts start, one per slot
+_BOARD_BYTES = _CONNECTIONS_AT + _CONNECTIONS.size * MAX_SLOTS
 _now_ns = time.perf_counter_ns
 
 
@@ -35,13 +41,13 @@ class LoadBoard:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._map = mmap.mmap(fd, _SLOT.size * MAX_SLOTS)
+        self._map = mmap.mmap(fd, _BOARD_BYTES)
 
     @classmethod
     def create(cls) -> LoadBoard:
         fd, path = tempfile.mkstemp(prefix="redline-load-")
         os.unlink(path)  # lives as long as a process holds the descriptor
-        os.ftruncate(fd, _SLOT.size * MAX_SLOTS)
+        os.ftruncate(fd, _BOARD_BYTES)
         os.set_inheritable(fd, True)
         return cls(fd)
 
@@ -54,6 +60,25 @@ class LoadBoard:
 
     def reset(self, slot: int) -> None:
         self.write(slot, 0, 0, 0, 0)
+        self.write_connections(slot, 0)
+
+    def write_connections(self, slot: int, connections: int) -> None:
+        _CONNECTIONS.pack_into(self._map, _CONNECTIONS_AT + slot * _CONNECTIONS.size,
+                               connections)
+
+    def connections(self, slot: int) -> int:
+        value: int = _CONNECTIONS.unpack_from(self._map, _CONNECTIONS_AT +
+                                              slot * _CONNECTIONS.size)[0]
+        return value
+
+    def fewest_connections(self, besides: int) -> int | None:
+        """The fewest open connections of a worker that is up and accepting, ``besides`` this
+        slot (None: no other). Called on an accept, not per request."""
+        pids = np.frombuffer(self._map, dtype="<i8", count=4 * MAX_SLOTS)[3::4]
+        counts = np.frombuffer(self._map, dtype="<i8", count=MAX_SLOTS, offset=_CONNECTIONS_AT)
+        others = (pids != 0) & (counts >= 0)
+        others[besides] = False
+        return int(counts[others].min()) if others.any() else None
 
 
 class LoadMeter:

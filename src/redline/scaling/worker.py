@@ -59,6 +59,9 @@ def run(spec: dict[str, Any]) -> None:
         install(server)
         server.http_socket = socket.socket(fileno=spec["http_fd"])
         board = LoadBoard(spec["board_fd"])
+        from redline.scaling.accept import FairAccept
+
+        server.listen_with = FairAccept.on(board, spec["slot"])  # a fair share of connections
         meter = LoadMeter(board, spec["slot"])  # both transports count towards the autoscaler
         app: Any = server.app
         join_per_worker = False

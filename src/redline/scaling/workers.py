@@ -202,6 +202,7 @@ class Supervisor:
             if code is None:
                 continue
             _metrics_worker_exited(proc.pid)
+            self.board.reset(slot)  # no one counts on a dead worker (its connections, its load)
             if worker.retiring:
                 del self.workers[slot]
                 continue

@@ -44,12 +44,41 @@ from redline.serving.warmup import warm_request_path
 log = logging.getLogger("redline.serving")
 
 
+class Listener(Protocol):
+    """What accepts a server's HTTP connections in place of the event loop's own server
+    (a pool's worker: ``scaling/accept.py``), as uvicorn closes its servers."""
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+# listen_with(socket, protocol class, its keyword arguments, uvicorn's open connections)
+ListenWith = Callable[[socket.socket, type, dict[str, Any], set[Any]], Listener]
+
+
 class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the RedlineServer owns shutdown."""
+    """uvicorn without its own signal handling: the RedlineServer owns shutdown. With
+    ``listen_with``, its HTTP connections are accepted by that listener, not the loop's."""
+
+    listen_with: ListenWith | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        listen_with = self.listen_with
+        if listen_with is None or not sockets:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])  # all of uvicorn's start but its listener
+        kwargs = {"config": self.config, "server_state": self.server_state,
+                  "app_state": self.lifespan.state}
+        protocol = self.config.http_protocol_class
+        for sock in sockets:
+            self.servers.append(listen_with(sock, protocol, kwargs,  # type: ignore[arg-type]
+                                            self.server_state.connections))
 
 
 class ServerCompanion(Protocol):
@@ -136,6 +165,8 @@ class RedlineServer:
         # Set by a worker process (scaling/worker.py): the listening socket it shares with its
         # siblings, and the ASGI app uvicorn runs (the REST app, possibly wrapped by a meter).
         self.http_socket: socket.socket | None = None
+        # How a pool's worker accepts from that shared socket (None: the event loop's server).
+        self.listen_with: ListenWith | None = None
         self.asgi: Any = self.app
         self.grpc_interceptors: list[Any] = []  # e.g. the worker's load meter
         self._listen: socket.socket | None = None  # the HTTP port, taken by claim_ports()
@@ -224,6 +255,7 @@ class RedlineServer:
             timeout_keep_alive=30,
         )
         self._http = _Uvicorn(config)
+        self._http.listen_with = self.listen_with
         http_task = loop.create_task(self._http.serve(sockets=[sock]))
         while not self._http.started and not http_task.done():
             await asyncio.sleep(0.01)
