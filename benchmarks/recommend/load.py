@@ -4,6 +4,11 @@ Closed loop: ``c`` workers each send the next request when the last one answered
 requests are due at a fixed rate and latency counts from the due time, so a server that falls
 behind is charged for the queue it builds (no coordinated omission).
 
+Requests go over redline's own load-tool connections (``redline.bench.clients``: keep-alive
+HTTP/1.1 on an ``asyncio.Protocol``, each request's bytes built once per body), about a fifth of
+aiohttp's CPU a request: the tool shares the machine's cores with the servers it measures, and
+what it spends is taken from them.
+
 While either runs, what the process held before is frozen out of the garbage collector
 (``gc.freeze``): the comparison keeps the example's 128k events in memory, and a full
 collection over them paused this process 20-50 ms, late sends that were counted against
@@ -16,11 +21,14 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
 import numpy as np
+
+from redline.bench.clients import RequestFailed, RestConnection, post_request
 
 
 @dataclass
@@ -60,12 +68,54 @@ def frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> bytes | None:
-    """The answer's body, or None for an error status."""
-    async with session.post(url, data=body,
-                            headers={"content-type": "application/json"}) as r:
-        answer = await r.read()
-        return answer if r.status == 200 else None
+class Connections:
+    """Keep-alive connections to one URL, up to ``limit``, one request in flight on each; a
+    request waits for a free one (its wait counts in its latency)."""
+
+    def __init__(self, url: str, limit: int) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.path, self.limit = parts.path or "/", limit
+        self.free: list[RestConnection] = []
+        self.opened = 0
+        self.waiting: deque[asyncio.Future[RestConnection]] = deque()
+        self._requests: dict[bytes, bytes] = {}  # body -> its request's bytes
+
+    async def post(self, body: bytes) -> bytes | None:
+        """The answer's body, or None for an error status or a failed connection."""
+        request = self._requests.get(body)
+        if request is None:
+            request = self._requests[body] = post_request(
+                self.host, self.port, self.path, body, {"Content-Type": "application/json"})
+        conn = await self._take()
+        try:
+            return await conn.send(request)
+        except RequestFailed:
+            return None
+        finally:
+            self._give(conn)
+
+    async def _take(self) -> RestConnection:
+        if self.free:
+            return self.free.pop()
+        if self.opened < self.limit:
+            self.opened += 1
+            return RestConnection(self.host, self.port, self.path, b"", {})
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiter)
+        return await waiter
+
+    def _give(self, conn: RestConnection) -> None:
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self.free.append(conn)
+
+    def close(self) -> None:
+        for conn in self.free:
+            conn.close()
 
 
 async def closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: int,
@@ -84,25 +134,27 @@ async def _closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: in
                        duration_s: float, warmup_s: float) -> Result:
     latencies: list[float] = []
     errors = 0
-    conn = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        start = time.perf_counter()
-        measure_from = start + warmup_s
-        end = measure_from + duration_s
+    pool = Connections(url, concurrency)
+    start = time.perf_counter()
+    measure_from = start + warmup_s
+    end = measure_from + duration_s
 
-        async def worker(w: int) -> None:
-            nonlocal errors
-            n = w
-            while (t0 := time.perf_counter()) < end:
-                ok = await _post(session, url, bodies(n)) is not None
-                n += concurrency
-                if t0 >= measure_from:
-                    if ok:
-                        latencies.append(time.perf_counter() - t0)
-                    else:
-                        errors += 1
+    async def worker(w: int) -> None:
+        nonlocal errors
+        n = w
+        while (t0 := time.perf_counter()) < end:
+            ok = await pool.post(bodies(n)) is not None
+            n += concurrency
+            if t0 >= measure_from:
+                if ok:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
 
+    try:
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    finally:
+        pool.close()
     return _result(latencies, errors, duration_s)
 
 
@@ -119,18 +171,18 @@ async def open_loop_answers(url: str, bodies: Callable[[int], bytes], rate: floa
     """The open loop's measured requests: (seconds from its due time, the answer's body, or
     None for an error status), for a caller that reads the answers (``tick_tail.py``)."""
     answers: list[tuple[float, bytes | None]] = []
-    conn = aiohttp.TCPConnector(limit=connections)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        start = time.perf_counter() + 0.05
-        total = int((warmup_s + duration_s) * rate)
-        warm = int(warmup_s * rate)
+    pool = Connections(url, connections)
+    start = time.perf_counter() + 0.05
+    total = int((warmup_s + duration_s) * rate)
+    warm = int(warmup_s * rate)
 
-        async def one(n: int, due: float) -> None:
-            answer = await _post(session, url, bodies(n))
-            if n >= warm:
-                answers.append((time.perf_counter() - due, answer))
+    async def one(n: int, due: float) -> None:
+        answer = await pool.post(bodies(n))
+        if n >= warm:
+            answers.append((time.perf_counter() - due, answer))
 
-        tasks = []
+    tasks = []
+    try:
         for n in range(total):
             due = start + n / rate
             pause = due - time.perf_counter()
@@ -138,4 +190,6 @@ async def open_loop_answers(url: str, bodies: Callable[[int], bytes], rate: floa
                 await asyncio.sleep(pause)
             tasks.append(asyncio.create_task(one(n, due)))
         await asyncio.gather(*tasks)
+    finally:
+        pool.close()
     return answers

@@ -96,14 +96,20 @@ class _HttpProtocol(asyncio.Protocol):
         self.waiter.set_result((int(head[9:12]), body))
 
 
+def post_request(host: str, port: int, path: str, body: bytes,
+                 headers: dict[str, str]) -> bytes:
+    """An HTTP/1.1 ``POST`` of ``body``, as its bytes on the wire."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
 class RestConnection:
     """One keep-alive connection that sends the same request over and over."""
 
     def __init__(self, host: str, port: int, path: str, body: bytes, headers: dict[str, str]):
         self.host, self.port = host, port
-        lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        self.request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        self.request = post_request(host, port, path, body, headers)
         self.protocol: _HttpProtocol | None = None
 
     async def open(self) -> RestConnection:
@@ -115,13 +121,18 @@ class RestConnection:
         return self
 
     async def call(self) -> bytes:
+        return await self.send(self.request)
+
+    async def send(self, request: bytes) -> bytes:
+        """Send ``request`` (``post_request``'s bytes) on this connection, reopened if the
+        server closed it; the answer's body, or ``RequestFailed``."""
         protocol = self.protocol
         if protocol is None or protocol.lost:
             await self.open()
             protocol = self.protocol
         assert protocol is not None and protocol.transport is not None
         protocol.waiter = asyncio.get_running_loop().create_future()
-        protocol.transport.write(self.request)
+        protocol.transport.write(request)
         status, body = await protocol.waiter
         if status != 200:
             raise RequestFailed(f"http_{status}", body[:200].decode("utf-8", "replace"))
