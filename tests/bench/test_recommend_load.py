@@ -1,5 +1,6 @@
-"""The recommender comparison's load tool: both loops count what a real server answered, and
-while they run the heap held before is out of the collector's full passes (and back after)."""
+"""The recommender comparison's load tool: both loops count what a real server answered (its
+answers framed by length or chunked), and while they run the heap held before is out of the
+collector's full passes (and back after)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import gc
 
 from aiohttp import web
 
-from benchmarks.recommend.load import closed_loop, open_loop
+from benchmarks.recommend.load import closed_loop, frozen_heap, open_loop, open_loop_answers
 
 
 def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
@@ -22,10 +23,25 @@ def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
         await request.read()
         return web.json_response({"ok": True}, status=200 if request.path == "/ok" else 500)
 
+    async def streamed(request: web.Request) -> web.StreamResponse:
+        await request.read()  # in pieces, chunked, as Ray Serve's proxy answers
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b'{"ok": ')
+        await response.write(b"true}")
+        await response.write_eof()
+        return response
+
+    async def chunked_answers(url: str) -> list:  # type: ignore[type-arg]
+        with frozen_heap():  # (as the loops run)
+            return await open_loop_answers(url, body, 100, 0.2, warmup_s=0.0)
+
     async def go() -> tuple:
         app = web.Application()
         app.router.add_post("/ok", answer)
         app.router.add_post("/bad", answer)
+        app.router.add_post("/chunked", streamed)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -35,14 +51,16 @@ def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
             base = f"http://127.0.0.1:{port}"
             return (await closed_loop(f"{base}/ok", body, 2, 0.3, warmup_s=0.1),
                     await open_loop(f"{base}/ok", body, 200, 0.3, warmup_s=0.1),
-                    await open_loop(f"{base}/bad", body, 100, 0.2, warmup_s=0.0))
+                    await open_loop(f"{base}/bad", body, 100, 0.2, warmup_s=0.0),
+                    await chunked_answers(f"{base}/chunked"))
         finally:
             await runner.cleanup()
 
     held = [object() for _ in range(1000)]  # what a benchmark holds before it measures
-    closed, opened, failing = asyncio.run(go())
+    closed, opened, failing, chunked = asyncio.run(go())
     assert closed.requests >= 1 and closed.errors == 0 and closed.p99_ms > 0
     assert opened.requests == 60 and opened.errors == 0  # every one due in 0.3 s at 200/s
     assert failing.requests == 0 and failing.errors == 20 and failing.p99_ms == float("inf")
+    assert [body for _, body in chunked] == [b'{"ok": true}'] * 20
     assert min(frozen_while_sending) >= len(held)
     assert gc.get_freeze_count() == 0

@@ -82,18 +82,50 @@ class _HttpProtocol(asyncio.Protocol):
             return
         head = bytes(self.buffer[:end])
         length = None
+        chunked = False
         for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
+            name = line[:18].lower()
+            if name.startswith(b"content-length:"):
                 length = int(line[15:])
                 break
-        if length is None:
+            if name == b"transfer-encoding:" and b"chunked" in line.lower():
+                chunked = True  # (a peer's proxy streams its answers: Ray Serve's)
+                break
+        if chunked:
+            found = _chunks(self.buffer, end + 4)
+            if found is None:
+                return  # not all of it yet
+            body, used = found
+        elif length is None:
             self.waiter.set_exception(RequestFailed("bad_response", "no Content-Length"))
             return
-        if len(self.buffer) < end + 4 + length:
-            return
-        body = bytes(self.buffer[end + 4 : end + 4 + length])
-        del self.buffer[: end + 4 + length]
+        else:
+            if len(self.buffer) < end + 4 + length:
+                return
+            body, used = bytes(self.buffer[end + 4 : end + 4 + length]), end + 4 + length
+        del self.buffer[:used]
         self.waiter.set_result((int(head[9:12]), body))
+
+
+def _chunks(buffer: bytearray, at: int) -> tuple[bytes, int] | None:
+    """A chunked body from ``at``: (the body, where the message ends), or None while the last
+    chunk has not arrived (trailer fields are skipped)."""
+    parts: list[bytes] = []
+    while True:
+        line_end = buffer.find(b"\r\n", at)
+        if line_end < 0:
+            return None
+        size = int(bytes(buffer[at:line_end]).split(b";", 1)[0], 16)
+        at = line_end + 2
+        if size == 0:
+            trailer_end = buffer.find(b"\r\n\r\n", at - 2)
+            if trailer_end < 0:
+                return None
+            return b"".join(parts), trailer_end + 4
+        if len(buffer) < at + size + 2:
+            return None
+        parts.append(bytes(buffer[at:at + size]))
+        at += size + 2
 
 
 def post_request(host: str, port: int, path: str, body: bytes,

@@ -97,7 +97,7 @@ class FairAccept:
 
     def _readable(self) -> None:
         held = len(self._connections) + self._opening
-        fewest = self._board.fewest_connections(self._slot)
+        fewest = self._board.fewest_connections(self._slot) if held else None
         if fewest is not None and held > fewest:
             now = time.monotonic()
             if now - self._aside_last > 5 * LOOK_AGAIN_S:  # a new connection is waiting

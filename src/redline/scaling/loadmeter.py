@@ -42,6 +42,10 @@ class LoadBoard:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._map = mmap.mmap(fd, _BOARD_BYTES)
+        # live views of the slots' pids and the connection counts (``fewest_connections``)
+        self._pids = np.frombuffer(self._map, dtype="<i8", count=4 * MAX_SLOTS)[3::4]
+        self._connections = np.frombuffer(self._map, dtype="<i8", count=MAX_SLOTS,
+                                          offset=_CONNECTIONS_AT)
 
     @classmethod
     def create(cls) -> LoadBoard:
@@ -74,9 +78,8 @@ class LoadBoard:
     def fewest_connections(self, besides: int) -> int | None:
         """The fewest open connections of a worker that is up and accepting, ``besides`` this
         slot (None: no other). Called on an accept, not per request."""
-        pids = np.frombuffer(self._map, dtype="<i8", count=4 * MAX_SLOTS)[3::4]
-        counts = np.frombuffer(self._map, dtype="<i8", count=MAX_SLOTS, offset=_CONNECTIONS_AT)
-        others = (pids != 0) & (counts >= 0)
+        counts = self._connections
+        others = (self._pids != 0) & (counts >= 0)
         others[besides] = False
         return int(counts[others].min()) if others.any() else None
 
