@@ -64,3 +64,38 @@ def test_loops_count_answers_with_the_heap_frozen_meanwhile() -> None:
     assert [body for _, body in chunked] == [b'{"ok": true}'] * 20
     assert min(frozen_while_sending) >= len(held)
     assert gc.get_freeze_count() == 0
+
+
+def test_a_connection_the_server_closes_costs_no_request() -> None:
+    """Servers close kept-alive connections: one says so (``Connection: close``), another just
+    closes after its answer (an idle timeout, a proxy's limit). Neither is an error of the
+    server's: the next request goes on a new connection, or again on one when the close met
+    it on its way out (nothing of it was read)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            says = b"Connection: close\r\n" if b"/says" in head else b""
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + says + b"\r\n{}")
+            await writer.drain()
+            await asyncio.sleep(0.002 if says else 0.0005)  # then closes, whatever it said
+        except (asyncio.CancelledError, asyncio.IncompleteReadError, ConnectionError):
+            pass  # the run ended, or the client left first
+        finally:
+            writer.close()
+
+    async def go() -> tuple:  # type: ignore[type-arg]
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            base = f"http://127.0.0.1:{port}"
+            return (await closed_loop(f"{base}/says", lambda n: b"{}", 2, 0.3, warmup_s=0.0),
+                    await closed_loop(f"{base}/silent", lambda n: b"{}", 2, 0.3, warmup_s=0.0))
+        finally:
+            server.close()
+
+    says, silent = asyncio.run(go())
+    assert says.requests > 20 and says.errors == 0
+    assert silent.requests > 20 and silent.errors == 0

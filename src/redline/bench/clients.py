@@ -64,6 +64,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.lost = False
+        self.answered = 0  # responses read on this connection
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -83,14 +84,15 @@ class _HttpProtocol(asyncio.Protocol):
         head = bytes(self.buffer[:end])
         length = None
         chunked = False
+        closing = False
         for line in head.split(b"\r\n")[1:]:
             name = line[:18].lower()
             if name.startswith(b"content-length:"):
                 length = int(line[15:])
-                break
-            if name == b"transfer-encoding:" and b"chunked" in line.lower():
+            elif name == b"transfer-encoding:" and b"chunked" in line.lower():
                 chunked = True  # (a peer's proxy streams its answers: Ray Serve's)
-                break
+            elif name.startswith(b"connection:") and b"close" in line.lower():
+                closing = True  # the server closes it after this answer: not reused
         if chunked:
             found = _chunks(self.buffer, end + 4)
             if found is None:
@@ -104,6 +106,10 @@ class _HttpProtocol(asyncio.Protocol):
                 return
             body, used = bytes(self.buffer[end + 4 : end + 4 + length]), end + 4 + length
         del self.buffer[:used]
+        self.answered += 1
+        if closing and self.transport is not None:
+            self.lost = True
+            self.transport.close()
         self.waiter.set_result((int(head[9:12]), body))
 
 
@@ -165,7 +171,19 @@ class RestConnection:
         assert protocol is not None and protocol.transport is not None
         protocol.waiter = asyncio.get_running_loop().create_future()
         protocol.transport.write(request)
-        status, body = await protocol.waiter
+        try:
+            status, body = await protocol.waiter
+        except RequestFailed as exc:
+            if exc.kind != "connection_closed" or not protocol.answered or protocol.buffer:
+                raise
+            # A kept-alive connection the server closed as this request went out (idle, or
+            # at its own limit): nothing of it was read, so it goes again on a new one.
+            await self.open()
+            protocol = self.protocol
+            assert protocol is not None and protocol.transport is not None
+            protocol.waiter = asyncio.get_running_loop().create_future()
+            protocol.transport.write(request)
+            status, body = await protocol.waiter
         if status != 200:
             raise RequestFailed(f"http_{status}", body[:200].decode("utf-8", "replace"))
         return body
