@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import errno
 import json
 import select
 import socket
@@ -55,7 +57,7 @@ def test_connections_opened_together_are_shared_by_the_workers(tmp_path: Path) -
     """Eight keep-alive connections opened at once land four and four (one either way) on two
     workers, round after round. Left to the event loop, the worker that woke first accepted
     every connection waiting: all eight on one worker in some rounds (this test failed so in
-    5 of 5 tries with the loop's own accept)."""
+    4 of 4 tries with the loop's own accept)."""
     serve = Serve(tmp_path, "--workers", "2").wait_ready()
     try:
         serve.wait_children(2)
@@ -107,3 +109,67 @@ def test_a_stuck_worker_holds_up_no_connection(tmp_path: Path) -> None:
         assert len(shared) == 2 and all(3 <= n <= 5 for n in shared.values()), shared
     finally:
         assert serve.stop() == 0
+
+
+class _Echo(asyncio.Protocol):
+    """A connection's protocol as uvicorn's are made (keyword arguments, ``_loop``)."""
+
+    made: list[_Echo] = []
+
+    def __init__(self, **kwargs: object) -> None:
+        self.connections = kwargs["connections"]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.connections.add(self)  # type: ignore[attr-defined]
+        _Echo.made.append(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)  # type: ignore[attr-defined]
+
+
+class _Refusing:
+    """A listening socket whose accepts the system refuses (out of file descriptors)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.refused = sock, 0
+
+    def accept(self) -> tuple[socket.socket, object]:
+        self.refused += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_out_of_descriptors_is_one_warning_and_the_connection_waits(caplog) -> None:  # type: ignore[no-untyped-def]
+    """When the system refuses accepts (out of file descriptors), the worker warns once with
+    what to do, stops looking for ``PAUSE_S`` (no busy loop on a socket that stays readable),
+    and takes the waiting connection once accepts work again; its count reaches the board."""
+    from redline.scaling import accept
+    from redline.scaling.loadmeter import LoadBoard
+
+    async def go() -> tuple[int, int, int]:
+        board = LoadBoard.create()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        connections: set[object] = set()
+        fair = accept.FairAccept(listener, board, 0, _Echo, {"connections": connections},
+                                 connections)
+        refusing = _Refusing(listener)
+        fair._sock = refusing  # type: ignore[assignment]
+        client = socket.create_connection(listener.getsockname())
+        await asyncio.sleep(3 * accept.PAUSE_S)
+        refused = refusing.refused
+        fair._sock = listener  # accepts work again
+        await asyncio.sleep(2 * accept.PAUSE_S)
+        held = board.connections(0)
+        fair.close()
+        client.close()
+        listener.close()
+        return refused, held, board.connections(0)
+
+    with caplog.at_level("WARNING", logger="redline.scaling"):
+        refused, held, after_close = asyncio.run(go())
+    assert 2 <= refused <= 4, refused  # once a PAUSE_S, not a busy loop
+    warnings = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(warnings) == 1 and "ulimit -n" in warnings[0], warnings
+    assert len(_Echo.made) == 1 and held == 1  # taken, and counted on the board
+    assert after_close == -1  # a closed listener is no one's share

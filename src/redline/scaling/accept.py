@@ -34,12 +34,14 @@ log = logging.getLogger("redline.scaling")
 LOOK_AGAIN_S = 0.001  # a worker stepping aside looks at the socket again this often
 STEP_ASIDE_S = 0.010  # and accepts anyway once it has stepped aside this long for a connection
 PAUSE_S = 0.1  # after an accept the system refused (out of descriptors): this long unwatched
+WARN_EVERY_S = 60.0  # one warning line a minute while accepts are refused
 
 
 class FairAccept:
-    """One worker's listener on the pool's shared socket (what uvicorn calls a server:
-    ``close``, ``wait_closed``). ``protocol(**kwargs)`` makes a connection's protocol of class
-    ``protocol_class`` (uvicorn's ``config``, ``server_state``, ``app_state``)."""
+    """One worker's listener on the pool's shared socket, in uvicorn's list of servers
+    (``close``, ``wait_closed``). Each connection's protocol is ``protocol_class`` made with
+    ``protocol_kwargs`` (uvicorn's ``config``, ``server_state``, ``app_state``), counted out of
+    this worker's share when it closes."""
 
     def __init__(self, sock: socket.socket, board: LoadBoard, slot: int,
                  protocol_class: type[asyncio.Protocol], protocol_kwargs: dict[str, Any],
@@ -55,6 +57,7 @@ class FairAccept:
         self._closed = False
         self._watching = False
         self._timer: asyncio.TimerHandle | None = None
+        self._warned = -WARN_EVERY_S
         self._loop = asyncio.get_running_loop()
         acceptor = self
 
@@ -111,8 +114,11 @@ class FairAccept:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return  # another worker took it, or the client gave up
         except OSError as exc:  # out of file descriptors: stop looking for a moment
-            log.warning("cannot accept a connection (%s); retrying in %.1f s", exc.strerror,
-                        PAUSE_S)
+            if time.monotonic() - self._warned >= WARN_EVERY_S:
+                self._warned = time.monotonic()
+                log.warning("cannot accept a connection (%s): retrying every %.1f s; raise the "
+                            "open-files limit (ulimit -n) or lower server.max_connections",
+                            exc.strerror, PAUSE_S)
             self._unwatch(PAUSE_S)
             return
         self._aside_last = -1.0
