@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import numpy as np
 
 if TYPE_CHECKING:  # (the supervisor imports this module, not the serving package)
     from redline.serving.asgi import Asgi, Headers, InlineApp, Receive, Responder, Scope, Send
@@ -42,10 +41,7 @@ class LoadBoard:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._map = mmap.mmap(fd, _BOARD_BYTES)
-        # live views of the slots' pids and the connection counts (``fewest_connections``)
-        self._pids = np.frombuffer(self._map, dtype="<i8", count=4 * MAX_SLOTS)[3::4]
-        self._connections = np.frombuffer(self._map, dtype="<i8", count=MAX_SLOTS,
-                                          offset=_CONNECTIONS_AT)
+        self._views: tuple[Any, Any] | None = None  # (pids, connections): fewest_connections
 
     @classmethod
     def create(cls) -> LoadBoard:
@@ -78,8 +74,17 @@ class LoadBoard:
     def fewest_connections(self, besides: int) -> int | None:
         """The fewest open connections of a worker that is up and accepting, ``besides`` this
         slot (None: no other). Called on an accept, not per request."""
-        counts = self._connections
-        others = (self._pids != 0) & (counts >= 0)
+        views = self._views
+        if views is None:
+            # numpy here, not at import: the supervisor imports this module before ``serve``
+            # sets OPENBLAS_NUM_THREADS, which numpy's BLAS reads once, as it loads
+            import numpy as np
+
+            views = self._views = (
+                np.frombuffer(self._map, dtype="<i8", count=4 * MAX_SLOTS)[3::4],
+                np.frombuffer(self._map, dtype="<i8", count=MAX_SLOTS, offset=_CONNECTIONS_AT))
+        pids, counts = views
+        others = (pids != 0) & (counts >= 0)
         others[besides] = False
         return int(counts[others].min()) if others.any() else None
 
