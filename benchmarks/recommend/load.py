@@ -21,14 +21,13 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from redline.bench.clients import RequestFailed, RestConnection, post_request
+from redline.bench.clients import RequestFailed, RestPool, post_request
 
 
 @dataclass
@@ -69,16 +68,14 @@ def frozen_heap() -> Iterator[None]:
 
 
 class Connections:
-    """Keep-alive connections to one URL, up to ``limit``, one request in flight on each; a
-    request waits for a free one (its wait counts in its latency)."""
+    """A ``RestPool`` of keep-alive connections to one URL, posting JSON bodies; each body's
+    request bytes are built once."""
 
     def __init__(self, url: str, limit: int) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path, self.limit = parts.path or "/", limit
-        self.free: list[RestConnection] = []
-        self.opened = 0
-        self.waiting: deque[asyncio.Future[RestConnection]] = deque()
+        self.path = parts.path or "/"
+        self.pool = RestPool(self.host, self.port, limit)
         self._requests: dict[bytes, bytes] = {}  # body -> its request's bytes
 
     async def post(self, body: bytes) -> bytes | None:
@@ -87,35 +84,13 @@ class Connections:
         if request is None:
             request = self._requests[body] = post_request(
                 self.host, self.port, self.path, body, {"Content-Type": "application/json"})
-        conn = await self._take()
         try:
-            return await conn.send(request)
+            return await self.pool.send(request)
         except RequestFailed:
             return None
-        finally:
-            self._give(conn)
-
-    async def _take(self) -> RestConnection:
-        if self.free:
-            return self.free.pop()
-        if self.opened < self.limit:
-            self.opened += 1
-            return RestConnection(self.host, self.port, self.path, b"", {})
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiting.append(waiter)
-        return await waiter
-
-    def _give(self, conn: RestConnection) -> None:
-        while self.waiting:
-            waiter = self.waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)
-                return
-        self.free.append(conn)
 
     def close(self) -> None:
-        for conn in self.free:
-            conn.close()
+        self.pool.close()
 
 
 async def closed_loop(url: str, bodies: Callable[[int], bytes], concurrency: int,

@@ -193,6 +193,32 @@ class RestConnection:
             self.protocol.transport.close()
 
 
+class RestPool:
+    """Keep-alive connections to one server, up to ``limit``, one request in flight on each: a
+    request takes the most recently freed one, opens one while under the limit, else waits."""
+
+    def __init__(self, host: str, port: int, limit: int) -> None:
+        self.host, self.port, self.limit = host, port, limit
+        self._free: asyncio.LifoQueue[RestConnection] = asyncio.LifoQueue()
+        self._opened: list[RestConnection] = []
+
+    async def send(self, request: bytes) -> bytes:
+        """``RestConnection.send`` on a connection of the pool."""
+        if self._free.empty() and len(self._opened) < self.limit:
+            conn = RestConnection(self.host, self.port, "/", b"", {})
+            self._opened.append(conn)
+        else:
+            conn = await self._free.get()
+        try:
+            return await conn.send(request)
+        finally:
+            self._free.put_nowait(conn)
+
+    def close(self) -> None:
+        for conn in self._opened:
+            conn.close()
+
+
 class GrpcCaller:
     """Sends pre-serialised ModelInfer requests on one channel."""
 

@@ -25,8 +25,9 @@ from hdrh.histogram import HdrHistogram
 from redline.bench.clients import (
     GrpcCaller,
     RequestFailed,
-    RestConnection,
+    RestPool,
     grpc_request_bytes,
+    post_request,
     rest_body,
 )
 from redline.bench.schedule import send_times
@@ -169,24 +170,14 @@ async def _caller_factory(spec: LoadSpec) -> tuple[Callable[[], Awaitable[Any]],
         path = f"/v2/models/{spec.model}/infer"
     rest = spec.url.split("://", 1)[-1].rstrip("/")
     host, _, port = rest.partition(":")
-    pool: asyncio.LifoQueue[RestConnection] = asyncio.LifoQueue()
-    opened: list[RestConnection] = []
+    pool = RestPool(host, int(port or 80), spec.connections)
+    request = post_request(host, int(port or 80), path, body, hdrs)
 
     async def call() -> Any:
-        if pool.empty() and len(opened) < spec.connections:
-            conn = RestConnection(host, int(port or 80), path, body, hdrs)
-            opened.append(conn)
-            await conn.open()
-        else:
-            conn = await pool.get()
-        try:
-            return await conn.call()
-        finally:
-            pool.put_nowait(conn)
+        return await pool.send(request)
 
     async def close() -> None:
-        for conn in opened:
-            conn.close()
+        pool.close()
 
     return call, close
 
