@@ -33,6 +33,7 @@ from redline.config import Settings
 from redline.errors import DeadlineExceeded, ModelError, RedlineError
 from redline.models.dag import (
     DagRunner,
+    DagSpec,
     GraphRun,
     NotNow,
     Step,
@@ -75,10 +76,15 @@ class GraphHandle(ModelHandle):
         self._pool = ThreadPoolExecutor(PYTHON_STEP_THREADS,
                                         thread_name_prefix=f"graph-{self.name}")
         cfg = settings.pipeline
+        # A recent p99 only for the steps something steers by (``skip_reason``): a step with a
+        # fallback, and a cascade's members after its first. Kept for every step, it cost a
+        # plain graph's request a clock read and two appends a step that nothing read.
+        spec = session.spec
         self._p99 = {name: LatencyWindow(cfg.latency_window, cfg.latency_window_s,
                                          cfg.probe_interval_ms / 1000.0)
-                     for name in session.spec.steps}
-        self.step_stages = tuple(f"step:{name}" for name in session.spec.steps)
+                     for name in _steered(spec)}
+        self.step_stages = tuple(f"step:{name}" for name in spec.steps)
+        self._stage = dict(zip(spec.steps, self.step_stages, strict=True))
         self.step_columns = {stage: TIME_FIELDS + i for i, stage in enumerate(self.step_stages)}
         self._python: dict[str, Batcher] = {}
         for step in session.spec.steps.values():
@@ -88,7 +94,6 @@ class GraphHandle(ModelHandle):
                          if s.kind == "model" and s.name not in self._local}
         # The steps a request may run (cascades' members too), each with its batcher or handle:
         # what answering on the spot asks first.
-        spec = session.spec
         runs = set(spec.order) | set(spec.members())
         self._leaves = [spec.steps[n] for n in spec.steps
                         if n in runs and spec.steps[n].kind in ("model", "python")]
@@ -229,6 +234,14 @@ class GraphHandle(ModelHandle):
         await super().retire(timeout_s)
 
 
+def _steered(spec: DagSpec) -> list[str]:
+    """The steps whose recent p99 decides whether they run: those with a fallback (skipped
+    when the budget left is below it) and a cascade's members after its first (the one before
+    answers when the next would not fit)."""
+    return [s.name for s in spec.steps.values() if s.fallback is not None] + [
+        m for s in spec.steps.values() if s.kind == "cascade" for m in s.members[1:]]
+
+
 class _RequestEnv(StepEnv):
     """One request's view of its graph's steps: its deadline, priority and record."""
 
@@ -248,10 +261,13 @@ class _RequestEnv(StepEnv):
         return self.handle.skip_reason(step, self.deadline)
 
     def observe(self, step: Step, start_ns: int, end_ns: int, ran: bool) -> None:
+        handle = self.handle
         if self.record is not None:
-            self.record.add(f"step:{step.name}", start_ns, end_ns)
+            self.record.spans.append((handle._stage[step.name], start_ns, end_ns))
         if ran:  # a failure's time counts too: a step that runs out of time is that slow
-            self.handle._p99[step.name].add((end_ns - start_ns) / 1e9)
+            window = handle._p99.get(step.name)
+            if window is not None:
+                window.add((end_ns - start_ns) / 1e9)
 
 
 class _OnTheSpot(_RequestEnv):
