@@ -62,6 +62,8 @@ def targets(result: dict) -> list[Target]:  # type: ignore[type-arg]
         if ratio is None:  # neither sustained any rate: nothing to compare
             continue
         spread = f"{number(e['min'])}–{number(e['max'])}, met in {e['rounds_met']} rounds"
+        if e.get("lower_bound"):  # the peer sustained no rate: the ratio is at least this
+            spread += f"; a lower bound: {e['note']}"
         out.append(Target(name, "<=" if op.startswith("<") else ">=", float(bound),
                           float(ratio), spread=spread))
     return out

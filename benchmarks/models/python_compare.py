@@ -429,6 +429,12 @@ def _per_round(data: dict, name: str, c: int, metric: str) -> dict[int, float]: 
     return {x["round"]: float(x[metric]) for x in data["closed"].get(name, {}).get(c, [])}
 
 
+def _lowest_rates(data: dict, name: str) -> dict[int, float]:  # type: ignore[type-arg]
+    """The lowest rate of ``name``'s ladder in each round."""
+    return {x["round"]: float(x["steps"][0]["rate"]) for x in data["ladders"].get(name, [])
+            if x["steps"]}
+
+
 def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignore[type-arg]
     """Each target ratio: of the medians, per round, and the peer configuration it was
     against (for ``best:``, the family's configuration with the higher median)."""
@@ -450,16 +456,28 @@ def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignor
         if not a or not b:
             continue
         ma, mb = statistics.median(a.values()), statistics.median(b.values())
-        # a round where the peer sustained no rate at all has no ratio
         per = {r: a[r] / b[r] for r in a if b.get(r)}
         entry: dict[str, object] = {"against": ref, "mine": ma, "theirs": mb}
-        if not per or not mb:
+        if metric == "rate":
+            # A round where the peer sustained none of the ladder's rates: its highest rate is
+            # below the lowest tried, so mine over that rate is a lower bound of the ratio.
+            lowest = _lowest_rates(data, ref)
+            bounds = {r: a[r] / lowest[r] for r in a if not b.get(r) and a[r] and r in lowest}
+            if bounds:
+                per.update(bounds)
+                mb = 0.0
+                entry["lower_bound"] = True
+                entry["note"] = (f"{ref} sustained none of the ladder's rates in "
+                                 f"{len(bounds)} of {len(a)} rounds (from "
+                                 f"{min(lowest.values()):g} req/s up): there the ratio is at "
+                                 f"least {mine}'s rate over the lowest rate tried")
+        if not per:
             entry.update(ratio=None, note=(
                 f"{ref} sustained none of the ladder's rates with the p99 bound"
                 + (f" ({mine}: {ma:g} req/s)" if ma else f", nor did {mine}")))
             out[key] = entry
             continue
-        ratio = ma / mb
+        ratio = ma / mb if mb else statistics.median(per.values())
         entry.update(ratio=round(ratio, 3), min=round(min(per.values()), 3),
                      max=round(max(per.values()), 3))
         if op:
@@ -489,7 +507,9 @@ def markdown(result: dict) -> str:  # type: ignore[type-arg]
             lines.append(f"| {key} | {e['against']} | — | — | — | {e['note']} |")
             continue
         met = {True: "yes", False: "**no**"}.get(e.get("met"), "-")  # type: ignore[arg-type]
-        lines.append(f"| {key} | {e['against']} | {e['ratio']} | {e['min']}–{e['max']} | "
+        at_least = "≥ " if e.get("lower_bound") else ""
+        lines.append(f"| {key} | {e['against']} | {at_least}{e['ratio']} | "
+                     f"{e['min']}–{e['max']} | "
                      f"{e.get('target', '-')} | {met} ({e.get('rounds_met', '-')}) |")
     return "\n".join(lines)
 

@@ -56,6 +56,34 @@ def test_each_ratio_is_against_the_peers_best_configuration_round_by_round() -> 
     assert {t.met for t in found} == {True, False}
 
 
+def test_a_peer_that_sustains_no_rate_gives_a_lower_bound_not_no_ratio() -> None:
+    """Triton's ensemble met the p99 bound at none of the ladder's rates (from 50 req/s) in
+    one round: its highest rate is under 50, so redline's 1,000 over 50 is at least 20x."""
+    def ladder(top: float, r: int) -> dict:  # type: ignore[type-arg]
+        return {"round": r, "max_rate": top, "steps": [{"rate": 50.0}, {"rate": 100.0}]}
+
+    data = {"closed": {"redline_graph": {1: [], 8: []}, "triton_ensemble": {1: [], 8: []}},
+            "ladders": {"redline_graph": [ladder(1000, 0), ladder(500, 1)],
+                        "triton_ensemble": [ladder(0, 0), ladder(100, 1)]}}
+    t = python_compare.Target
+    targets = [t("redline_graph", "redline_graph", "graph", "redline", "graph"),
+               t("triton_ensemble", "triton_ensemble", "graph", "triton", "ensemble")]
+    rate = python_compare.ratios(targets, data)["graph_max_rate_vs_triton"]
+    assert rate["lower_bound"] and rate["against"] == "triton_ensemble"
+    assert (rate["min"], rate["max"]) == (5.0, 20.0)  # 500/100 measured, 1000/50 at least
+    assert rate["ratio"] == pytest.approx(12.5) and rate["rounds_met"] == "2/2"
+    assert "triton_ensemble sustained none of the ladder's rates in 1 of 2 rounds" \
+        in rate["note"]
+    assert "| graph_max_rate_vs_triton | triton_ensemble | ≥ 12.5 |" in python_compare.markdown(
+        {"cells": [], "ratios": {"graph_max_rate_vs_triton": rate}})
+    found = python_area.targets({"ratios": {"graph_max_rate_vs_triton": rate}})
+    assert [x.met for x in found] == [True] and "a lower bound" in found[0].spread
+    # neither sustained a rate: still no ratio
+    data["ladders"]["redline_graph"] = [ladder(0, 0), ladder(0, 1)]
+    data["ladders"]["triton_ensemble"] = [ladder(0, 0), ladder(0, 1)]
+    assert python_compare.ratios(targets, data)["graph_max_rate_vs_triton"]["ratio"] is None
+
+
 @pytest.mark.slow
 def test_redline_alone_runs_end_to_end() -> None:
     result = python_compare.main(["--peers", "none", "--workloads", "rowsum", "--rounds", "1",
