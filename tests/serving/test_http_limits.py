@@ -244,6 +244,37 @@ def test_a_connection_that_sends_nothing_is_closed(limited: ServerThread) -> Non
     assert closed_by_server(sock)
 
 
+@pytest.mark.parametrize("request_head", ["inline infer", "uvicorn's path"])
+def test_a_kept_alive_connection_idle_past_its_timeout_is_closed(
+        tmp_path: Path, request_head: str) -> None:
+    """``server.keep_alive_timeout_s`` after its last answer, an idle connection is closed
+    (the sweeper's deadline, no timer per request); requests that come sooner each restart
+    the clock, on the inline lane and on uvicorn's path alike."""
+    repo = ModelRepository(tmp_path / "repo")
+    repo.add_onnx("affine", affine_model())
+    settings = Settings()
+    settings.server.watch_repository = False
+    settings.server.keep_alive_timeout_s = 0.5
+    settings.runtime.warmup_batch_sizes = [1]
+    settings.runtime.warmup_runs = 1
+    served = ServerThread(settings, repo).start()
+    request = (head() + BODY if request_head == "inline infer"
+               else b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        sock = connect(served)
+        for _ in range(6):  # 1.5 s of requests 0.25 s apart: never idle for 0.5 s
+            sock.sendall(request)
+            assert read_answer(sock)[0] == 200
+            time.sleep(0.25)
+        idle_from = time.monotonic()
+        assert closed_by_server(sock)
+        waited = time.monotonic() - idle_from + 0.25
+        assert 0.45 <= waited < 2.0, waited
+        sock.close()
+    finally:
+        served.stop()
+
+
 def test_two_hundred_slow_clients_are_capped_and_closed(limited: ServerThread) -> None:
     """200 sockets at a byte every 0.3 s: those beyond max_connections are answered 503 at
     once, the rest 408 after the header timeout; every one is closed, the honest client (whose

@@ -147,6 +147,9 @@ class ServerSettings:
     header_timeout_s: float = 10.0  # a request's line and headers arrive within this, or 408
     body_timeout_s: float = 30.0  # a request's body arrives within this after its headers, or 408
     max_connections: int = 4096  # open HTTP connections per process; beyond: 503, closed
+    # a kept-alive connection idle this long after its last answer is closed (above a load
+    # balancer's own idle timeout, so the balancer never sends on a connection being closed)
+    keep_alive_timeout_s: float = 30.0
     # gRPC: a message is bounded by max_body_bytes, a call's metadata (its headers) by this;
     # beyond either: RESOURCE_EXHAUSTED
     grpc_max_metadata_bytes: int = 16 * 1024
@@ -157,7 +160,8 @@ class ServerSettings:
         "drain_timeout_s": AT_LEAST_0, "drain_grace_s": AT_LEAST_0,
         "max_header_bytes": AT_LEAST_1, "max_headers": AT_LEAST_1,
         "header_timeout_s": POSITIVE, "body_timeout_s": POSITIVE,
-        "max_connections": AT_LEAST_1, "grpc_max_metadata_bytes": AT_LEAST_1,
+        "max_connections": AT_LEAST_1, "keep_alive_timeout_s": POSITIVE,
+        "grpc_max_metadata_bytes": AT_LEAST_1,
     }
 
 

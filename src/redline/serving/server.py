@@ -252,7 +252,7 @@ class RedlineServer:
             log_config=None,
             server_header=False,
             timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),
-            timeout_keep_alive=30,
+            timeout_keep_alive=server.keep_alive_timeout_s,  # (enforced by the protocol)
         )
         self._http = _Uvicorn(config)
         self._http.listen_with = self.listen_with
