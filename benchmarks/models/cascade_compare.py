@@ -166,7 +166,7 @@ async def replay_open(url: str, model: str, rows: list[dict], rate: float,
 
     connector = aiohttp.TCPConnector(limit=256)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for i in range(8):  # connections open before the clock starts
+        for i in range(8):  # a few tickets (and a connection) before the clock starts
             await one(session, i, time.perf_counter())
         took.clear()
         tally.update(right=0, errors=0, answered={})
