@@ -252,7 +252,8 @@ class RedlineServer:
             log_config=None,
             server_header=False,
             timeout_graceful_shutdown=int(max(1, server.drain_timeout_s)),
-            timeout_keep_alive=server.keep_alive_timeout_s,  # (enforced by the protocol)
+            # (the protocol enforces server.keep_alive_timeout_s itself; uvicorn's is unused)
+            timeout_keep_alive=max(1, round(server.keep_alive_timeout_s)),
         )
         self._http = _Uvicorn(config)
         self._http.listen_with = self.listen_with
