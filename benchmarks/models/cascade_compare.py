@@ -25,7 +25,8 @@ thread while the event loop answers the tickets the logistic model is sure of, a
 CPU 0: timed on its own thread (a one-off instrumented server at 200 tickets/s), the MLP's
 one-row run took 2.7 ms at the median and 7.0 ms at p99 inside the cascade, against 1.8 and
 3.8 ms in the MLP-alone graph, whose loop mostly waits for it. So on one core the cascade's p99
-is at best the MLP's; a server with a core for the model's thread beside the loop's avoids it.
+is at best the MLP's. A core for the model's thread beside the loop's should remove that (not
+measured: this machine has two cores, and the load tool needs the other).
 
 Why a threshold of 0.97 and not the example's 0.9: with this MLP the logistic model is sure and
 wrong on a few more of the ambiguous tickets, so 0.9 costs about a point of accuracy; 0.97 keeps
