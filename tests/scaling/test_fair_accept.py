@@ -55,9 +55,9 @@ def _worker_of_each(port: int, connections: int) -> list[int]:
 
 def test_connections_opened_together_are_shared_by_the_workers(tmp_path: Path) -> None:
     """Eight keep-alive connections opened at once land four and four (one either way) on two
-    workers, round after round. Left to the event loop, the worker that woke first accepted
-    every connection waiting: all eight on one worker in some rounds (this test failed so in
-    4 of 4 tries with the loop's own accept)."""
+    workers, round after round (but for a loaded machine's odd round). Left to the event loop,
+    the worker that woke first accepted every connection waiting: all eight on one worker in
+    some rounds (this test failed so in 4 of 4 tries with the loop's own accept)."""
     serve = Serve(tmp_path, "--workers", "2").wait_ready()
     try:
         serve.wait_children(2)
@@ -69,8 +69,12 @@ def test_connections_opened_together_are_shared_by_the_workers(tmp_path: Path) -
         for _ in range(20):
             rounds.append(collections.Counter(_worker_of_each(serve.http_port, 8)))
             time.sleep(0.2)  # the closed connections leave the workers' counts
-        for held in rounds:
-            assert len(held) == 2 and all(3 <= n <= 5 for n in held.values()), rounds
+        # A worker the machine does not run within STEP_ASIDE_S is stepped around (by design:
+        # a stuck worker holds no connection up), so on a loaded machine a round may tip to
+        # 6/2; the loop's own accept put all eight on one worker in 3 of 20 rounds and split
+        # 15 of 20 within 3-5 (one run), the fair accept 20 of 20 at 4/4 on a quiet machine.
+        shared = [len(held) == 2 and all(3 <= n <= 5 for n in held.values()) for held in rounds]
+        assert sum(shared) >= 18 and all(len(held) == 2 for held in rounds), rounds
     finally:
         assert serve.stop() == 0
 
