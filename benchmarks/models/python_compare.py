@@ -458,6 +458,7 @@ def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignor
         ma, mb = statistics.median(a.values()), statistics.median(b.values())
         per = {r: a[r] / b[r] for r in a if b.get(r)}
         entry: dict[str, object] = {"against": ref, "mine": ma, "theirs": mb}
+        bounds: dict[int, float] = {}
         if metric == "rate":
             # A round where the peer sustained none of the ladder's rates: its highest rate is
             # below the lowest tried, so mine over that rate is a lower bound of the ratio.
@@ -465,7 +466,6 @@ def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignor
             bounds = {r: a[r] / lowest[r] for r in a if not b.get(r) and a[r] and r in lowest}
             if bounds:
                 per.update(bounds)
-                mb = 0.0
                 entry["lower_bound"] = True
                 entry["note"] = (f"{ref} sustained none of the ladder's rates in "
                                  f"{len(bounds)} of {len(a)} rounds (from "
@@ -477,7 +477,8 @@ def ratios(targets: list[Target], data: dict) -> dict[str, dict]:  # type: ignor
                 + (f" ({mine}: {ma:g} req/s)" if ma else f", nor did {mine}")))
             out[key] = entry
             continue
-        ratio = ma / mb if mb else statistics.median(per.values())
+        # (with a bound among them, or no median of the peer's, the median of the rounds')
+        ratio = statistics.median(per.values()) if bounds or not mb else ma / mb
         entry.update(ratio=round(ratio, 3), min=round(min(per.values()), 3),
                      max=round(max(per.values()), 3))
         if op:

@@ -150,12 +150,13 @@ async def timeline(target: Any, rate: float, duration_s: float) -> list[tuple[fl
 
     import orjson
 
-    from redline.bench.clients import RestConnection
+    from redline.bench.clients import RestConnection, post_request
 
     host, port = target.url.split("://", 1)[1].split(":")
     path = target.path or f"/v1/models/{target.model}/predict"
-    free = [RestConnection(host, int(port), path, target.body,
-                           {"content-type": "application/json"}) for _ in range(64)]
+    request = post_request(host, int(port), path, target.body,
+                           {"content-type": "application/json"})
+    free = [RestConnection(host, int(port), request) for _ in range(64)]
     for c in free:
         await c.open()
     out: list[tuple[float, float, dict]] = []

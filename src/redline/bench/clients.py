@@ -143,11 +143,12 @@ def post_request(host: str, port: int, path: str, body: bytes,
 
 
 class RestConnection:
-    """One keep-alive connection that sends the same request over and over."""
+    """One keep-alive connection: ``send`` any request on it, or ``call`` to send its own
+    ``request`` (``post_request``'s bytes) over and over."""
 
-    def __init__(self, host: str, port: int, path: str, body: bytes, headers: dict[str, str]):
+    def __init__(self, host: str, port: int, request: bytes = b"") -> None:
         self.host, self.port = host, port
-        self.request = post_request(host, port, path, body, headers)
+        self.request = request
         self.protocol: _HttpProtocol | None = None
 
     async def open(self) -> RestConnection:
@@ -164,29 +165,29 @@ class RestConnection:
     async def send(self, request: bytes) -> bytes:
         """Send ``request`` (``post_request``'s bytes) on this connection, reopened if the
         server closed it; the answer's body, or ``RequestFailed``."""
-        protocol = self.protocol
-        if protocol is None or protocol.lost:
+        if self.protocol is None or self.protocol.lost:
             await self.open()
-            protocol = self.protocol
-        assert protocol is not None and protocol.transport is not None
-        protocol.waiter = asyncio.get_running_loop().create_future()
-        protocol.transport.write(request)
+        protocol = self.protocol
         try:
-            status, body = await protocol.waiter
+            status, body = await self._exchange(request)
         except RequestFailed as exc:
+            assert protocol is not None
             if exc.kind != "connection_closed" or not protocol.answered or protocol.buffer:
                 raise
             # A kept-alive connection the server closed as this request went out (idle, or
             # at its own limit): nothing of it was read, so it goes again on a new one.
             await self.open()
-            protocol = self.protocol
-            assert protocol is not None and protocol.transport is not None
-            protocol.waiter = asyncio.get_running_loop().create_future()
-            protocol.transport.write(request)
-            status, body = await protocol.waiter
+            status, body = await self._exchange(request)
         if status != 200:
             raise RequestFailed(f"http_{status}", body[:200].decode("utf-8", "replace"))
         return body
+
+    async def _exchange(self, request: bytes) -> tuple[int, bytes]:
+        protocol = self.protocol
+        assert protocol is not None and protocol.transport is not None
+        protocol.waiter = asyncio.get_running_loop().create_future()
+        protocol.transport.write(request)
+        return await protocol.waiter
 
     def close(self) -> None:
         if self.protocol is not None and self.protocol.transport is not None:
@@ -205,7 +206,7 @@ class RestPool:
     async def send(self, request: bytes) -> bytes:
         """``RestConnection.send`` on a connection of the pool."""
         if self._free.empty() and len(self._opened) < self.limit:
-            conn = RestConnection(self.host, self.port, "/", b"", {})
+            conn = RestConnection(self.host, self.port)
             self._opened.append(conn)
         else:
             conn = await self._free.get()

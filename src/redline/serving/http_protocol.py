@@ -91,7 +91,7 @@ class HttpLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
-    keep_alive_timeout_s: float = 30.0
+    keep_alive_timeout_s: float
 
     @classmethod
     def of(cls, server: ServerSettings) -> HttpLimits:
@@ -278,7 +278,11 @@ class RedlineHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif self._phase == _IDLE:
-            self._deadline = self.loop.time() + self.limits.keep_alive_timeout_s
+            self._idle_from_now()
+
+    def _idle_from_now(self) -> None:
+        """The connection waits for its next request: closed if none starts in time."""
+        self._deadline = self.loop.time() + self.limits.keep_alive_timeout_s
 
     def send_400_response(self, msg: str) -> None:
         self.transport.write(_RESPONSE)
@@ -363,8 +367,7 @@ class RedlineHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
             cycle = self.cycle
             if cycle is not None and cycle.response_complete and not self.pipeline:
-                # answered before its body was read through: idle from now
-                self._deadline = self.loop.time() + self.limits.keep_alive_timeout_s
+                self._idle_from_now()  # (answered before its body was read through)
             return
         self._fast = False
         body, self._body = self._body, b""
