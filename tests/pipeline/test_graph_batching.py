@@ -17,7 +17,7 @@ import pytest
 
 from redline.config import BatchingSettings, ModelSettings
 from redline.models import ModelRepository
-from redline.models.graph import exact_top_k_rows
+from redline.models.graph import exact_scores, exact_top_k_rows
 from tests.pipeline.conftest import ServerThread, make_settings
 from tests.pipeline.graphs import make_graph
 
@@ -42,13 +42,36 @@ def test_top_k_of_a_batch_is_each_query_alone_bit_for_bit() -> None:
     assert np.array_equal(rows[0], alone[3][0][0])
     assert scores[1].tobytes() == alone[4][1][0].tobytes()
     # against a full sort of the same scores: the exact top-K, best first, ties by row
-    full = emb @ np.vstack([queries[5], queries[0]]).T
-    expect = np.lexsort((np.arange(len(emb)), -full[:, 0]))[:50]
+    expect = np.lexsort((np.arange(len(emb)), -exact_scores(emb, queries[5])))[:50]
     assert np.array_equal(alone[5][0][0], expect)
     assert list(alone[5][0][0][:2]) == [17, 2000]
     # a catalogue smaller than the groups, and K equal to it
     rows, _ = exact_top_k_rows(emb[:40], queries[:3], 40)
     assert sorted(rows[0].tolist()) == list(range(40))
+
+
+def test_top_k_is_exact_where_the_batch_product_and_the_exact_scores_disagree() -> None:
+    """Items whose scores differ in their last bits, so the matrix product's order and the exact
+    scores' order disagree at the K-th place: the search must still return the exact top-K
+    (the full sort of ``exact_scores``), alone and in any batch."""
+    rng = np.random.default_rng(11)
+    base = rng.normal(size=32).astype(np.float32)
+    emb = (base + rng.normal(scale=3e-7, size=(4000, 32)) * np.abs(base)).astype(np.float32)
+    emb[::7] = rng.normal(size=(len(emb[::7]), 32)).astype(np.float32)  # and far ones
+    queries = (base + rng.normal(scale=1e-3, size=(9, 32))).astype(np.float32)
+    disagree = 0
+    for i, q in enumerate(queries):
+        exact = exact_scores(emb, q)
+        disagree += int(np.sum((emb @ q) != exact))
+        expect = np.lexsort((np.arange(len(emb)), -exact))[:100]
+        rows, scores = exact_top_k_rows(emb, queries[i:i + 1], 100)
+        assert np.array_equal(rows[0], expect), f"query {i}"
+        assert scores[0].tobytes() == exact[expect].tobytes()
+        for n in (2, 9):
+            batch = np.roll(queries, -i, axis=0)[:n]  # this query first, then others
+            rows, _ = exact_top_k_rows(emb, batch, 100)
+            assert np.array_equal(rows[0], expect), f"query {i} in a batch of {n}"
+    assert disagree > 0  # (the case is the one meant: the product's bits are not the answer's)
 
 
 RANKED = ["retrieval:score", "retrieval:position", "item:price", "session:seen",

@@ -11,6 +11,7 @@ documented in ``docs/recommend.md``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,11 @@ class Catalogue:
     def size(self) -> int:
         return len(self.ids)
 
+    @functools.cached_property
+    def max_norm(self) -> float:
+        """The largest embedding norm (what ``exact_top_k_rows`` needs of the catalogue)."""
+        return max_row_norm(self.embeddings)
+
 
 def load_catalogue(folder: Path) -> Catalogue:
     """Read and check ``items.npy`` and ``items.parquet`` (same row count, finite values)."""
@@ -274,71 +280,82 @@ def build_index(cat: Catalogue, spec: GraphSpec) -> Any:
     return index
 
 
-def exact_top_k(emb: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``k`` rows of ``emb`` by inner product with ``query``: (rows, scores), best
-    first (one query through :func:`exact_top_k_rows`)."""
-    rows, scores = exact_top_k_rows(emb, query[None, :], k)
-    return rows[0], scores[0]
-
-
 # Items per group when the top-k looks for its threshold (see exact_top_k_rows): smaller groups
 # leave fewer candidates to partition (0.88x the time of 64 for a lone query's top-100 of
 # 50,000: benchmarks/pipeline/retrieval_kernels.py).
 TOP_K_GROUP = 16
+# How far, in units of the rounding bound, a BLAS score may sit from its exact score before the
+# search could miss an item (twice the bound: a margin for a BLAS that rounds less carefully).
+SCORE_SLACK = 2.0
+# Queries from which a batch's scores are one matrix product rather than one product a query.
+PRODUCT_MIN = 4
 
 
-def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray,
-                     k: int) -> tuple[np.ndarray, np.ndarray]:
+def exact_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The score a search returns for each of ``rows`` [m, dim] against ``query`` [dim]:
+    float32 products summed along each row by numpy, row by row, so a row's score has the same
+    bits whatever other rows are scored with it (a BLAS product's last bit depends on its
+    shape: OpenBLAS sums an eight-query product differently from a one-query one)."""
+    return (rows * query).sum(axis=1, dtype=np.float32)
+
+
+def max_row_norm(emb: np.ndarray) -> float:
+    """The largest row norm of ``emb``: with a query's norm, it bounds how far a BLAS score can
+    be from :func:`exact_scores` (:func:`exact_top_k_rows`)."""
+    return float(np.sqrt(np.einsum("ij,ij->i", emb, emb, dtype=np.float64).max()))
+
+
+def exact_top_k_rows(emb: np.ndarray, queries: np.ndarray, k: int,
+                     max_norm: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` rows of ``emb`` [items, dim] by inner product with each row of
     ``queries`` [n, dim]: (rows [n, k] int64, scores [n, k] float32), best first, equal scores
-    in row order.
+    in row order; ``max_norm``: ``max_row_norm(emb)``, computed when not given.
 
-    One kernel for one query and for a batch of them, so that a query's answer does not depend
-    on what it was batched with, bit for bit: each query's scores are one matrix-vector product
-    of the same shape. BLAS picks its kernel by shape -- OpenBLAS's matrix product for eight
-    columns sums differently from its kernel for two on some CPUs -- so a product whose width
-    followed the batch would change a query's last bit with its company. (Zero-padded products
-    of four queries, one shape too, were slower a query at every batch size, a lone query
-    paying for four: ``benchmarks/pipeline/retrieval_kernels.py``.) The top-k is exact and
-    cheap: the items are cut into groups of ``TOP_K_GROUP``, the k largest group maxima bound
-    the k-th score from below, and only the groups that reach the bound (about k of them) are
-    partitioned, not the whole catalogue.
+    A batch's scores are one matrix product (the catalogue read once for all its queries; one
+    matrix-vector product a query below ``PRODUCT_MIN`` queries), yet
+    a query's answer does not depend on its company, bit for bit: the product only narrows the
+    search. Its scores differ from :func:`exact_scores` by at most the float32 rounding bound
+    of a ``dim``-long sum (``dim * 2**-24 * |query| * max_norm`` for each of the two), so every
+    item within twice that of the product's k-th score is scored again exactly, and the top-k
+    is taken from those exact scores -- the same for a query alone or in any batch. Finding the
+    product's k-th score is cheap: the items are cut into groups of ``TOP_K_GROUP``, the k
+    largest group maxima bound it from below, and only the groups that reach the bound (about
+    k of them) are partitioned, not the whole catalogue.
     """
     n, items = queries.shape[0], emb.shape[0]
+    dim = emb.shape[1]
     k = min(k, items)
+    if max_norm is None:
+        max_norm = max_row_norm(emb)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    # items x n: OpenBLAS's product this way round was the faster; below PRODUCT_MIN queries
+    # a matrix-vector product each costs less (benchmarks/pipeline/retrieval_kernels.py)
+    products = emb @ queries.T if n >= PRODUCT_MIN else None
+    rounding = dim * 2.0 ** -24 / (1 - dim * 2.0 ** -24)
     width = items // TOP_K_GROUP  # group g: items g, g + width, g + 2 width, ... (and the tail)
     out_rows = np.empty((n, k), dtype=np.int64)
     out_scores = np.empty((n, k), dtype=np.float32)
     members = np.arange(TOP_K_GROUP, dtype=np.int64) * width
     for j in range(n):
-        row = emb @ _aligned(queries[j])  # this query's scores, used while still in cache
-        if width > k:
+        query = queries[j]
+        row = products[:, j] if products is not None else emb @ query
+        margin = 2 * SCORE_SLACK * rounding * float(np.linalg.norm(query)) * max_norm
+        if width > k and np.isfinite(margin):
             maxima = row[:width * TOP_K_GROUP].reshape(TOP_K_GROUP, width).max(axis=0)
-            bound = np.partition(maxima, width - k)[width - k]
+            bound = np.partition(maxima, width - k)[width - k] - margin
             candidates = (np.flatnonzero(maxima >= bound)[:, None] + members).ravel()
             tail = np.arange(width * TOP_K_GROUP, items, dtype=np.int64)
             candidates = np.concatenate([candidates, tail[row[tail] >= bound]])
-        else:
+            values = row[candidates]
+            kth = np.partition(values, len(values) - k)[len(values) - k]
+            candidates = candidates[values >= kth - margin]
+        else:  # a small catalogue (or a query of infinite norm): every item, exactly
             candidates = np.arange(items, dtype=np.int64)
-        values = row[candidates]
-        kth = np.partition(values, len(values) - k)[len(values) - k]
-        keep = values >= kth
-        chosen, chosen_values = candidates[keep], values[keep]
-        order = np.lexsort((chosen, -chosen_values))[:k]  # best first; ties: the lower row
-        out_rows[j] = chosen[order]
-        out_scores[j] = chosen_values[order]
+        scores = exact_scores(emb[candidates], query)
+        order = np.lexsort((candidates, -scores))[:k]  # best first; ties: the lower row
+        out_rows[j] = candidates[order]
+        out_scores[j] = scores[order]
     return out_rows, out_scores
-
-
-def _aligned(vector: np.ndarray) -> np.ndarray:
-    """``vector`` as float32 in a copy that starts on a 64-byte boundary: a BLAS kernel may
-    peel its first elements to reach an aligned address and so sum in another order, and the
-    same query must meet the same kernel wherever it came from (alone, or a batch's row)."""
-    buf = np.empty(vector.shape[0] + 16, dtype=np.float32)
-    start = (-buf.ctypes.data % 64) // 4
-    out = buf[start:start + vector.shape[0]]
-    out[:] = vector
-    return out
 
 
 def measure_recall(index: Any, cat: Catalogue, k: int, queries: int = 200,
@@ -350,8 +367,8 @@ def measure_recall(index: Any, cat: Catalogue, k: int, queries: int = 200,
                                           ).astype(np.float32) * cat.embeddings.std()
     q = np.ascontiguousarray(q, dtype=np.float32)
     _, found = index.search(q, k)
+    exact, _ = exact_top_k_rows(cat.embeddings, q, k, cat.max_norm)
     hits = 0
     for i in range(len(rows)):
-        exact, _ = exact_top_k(cat.embeddings, q[i], k)
-        hits += len(set(exact.tolist()) & set(found[i].tolist()))
+        hits += len(set(exact[i].tolist()) & set(found[i].tolist()))
     return hits / (len(rows) * k)

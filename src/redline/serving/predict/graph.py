@@ -26,7 +26,8 @@ reading their features and session waits for them, at most the recent p99 of tha
 (``GATHER_MAX_S`` at most) and never past what its budget leaves for retrieval and ranking; a
 lone request takes the batcher's idle fast path and runs at once; one whose budget cannot wait
 for the batch ahead of it runs alone. A query's answer is the same whatever it is batched with,
-bit for bit: one kernel serves one query and many (``models/graph.py``'s ``exact_top_k_rows``).
+bit for bit: a batch's product only narrows the search, and the top-K is taken from scores
+computed row by row (``models/graph.py``'s ``exact_top_k_rows``).
 The entity features and the session items are read at once, over the event loop's one Redis
 connection: one round trip.
 """
@@ -186,7 +187,7 @@ class GraphRunner:
         if self.index is not None:
             scores, found = self.index.search(q, self.spec.k)
             return {"rows": found, "scores": scores}
-        rows, scores = g.exact_top_k_rows(self.cat.embeddings, q, self.spec.k)
+        rows, scores = g.exact_top_k_rows(self.cat.embeddings, q, self.spec.k, self.cat.max_norm)
         return {"rows": rows, "scores": scores}
 
     def retrieve(self, q: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
