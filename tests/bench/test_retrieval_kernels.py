@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.pipeline.retrieval_kernels import main, padded_blocks, per_query
+from benchmarks.pipeline.retrieval_kernels import MAX_NORM, batched, main, one_by_one
+from redline.models.graph import max_row_norm
 
 
 def test_retrieval_kernels_reports_both_choices() -> None:
     out = main(["--items", "3000", "--rounds", "4"])
-    scores = out["scores, per-query GEMV over padded 4-query products"]
-    assert set(scores) == {"1", "2", "4", "8"}  # type: ignore[arg-type]
-    for cell in [*scores.values(), out["top-k of one query, groups of 16 over 64"]]:  # type: ignore[union-attr]
+    searches = out["search of n queries, at once over one by one"]
+    assert set(searches) == {"1", "2", "4", "8"}  # type: ignore[arg-type]
+    for cell in [*searches.values(), out["top-k of one query, groups of 16 over 64"]]:  # type: ignore[union-attr]
         assert cell["ours_us"] > 0 and cell["theirs_us"] > 0
 
 
-def test_both_kernels_score_alike_to_float_rounding() -> None:
+def test_both_ways_find_the_same_items_bit_for_bit() -> None:
     rng = np.random.default_rng(1)
-    emb = rng.normal(size=(500, 8)).astype(np.float32)
-    q = rng.normal(size=(3, 8)).astype(np.float32)
-    np.testing.assert_allclose(np.stack(per_query(emb, q)), padded_blocks(emb, q)[:3],
-                               rtol=1e-5, atol=1e-5)
+    emb = rng.normal(size=(5000, 8)).astype(np.float32)
+    q = rng.normal(size=(6, 8)).astype(np.float32)
+    MAX_NORM[id(emb)] = max_row_norm(emb)
+    rows, scores = batched(emb, q)  # type: ignore[misc]
+    for i, (alone_rows, alone_scores) in enumerate(one_by_one(emb, q)):  # type: ignore[attr-defined]
+        assert np.array_equal(rows[i], alone_rows[0])
+        assert scores[i].tobytes() == alone_scores[0].tobytes()
