@@ -25,32 +25,33 @@ from threadpoolctl import threadpool_limits
 
 from redline.models import graph
 
-
-def batched(emb: np.ndarray, queries: np.ndarray) -> object:
-    return graph.exact_top_k_rows(emb, queries, 100, MAX_NORM[id(emb)])
+Search = Callable[[np.ndarray, np.ndarray, float], object]  # (emb, queries, max_norm)
 
 
-def one_by_one(emb: np.ndarray, queries: np.ndarray) -> object:
-    return [graph.exact_top_k_rows(emb, q[None, :], 100, MAX_NORM[id(emb)]) for q in queries]
+def batched(emb: np.ndarray, queries: np.ndarray, max_norm: float) -> object:
+    return graph.exact_top_k_rows(emb, queries, 100, max_norm)
 
 
-MAX_NORM: dict[int, float] = {}  # the catalogue's, computed once (as a server does)
+def one_by_one(emb: np.ndarray, queries: np.ndarray, max_norm: float) -> list[object]:
+    return [graph.exact_top_k_rows(emb, q[None, :], 100, max_norm) for q in queries]
 
 
-def top_k_with(group: int) -> Callable[[np.ndarray, np.ndarray], object]:
-    def run(emb: np.ndarray, queries: np.ndarray) -> object:
+def top_k_with(group: int) -> Search:
+    def run(emb: np.ndarray, queries: np.ndarray, max_norm: float) -> object:
         kept, graph.TOP_K_GROUP = graph.TOP_K_GROUP, group
         try:
-            return graph.exact_top_k_rows(emb, queries, 100, MAX_NORM[id(emb)])
+            return graph.exact_top_k_rows(emb, queries, 100, max_norm)
         finally:
             graph.TOP_K_GROUP = kept
     return run
 
 
-def pair(emb: np.ndarray, n: int, ours: Callable[..., object], theirs: Callable[..., object],
-         rounds: int, rng: np.random.Generator) -> dict[str, float]:
+def pair(emb: np.ndarray, n: int, ours: Search, theirs: Search, rounds: int,
+         rng: np.random.Generator) -> dict[str, float]:
     """Median thread-CPU µs of ``ours`` and ``theirs`` over ``rounds`` batches of ``n``
-    session-like queries (recency-weighted sums of catalogue rows), alternating."""
+    session-like queries (recency-weighted sums of catalogue rows), alternating; the
+    catalogue's largest norm computed once, as a server does."""
+    max_norm = graph.max_row_norm(emb)
     times: dict[str, list[float]] = {"ours": [], "theirs": []}
     for r in range(rounds):
         rows = rng.integers(0, len(emb), (n, 10))
@@ -59,7 +60,7 @@ def pair(emb: np.ndarray, n: int, ours: Callable[..., object], theirs: Callable[
         for name in (("ours", "theirs") if r % 2 else ("theirs", "ours")):
             fn = ours if name == "ours" else theirs
             t = time.thread_time_ns()
-            fn(emb, queries)
+            fn(emb, queries, max_norm)
             times[name].append((time.thread_time_ns() - t) / 1e3)
     a, b = statistics.median(times["ours"]), statistics.median(times["theirs"])
     return {"ours_us": round(a, 1), "theirs_us": round(b, 1), "ratio": round(a / b, 3)}
@@ -77,7 +78,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         emb = np.ascontiguousarray(np.load(args.embeddings), dtype=np.float32)
     else:
         emb = (rng.normal(size=(args.items, 32)) / np.sqrt(32)).astype(np.float32)
-    MAX_NORM[id(emb)] = graph.max_row_norm(emb)
     out: dict[str, object] = {"items": emb.shape[0], "dim": emb.shape[1]}
     with threadpool_limits(1):
         out["search of n queries, at once over one by one"] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.pipeline.retrieval_kernels import MAX_NORM, batched, main, one_by_one
+from benchmarks.pipeline.retrieval_kernels import batched, main, one_by_one
 from redline.models.graph import max_row_norm
 
 
@@ -20,8 +20,8 @@ def test_both_ways_find_the_same_items_bit_for_bit() -> None:
     rng = np.random.default_rng(1)
     emb = rng.normal(size=(5000, 8)).astype(np.float32)
     q = rng.normal(size=(6, 8)).astype(np.float32)
-    MAX_NORM[id(emb)] = max_row_norm(emb)
-    rows, scores = batched(emb, q)  # type: ignore[misc]
-    for i, (alone_rows, alone_scores) in enumerate(one_by_one(emb, q)):  # type: ignore[attr-defined]
+    norm = max_row_norm(emb)
+    rows, scores = batched(emb, q, norm)  # type: ignore[misc]
+    for i, (alone_rows, alone_scores) in enumerate(one_by_one(emb, q, norm)):  # type: ignore[misc]
         assert np.array_equal(rows[i], alone_rows[0])
         assert scores[i].tobytes() == alone_scores[0].tobytes()

@@ -106,16 +106,15 @@ class Unanswered:
             client = httpx.Client(base_url=url, timeout=10.0)
 
             def send() -> bool:
-                for attempt in range(RESENDS + 1):
+                for _ in range(RESENDS):
                     try:
-                        r = client.post("/v2/models/affine/infer", json=BODY)
-                        return r.status_code == 200
+                        return client.post("/v2/models/affine/infer", json=BODY).status_code == 200
                     except httpx.RemoteProtocolError as exc:
-                        if "without sending a response" not in str(exc) or attempt == RESENDS:
+                        if "without sending a response" not in str(exc):
                             raise
                         with self._lock:
                             self.resent += 1  # and anew: it was not processed
-                raise AssertionError("unreachable")
+                return client.post("/v2/models/affine/infer", json=BODY).status_code == 200
             return send
         return make
 

@@ -11,7 +11,6 @@ documented in ``docs/recommend.md``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,15 +167,11 @@ class Catalogue:
     ids: list[str]
     embeddings: np.ndarray                        # (items, dim) float32, C-contiguous
     columns: dict[str, np.ndarray]                # name -> (items,) float32
+    max_norm: float                               # the largest embedding norm (exact_top_k_rows)
 
     @property
     def size(self) -> int:
         return len(self.ids)
-
-    @functools.cached_property
-    def max_norm(self) -> float:
-        """The largest embedding norm (what ``exact_top_k_rows`` needs of the catalogue)."""
-        return max_row_norm(self.embeddings)
 
 
 def load_catalogue(folder: Path) -> Catalogue:
@@ -220,7 +215,7 @@ def load_catalogue(folder: Path) -> Catalogue:
         col = data.column(name).to_numpy(zero_copy_only=False)
         if col.dtype.kind in "fiub":
             columns[name] = np.nan_to_num(col.astype(np.float32))
-    return Catalogue(ids, emb, columns)
+    return Catalogue(ids, emb, columns, max_row_norm(emb))  # at load, not on a first request
 
 
 def check_graph(spec: GraphSpec, cat: Catalogue, folder: Path, origin: str) -> int:
