@@ -39,13 +39,14 @@ services:
 demo: $(VENV)/.demo-installed
 	$(PY) -m redline.demo
 
-# Three workers, a test file (or a doc page: tests/conftest.py's groups) each at a time: many
-# tests wait on servers and child processes, so a third worker fills two cores' idle time
-# (PYTEST_WORKERS=0 runs it in one process). Bytecode is kept even where the environment says
+# Four workers, a test file (or a doc page: tests/conftest.py's groups) each at a time: many
+# tests wait on servers and child processes, so workers beyond the two cores fill their idle
+# time (on 2 cores: 468 s with two, 387 s with three, 316 s with four; PYTEST_WORKERS=0 runs it
+# in one process). Bytecode is kept even where the environment says
 # PYTHONDONTWRITEBYTECODE: the suite starts hundreds of Python processes (servers, the CLI, doc
 # blocks), each of which would compile redline's modules anew, and every worker would rewrite
 # every test module's asserts (~10 s of CPU a worker). README.md, "Development".
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 KEEP_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 test: $(VENV)/.dev-installed services
 	$(KEEP_BYTECODE) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
