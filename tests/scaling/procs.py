@@ -2,8 +2,10 @@
 
 Failure accounting (the same in every chaos test): an inference is *failed* when the caller got
 no 200 after at most ``retries`` more tries on a fresh connection. A retry happens only on a
-connection-level error (refused, reset, closed before any response) or a timeout: V2 inference
-has no side effects, so sending it again is safe. Retries are counted and reported next to
+connection-level error (refused, reset, closed before any response), a timeout, or a load
+balancer's own 502 page (HAProxy 2.6 answers one when a replica dies under a connection it
+reused; ``redline.Client`` resends it too): V2 inference has no side effects, so sending it
+again is safe. Retries are counted and reported next to
 failures.
 """
 
@@ -164,6 +166,13 @@ class SteadyLoad:
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
                     httpx.WriteError, httpx.TimeoutException) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    if attempt < self.retries:
+                        self.result.retries += 1
+                continue
+            if r.status_code == 502 and not r.headers.get("content-type", "").startswith(
+                    "application/json"):  # the balancer's page, not a replica's answer
+                last = f"502 from the balancer: {r.text[:120]}"
                 with self._lock:
                     if attempt < self.retries:
                         self.result.retries += 1

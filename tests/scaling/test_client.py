@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 import redline
 from benchmarks.scaling.straggler import StragglerProxy
-from redline.errors import DeadlineExceeded, InvalidInput, ModelNotFound
+from redline.errors import DeadlineExceeded, InvalidInput, ModelNotFound, RedlineError
 from tests.conftest import free_port
 from tests.scaling.procs import Serve
 
@@ -208,6 +209,71 @@ class _NotReadyHandler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+HAPROXY_502 = (b"<html><body><h1>502 Bad Gateway</h1>\nThe server returned an invalid or "
+               b"incomplete response.\n</body></html>\n")
+
+
+@contextlib.contextmanager
+def gateway(replica: str | None, pages: int, status: int = 502) -> Iterator[str]:
+    """A load balancer in front of ``replica``: its own HTML error page (``status``, as
+    HAProxy's) for the first ``pages`` requests, then the replica's answers (forwarded)."""
+    served = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server naming
+            body = self.rfile.read(int(self.headers["content-length"]))
+            served[0] += 1
+            if served[0] <= pages or replica is None:
+                page = HAPROXY_502 if status == 502 else b"<html><h1>%d</h1></html>" % status
+                code, content, kind = status, page, "text/html"
+            else:
+                r = httpx.post(replica + self.path, content=body, timeout=5,
+                               headers={"content-type": "application/json"})
+                code, content, kind = r.status_code, r.content, "application/json"
+            self.send_response(code)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_gateways_own_error_page_is_resent_or_named(replicas) -> None:  # type: ignore[no-untyped-def]
+    """HAProxy 2.6 answers its HTML 502 page when a replica dies under a connection it reused:
+    V2 inference is resent through the same balancer (the client's one endpoint) and answered;
+    a page that stays is a RedlineError naming it, never a JSON decoding error."""
+    with gateway(replicas[0].url, pages=2) as address, \
+            redline.Client([address], budget_ms=3000) as client:
+        result = client.infer("affine", X)
+        assert result["s"].tolist() == [10.0] and result.attempts == 3
+    with gateway(None, pages=0) as address, redline.Client([address], budget_ms=3000) as client:
+        with pytest.raises(RedlineError, match=r"answered HTTP 502 that is not redline's: "
+                                               r"<html><body><h1>502 Bad Gateway") as info:
+            client.infer("affine", X)
+        assert type(info.value) is RedlineError and client.stats.attempts == 3
+        # a /v1 request with a session updates it: a 502 does not prove it never ran
+        with pytest.raises(RedlineError, match="HTTP 502"):
+            client.predict("affine", {"session_id": "s1", "entities": {}})
+        assert client.stats.attempts == 4
+    with gateway(None, pages=0, status=403) as address, \
+            redline.Client([address], budget_ms=3000) as client:
+        with pytest.raises(RedlineError, match="answered HTTP 403 that is not redline's"):
+            client.infer("affine", X)
+        assert client.stats.attempts == 1  # no resend can change a refusal
 
 
 def test_abandoned_attempts_are_awaited_not_left_to_fail_unseen(replicas) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,8 @@ Every call has a budget (``budget_ms``): each attempt is sent with what is left 
 ``x-redline-budget-ms`` header, or the gRPC deadline), and no attempt starts once it is spent.
 
 - **Retries** happen only where repeating cannot change anything: a connection that failed or
-  was reset before an answer, a 503 (not ready, store down) or a 429 (overloaded) - and, for a
+  was reset before an answer, a 503 (not ready, store down) or a 429 (overloaded), a gateway's
+  own 502, 503 or 504 page (a balancer whose replica died or hung) - and, for a
   ``/v1`` request that carries a ``session_id`` (it updates session counters), only when the
   request provably never left (connection refused). A retry goes to the next replica.
 - **Hedging** (Dean and Barroso, "The Tail at Scale"): when an answer has not come back after
@@ -57,6 +58,12 @@ def _error_classes(cls: type[errors.RedlineError]) -> None:
 
 
 _error_classes(errors.RedlineError)
+
+
+# A gateway's own error pages that a resend may get past: 502 (the replica behind it died or
+# answered garbage: HAProxy 2.6 answers so when a replica dies under a connection it reused),
+# 503 (no replica in rotation yet), 504 (the replica did not answer in the gateway's time).
+GATEWAY_RETRY = (502, 503, 504)
 
 
 class _Retryable(Exception):
@@ -342,7 +349,17 @@ class AsyncClient:
             raise _Retryable(f"{endpoint.address}: cannot connect ({exc})", sent=False) from None
         except ConnectionLost as exc:
             raise _Retryable(f"{endpoint.address}: connection lost ({exc})", sent=True) from None
-        doc = orjson.loads(content) if content else {}
+        try:
+            doc = orjson.loads(content) if content else {}
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            # Case: not redline's answer but a gateway's page (HAProxy, nginx, an ingress).
+            error = errors.RedlineError(f"{endpoint.address} answered HTTP {status} that is not "
+                                        f"redline's: {_snippet(content)}")
+            if status in GATEWAY_RETRY:  # the replica behind it failed or hung: resend
+                raise _Retryable(error.message, sent=True, error=error)
+            raise error
         if status != 200:
             error = _error_from(status, doc)
             if status in (429, 503):
@@ -458,6 +475,12 @@ def _v1_request(v1pb: Any, model: str, version: str | None, doc: dict[str, Any])
             else:
                 inst.request[key] = float(value)
     return req
+
+
+def _snippet(content: bytes) -> str:
+    """The start of a body that is not JSON, on one line (a gateway's HTML error page)."""
+    text = content[:300].decode("utf-8", "replace")
+    return " ".join(text.split())[:200] or "(empty)"
 
 
 def _error_from(status: int, doc: dict[str, Any]) -> errors.RedlineError:
