@@ -216,9 +216,10 @@ HAPROXY_502 = (b"<html><body><h1>502 Bad Gateway</h1>\nThe server returned an in
 
 
 @contextlib.contextmanager
-def gateway(replica: str | None, pages: int, status: int = 502) -> Iterator[str]:
-    """A load balancer in front of ``replica``: its own HTML error page (``status``, as
-    HAProxy's) for the first ``pages`` requests, then the replica's answers (forwarded)."""
+def gateway(replica: str | None, pages: int, status: int = 502,
+            page: bytes | None = None) -> Iterator[str]:
+    """A load balancer in front of ``replica``: its own error page (``status``; HAProxy's HTML
+    unless ``page`` is given) for the first ``pages`` requests, then the replica's answers."""
     served = [0]
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -228,8 +229,9 @@ def gateway(replica: str | None, pages: int, status: int = 502) -> Iterator[str]
             body = self.rfile.read(int(self.headers["content-length"]))
             served[0] += 1
             if served[0] <= pages or replica is None:
-                page = HAPROXY_502 if status == 502 else b"<html><h1>%d</h1></html>" % status
-                code, content, kind = status, page, "text/html"
+                content = page if page is not None else HAPROXY_502 if status == 502 \
+                    else b"<html><h1>%d</h1></html>" % status
+                code, kind = status, "text/html"
             else:
                 r = httpx.post(replica + self.path, content=body, timeout=5,
                                headers={"content-type": "application/json"})
@@ -260,6 +262,9 @@ def test_a_gateways_own_error_page_is_resent_or_named(replicas) -> None:  # type
             redline.Client([address], budget_ms=3000) as client:
         result = client.infer("affine", X)
         assert result["s"].tolist() == [10.0] and result.attempts == 3
+    with gateway(replicas[0].url, pages=1, status=504, page=b"") as address, \
+            redline.Client([address], budget_ms=3000) as client:  # a timeout, no body at all
+        assert client.infer("affine", X).attempts == 2
     with gateway(None, pages=0) as address, redline.Client([address], budget_ms=3000) as client:
         with pytest.raises(RedlineError, match=r"answered HTTP 502 that is not redline's: "
                                                r"<html><body><h1>502 Bad Gateway") as info:

@@ -353,7 +353,7 @@ class AsyncClient:
             doc = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
             doc = None
-        if not isinstance(doc, dict):
+        if not isinstance(doc, dict) or (status >= 500 and "error" not in doc):
             # Case: not redline's answer but a gateway's page (HAProxy, nginx, an ingress).
             error = errors.RedlineError(f"{endpoint.address} answered HTTP {status} that is not "
                                         f"redline's: {_snippet(content)}")
