@@ -52,7 +52,7 @@ def replay(url: str, transactions: list[dict], *, model: str = "fraud", speedup:
                 raise RuntimeError(f"predict failed ({r.status_code}): {doc}")
             ev = b"\n".join(orjson.dumps(e) for e in events_of(live))
             rtt = time.perf_counter() - sent
-            ing = client.post("/v1/events", content=ev)
+            ing = post_events(client, ev)
             if ing.status_code != 200 or ing.json()["accepted"] != 2:
                 raise RuntimeError(f"ingest failed ({ing.status_code}): {ing.text}")
             out.append({"txn_id": txn["txn_id"], "score": doc["prediction"],
@@ -62,6 +62,18 @@ def replay(url: str, transactions: list[dict], *, model: str = "fraud", speedup:
             if progress is not None:
                 progress(i + 1)
     return out
+
+
+def post_events(client: httpx.Client, body: bytes, tries: int = 5) -> httpx.Response:
+    """``POST /v1/events``, sent again on a 503: the store did not take the events (a loaded
+    Redis past the server's timeout), and the server's contract is that the sender retries."""
+    r = client.post("/v1/events", content=body)
+    for attempt in range(tries - 1):
+        if r.status_code != 503:
+            break
+        time.sleep(0.05 * 2 ** attempt)
+        r = client.post("/v1/events", content=body)
+    return r
 
 
 def main() -> None:

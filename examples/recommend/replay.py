@@ -80,8 +80,7 @@ def replay(url: str, data: object, sessions: list[str], *,
                 "item_id": e["item_id"], "type": e["type"], "ts_ms": e["ts"]})
             if posted.status_code != 200:
                 raise RuntimeError(f"session post failed ({posted.status_code}): {posted.text}")
-            ingest = client.post("/v1/events", content=b"\n".join(
-                orjson.dumps(f) for f in events_of(e)))
+            ingest = post_events(client, b"\n".join(orjson.dumps(f) for f in events_of(e)))
             if ingest.status_code != 200:
                 raise RuntimeError(f"ingest failed ({ingest.status_code}): {ingest.text}")
     return out
@@ -105,6 +104,18 @@ def held_out_sessions(data: object, holdout_days: float, count: int) -> list[str
     for e in data.events:  # type: ignore[attr-defined]
         start.setdefault(e["session_id"], e["ts"])
     return [s for s, t in start.items() if t >= split][:count]
+
+
+def post_events(client: httpx.Client, body: bytes, tries: int = 5) -> httpx.Response:
+    """``POST /v1/events``, sent again on a 503: the store did not take the events (a loaded
+    Redis past the server's timeout), and the server's contract is that the sender retries."""
+    r = client.post("/v1/events", content=body)
+    for attempt in range(tries - 1):
+        if r.status_code != 503:
+            break
+        time.sleep(0.05 * 2 ** attempt)
+        r = client.post("/v1/events", content=body)
+    return r
 
 
 def main() -> None:

@@ -119,3 +119,45 @@ def test_without_pytorch_the_example_says_how_to_install_it(tmp_path):
         assert len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
         assert "pip install -e '.[torch]'" in err and "make demo" in err, (argv, err)
         assert not (folder / "data").exists(), argv  # stopped before generating anything
+
+
+def test_replay_sends_events_again_on_a_503(example) -> None:
+    """``POST /v1/events`` answers 503 when the store did not take the events (nothing applied,
+    the sender retries): the replay sends them again, a few times, then reports the 503."""
+    import http.server
+    import threading
+
+    import httpx
+
+    _, _, replay = example
+    posts: list[bytes] = []
+
+    class Events(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        unavailable = 1  # how many posts get the 503
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server naming
+            posts.append(self.rfile.read(int(self.headers["content-length"])))
+            busy = len(posts) <= Events.unavailable
+            body = b'{"code": "store_unavailable"}' if busy else b'{"accepted": 1}'
+            self.send_response(503 if busy else 200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Events)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
+            assert replay.post_events(client, b'{"e": 1}').status_code == 200
+            assert posts == [b'{"e": 1}'] * 2
+            posts.clear()
+            Events.unavailable = 100
+            assert replay.post_events(client, b'{"e": 2}').status_code == 503
+            assert len(posts) == 5
+    finally:
+        server.shutdown()
+        server.server_close()
