@@ -166,25 +166,21 @@ class SteadyLoad:
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
                     httpx.WriteError, httpx.TimeoutException) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-                with self._lock:
-                    if attempt < self.retries:
-                        self.result.retries += 1
-                continue
-            if r.status_code == 502 and not r.headers.get("content-type", "").startswith(
-                    "application/json"):  # the balancer's page, not a replica's answer
+            else:
+                if r.status_code != 502 or r.headers.get("content-type", "").startswith(
+                        "application/json"):  # an answer, not the balancer's own page
+                    with self._lock:
+                        if r.status_code == 200:
+                            self.result.ok += 1
+                            self.answers.append(r.json())
+                        else:
+                            self.result.failed += 1
+                            self.result.errors.append(f"{r.status_code} {r.text[:200]}")
+                    return
                 last = f"502 from the balancer: {r.text[:120]}"
-                with self._lock:
-                    if attempt < self.retries:
-                        self.result.retries += 1
-                continue
             with self._lock:
-                if r.status_code == 200:
-                    self.result.ok += 1
-                    self.answers.append(r.json())
-                else:
-                    self.result.failed += 1
-                    self.result.errors.append(f"{r.status_code} {r.text[:200]}")
-            return
+                if attempt < self.retries:
+                    self.result.retries += 1
         with self._lock:
             self.result.failed += 1
             self.result.errors.append(f"{time.time():.3f} {last}")

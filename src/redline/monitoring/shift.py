@@ -12,13 +12,12 @@ shift too small to matter) and the PSI's own noise at these sample sizes. Two sa
 distribution give ``PSI * n_a n_b / (n_a + n_b)`` about chi-square with (bins - 1) degrees of
 freedom. A rollout checks every 25 answers for as long as it runs, each window of answers
 new after a few thousand: thousands of checks a day, so the limit is the law's 1 - 1e-9
-quantile, not a 99.99th percentile (at which an identical candidate was rolled back in about
-one rollout of three hundred within its first 900 requests). The shares are taken after half a
-count is added to each bin (``SMOOTHING``): with the raw shares, a bin that one sample happens
-to leave empty weighs ``ln(share / 1e-4)`` and gives PSI a tail far heavier than the law's (an
-empty decile of 200 values alone reached twice its chi-square term). Sizes are *rows*: the
-values of one row are not independent draws, and counting rows keeps the limit on the safe
-side.
+quantile, not a 99.99th percentile (at which an identical candidate was rolled back: the
+test of this module's noise draws fails with it). The shares are taken after half a count is
+added to each bin (``SMOOTHING``): with the raw shares, a bin that one sample happens to leave
+empty weighs ``ln(share / 1e-4)`` and gives PSI a tail far heavier than the law's. Sizes are
+*rows*: the values of one row are not independent draws, and counting rows keeps the limit on
+the safe side.
 """
 
 from __future__ import annotations
