@@ -132,3 +132,35 @@ def test_body_shapes() -> None:
     assert parse_body(b"[1]") == [b"1"]
     with pytest.raises(InvalidInput, match="not valid JSON"):
         parse_body(b"{oops")
+
+
+async def test_pushes_apply_in_arrival_order_and_a_long_queue_is_refused() -> None:
+    """``EventPush`` off the loop: one thread applies pushes in the order they came; a push
+    that would wait behind more than ``max_waiting`` others is refused at once with a 503-kind
+    error, and nothing of it is applied."""
+    import asyncio
+
+    from redline.errors import StoreUnavailable
+    from redline.features.ingest import EventPush
+
+    applied: list[str] = []
+    gate = threading.Event()
+
+    class SlowIngestor:
+        def ingest(self, raws):
+            gate.wait(5)
+            applied.extend(raws)
+            return raws
+
+    push = EventPush(lambda: SlowIngestor(), on_loop=False, max_waiting=2)
+    try:
+        first = [asyncio.create_task(push.apply([f"e{i}"])) for i in range(3)]
+        await asyncio.sleep(0.05)  # all three queued: the first runs, two wait
+        with pytest.raises(StoreUnavailable, match="nothing of this one was applied"):
+            await push.apply(["refused"])
+        gate.set()
+        assert await asyncio.gather(*first) == [["e0"], ["e1"], ["e2"]]
+        assert await push.apply(["e3"]) == ["e3"]  # the queue emptied: taken again
+    finally:
+        push.close()
+    assert applied == ["e0", "e1", "e2", "e3"]

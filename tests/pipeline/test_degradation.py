@@ -242,3 +242,46 @@ async def test_concurrent_requests_share_store_reads_and_get_their_own_rows(
         after = await store_reads(c)
     assert after["requests"] == 64 and after["requests"] - before["requests"] == 16
     assert after["calls"] - before["calls"] <= 3  # coalesced: 16 requests, a few store calls
+
+
+async def test_events_wait_out_a_slow_redis_off_the_event_loop(serve, repo_path, defs_path,
+                                                               redis_server):
+    """``POST /v1/events`` while Redis is stopped for 0.4 s (a stall far past the request path's
+    50 ms timeout): the pushes wait and are applied, each once, and the server answers other
+    requests meanwhile (the write is not on the event loop)."""
+    import signal
+
+    settings = make_settings(repo_path, defs_path, store="redis", redis_url=redis_server.url)
+    srv = serve(settings)
+    ts = int(time.time() * 1000)
+
+    def push(amount: float) -> bytes:
+        return orjson.dumps([{"card_id": "slow1", "amount": amount, "ts": ts}])
+
+    async with httpx.AsyncClient(base_url=srv.http, timeout=10) as c:
+        assert (await c.post("/v1/events", content=push(1.0))).status_code == 200
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        stopped = time.perf_counter()
+        try:
+            posts = [asyncio.create_task(c.post("/v1/events", content=push(a)))
+                     for a in (10.0, 100.0)]
+            await asyncio.sleep(0.05)
+            waits = []
+            for _ in range(5):  # the loop answers while the pushes wait for Redis
+                t0 = time.perf_counter()
+                assert (await c.get("/v2/health/live")).status_code == 200
+                waits.append(time.perf_counter() - t0)
+            assert not any(p.done() for p in posts), "the pushes cannot have reached Redis"
+            await asyncio.sleep(max(0.0, 0.4 - (time.perf_counter() - stopped)))
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        answers = await asyncio.gather(*posts)
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        assert [a.json()["accepted"] for a in answers] == [1, 1]
+        doc = (await c.post("/v1/models/cards/predict", json={
+            "entities": {"card_id": "slow1"}, "request": {"amount": 5.0}})).json()
+    assert max(waits) < 0.2, waits
+    # count 3, sum 111 (mean 37): every push was applied once
+    assert doc["path"] == "primary" and not doc["degraded"], doc
+    assert doc["prediction"] == pytest.approx(
+        score(repo_path, "cards", [3, 111, 5.0 / 38, 5.0, 0]), abs=1e-5)

@@ -10,8 +10,6 @@ import click
 from redline.config import FeatureSettings, load_settings
 from redline.errors import ConfigError
 
-BULK_TIMEOUT_MS = 10_000.0  # ingest and verify send big batches; serving keeps its short timeout
-
 
 def feature_settings(config_path: str | None, definitions: str | None, store: str | None = None,
                      redis_url: str | None = None,

@@ -12,7 +12,6 @@ import click
 
 from redline.commands._common import config_option
 from redline.commands._feature_options import (
-    BULK_TIMEOUT_MS,
     definitions_option,
     feature_settings,
     store_options,
@@ -285,7 +284,7 @@ def verify(config_path: str | None, definitions: str | None, store: str | None,
                             read_table(served_path, text_columns=label_keys(defs)))
         _print_report("served", rep)
         sys.exit(0 if rep.ok else 1)
-    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    online = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     online.ping()
     reports = verify_store(online, defs, events_per_view=events_per_view, seed=seed)
     for name, rep in reports.items():

@@ -12,7 +12,6 @@ import click
 
 from redline.commands._common import config_option
 from redline.commands._feature_options import (
-    BULK_TIMEOUT_MS,
     definitions_option,
     feature_settings,
     store_options,
@@ -86,7 +85,7 @@ def ingest_stream(config_path: str | None, definitions: str | None, redis_url: s
 
     fs, defs = feature_settings(config_path, definitions, "redis", redis_url,
                                 sessions_only=True)
-    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     cons = StreamConsumer(defs, store, stream=stream or fs.stream,
@@ -164,7 +163,7 @@ def ingest_kafka(config_path: str | None, definitions: str | None, redis_url: st
         if not sep or not key:
             raise InvalidInput(f"--kafka-option must be KEY=VALUE, got {opt!r}")
         config[key] = value
-    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     src = KafkaSource(defs, store, topic=topic or fs.kafka_topic,
@@ -209,7 +208,7 @@ def ingest_kinesis(config_path: str | None, definitions: str | None, redis_url: 
 
     fs, defs = feature_settings(config_path, definitions, "redis", redis_url,
                                 sessions_only=True)
-    store = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    store = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     assert isinstance(store, RedisStore)  # features.store: redis, with its failover settings
     store.ping()
     src = KinesisSource(defs, store, stream=stream or fs.kinesis_stream,
@@ -245,7 +244,7 @@ def ingest_file(config_path: str | None, definitions: str | None, store: str | N
 
     fs, defs = feature_settings(config_path, definitions, store, redis_url,
                                 sessions_only=True)
-    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    online = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     ing = Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",
                    sessions=_session_writer(config_path, online))
     t0 = time.perf_counter()
@@ -282,7 +281,7 @@ def ingest_http(config_path: str | None, definitions: str | None, store: str | N
 
     fs, defs = feature_settings(config_path, definitions, store, redis_url,
                                 sessions_only=True)
-    online = open_online_store(fs, timeout_ms=BULK_TIMEOUT_MS)
+    online = open_online_store(fs, timeout_ms=fs.ingest_timeout_ms)
     online.ping()
     app = events_asgi_app(Ingestor(defs, online, dead_stream=f"{fs.stream}:dead",
                                    sessions=_session_writer(config_path, online)))

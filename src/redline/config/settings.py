@@ -271,6 +271,9 @@ class FeatureSettings:
     # follow a failover
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout_ms: float = 50.0  # a request's Redis read gives up after this (ingest: longer)
+    # an ingest write's Redis timeout (redline ingest, a server's POST /v1/events): a batch of
+    # 5,000 events runs for tens of milliseconds inside Redis, more on a loaded one
+    ingest_timeout_ms: float = 10_000.0
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster
     # ingest writes wait (Redis WAIT) until this many replicas hold them before the source's
     # position moves on: no failover can drop them, for a replica's round trip a batch; 0: off
@@ -319,6 +322,7 @@ class FeatureSettings:
 
     RULES: ClassVar[Rules] = {
         "store": OneOf(("memory", "redis")), "redis_timeout_ms": POSITIVE,
+        "ingest_timeout_ms": POSITIVE,
         "redis_wait_replicas": AT_LEAST_0, "redis_wait_timeout_ms": POSITIVE,
         "entity_loss_window_s": POSITIVE, "entity_loss_jump": Range(0, 1, above=True),
         "entity_loss_min_rows": AT_LEAST_1, "entity_loss_baseline_half_life_s": POSITIVE,

@@ -111,5 +111,5 @@ class V1Rest:
     async def events(self, request: HttpRequest) -> HttpResponse:
         from redline.features.ingest import handle_events
 
-        status, body = await handle_events(self.pipeline.ingestor, request.body)
+        status, body = await handle_events(self.pipeline.event_push, request.body)
         return HttpResponse(status, body)

@@ -7,6 +7,7 @@
 * :mod:`.kinesis` — every shard of a Kinesis stream (``redline[kinesis]``; imported on use).
 * :mod:`.files` — JSONL/CSV/Parquet replay (:func:`replay_file`).
 * :mod:`.http` — ``POST /v1/events`` (:func:`handle_events`, :func:`events_asgi_app`).
+* :mod:`.push` — :class:`EventPush`: a push's write off the event loop, in arrival order.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from redline.features.ingest.core import (
 from redline.features.ingest.files import replay_file
 from redline.features.ingest.http import events_asgi_app, handle_events, parse_body
 from redline.features.ingest.loop import Source, run_source
+from redline.features.ingest.push import EventPush
 from redline.features.ingest.redis_streams import StreamConsumer
 
-__all__ = ["Freshness", "IngestCounts", "IngestResult", "Ingestor", "Source", "StreamConsumer",
-           "events_asgi_app", "handle_events", "parse_body", "reason_class", "replay_file",
-           "run_source"]
+__all__ = ["EventPush", "Freshness", "IngestCounts", "IngestResult", "Ingestor", "Source",
+           "StreamConsumer", "events_asgi_app", "handle_events", "parse_body", "reason_class",
+           "replay_file", "run_source"]

@@ -10,6 +10,7 @@ import orjson
 
 from redline.errors import InvalidInput, PayloadTooLarge
 from redline.features.ingest.core import Ingestor
+from redline.features.ingest.push import EventPush
 
 
 def parse_body(body: bytes, max_events: int = 100_000) -> list[Any]:
@@ -36,14 +37,15 @@ def parse_body(body: bytes, max_events: int = 100_000) -> list[Any]:
     return raws
 
 
-async def handle_events(ingestor: Ingestor, body: bytes) -> tuple[int, bytes]:
+async def handle_events(push: EventPush, body: bytes) -> tuple[int, bytes]:
     """``POST /v1/events``: 200 with counts and per-event reasons; 4xx for a bad body, 503 when
-    the store is unreachable (nothing was applied: the sender retries)."""
+    the store did not take the write (the sender sends the batch again: a source with an
+    ``event_id`` applies a resent event once)."""
     from redline.errors import RedlineError
 
     try:
         raws = parse_body(body)
-        res = ingestor.ingest(raws)
+        res = await push.apply(raws)
     except RedlineError as exc:
         return exc.http_status, orjson.dumps(exc.to_v2())
     return 200, orjson.dumps({
@@ -59,6 +61,8 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
 def events_asgi_app(ingestor: Ingestor, max_body_bytes: int = 16 * 1024 * 1024) -> ASGIApp:
     """A tiny ASGI app: ``POST /v1/events``, ``GET /v1/ingest/stats``, ``GET /healthz``."""
     from redline.errors import RedlineError
+
+    push = EventPush(lambda: ingestor, on_loop=ingestor.store.kind == "memory")
 
     async def send_json(send: Any, status: int, body: bytes) -> None:
         await send({"type": "http.response.start", "status": status,
@@ -98,7 +102,7 @@ def events_asgi_app(ingestor: Ingestor, max_body_bytes: int = 16 * 1024 * 1024) 
             chunks.append(chunk)
             more = msg.get("more_body", False)
         try:
-            status, body = await handle_events(ingestor, b"".join(chunks))
+            status, body = await handle_events(push, b"".join(chunks))
         except RedlineError as exc:
             status, body = exc.http_status, orjson.dumps(exc.to_v2())
         await send_json(send, status, body)

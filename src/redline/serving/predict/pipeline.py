@@ -33,7 +33,7 @@ from redline.errors import (
     RedlineError,
 )
 from redline.features.definitions import FeatureDefinitions, RequestTransform
-from redline.features.ingest import Ingestor
+from redline.features.ingest import EventPush, Ingestor
 from redline.features.online.base import OnlineStore
 from redline.serving.deadline import Budget
 from redline.serving.entity_loss import EntityLossDetector
@@ -98,6 +98,9 @@ class PredictPipeline:
         self.paths = {PRIMARY: 0, FALLBACK: 0, CACHE: 0, DEFAULT: 0}
         self.degraded = 0
         self._ingestor: Ingestor | None = None
+        # ``POST /v1/events``: a Redis store is written off the loop, in arrival order
+        self.event_push = EventPush(lambda: self.ingestor,
+                                    on_loop=store is None or store.kind == "memory")
         # The load-time checks, which load each graph version's parts (None: no graph serves).
         self.checks = checks
         f = settings.features
@@ -118,8 +121,21 @@ class PredictPipeline:
             if self.defs is None or self.store is None:
                 raise FeatureNotFound("no feature definitions are loaded; set "
                                       "features.definitions in redline.yaml")
-            self._ingestor = Ingestor(self.defs, self.store, sessions=self.session_events)
+            self._ingestor = Ingestor(self.defs, self._ingest_store(),
+                                      sessions=self.session_events)
         return self._ingestor
+
+    def _ingest_store(self) -> OnlineStore:
+        """The store ingest writes through: the memory store itself; for Redis, a connection
+        of its own with the ingest timeout (the request path's is tuned for budgets of
+        milliseconds, and gives up rather than retries)."""
+        assert self.store is not None
+        if self.store.kind == "memory":
+            return self.store
+        from redline.features.online import open_online_store
+
+        return open_online_store(self.settings.features,
+                                 timeout_ms=self.settings.features.ingest_timeout_ms)
 
     # ------------------------------------------------------------------ the request
     async def predict(self, name: str, req: PredictRequest,
@@ -361,9 +377,12 @@ class PredictPipeline:
 
     def close(self) -> None:
         """Release the worker thread and the online store's connections (at shutdown)."""
+        self.event_push.close()
         self.features.close()
         if self.store is not None and self.store.kind != "memory":
             self.store.close()
+            if self._ingestor is not None:
+                self._ingestor.store.close()
         self.sessions.close()
 
 
