@@ -400,3 +400,27 @@ async def test_common_graph_requests_leave_rows_that_fold_as_their_records_did(
     unsure_sent = len([i for i in range(SPILL_ROWS + 40) if not i % 3])
     assert every["step:sure"] == unsure_sent + 1  # + the degraded request's (x + 1 = 0)
     assert every["step:cheap"] == every["step:pre"] == SPILL_ROWS + 40 + 2
+
+
+async def test_an_in_folder_model_step_takes_its_settings_under_graph_dot_step(
+        repository: ModelRepository, tmp_path) -> None:
+    """``models.<graph>.<step>`` in ``redline.yaml`` reaches that step's own handle (its
+    batcher's inline limit here) and no other graph's step of the same name."""
+    from redline.config import load_settings
+
+    config = tmp_path / "redline.yaml"
+    config.write_text("models:\n  plain.double:\n    batching: {inline_max_us: 4000}\n")
+    settings = load_settings(config, environ={})
+    settings.server.watch_repository = False
+    settings.runtime.warmup_batch_sizes = [1]
+    registry = ModelRegistry(repository, settings)
+    await registry.sync()
+    try:
+        limits = {}
+        for name in ("plain", "every"):
+            handle = registry.get(name)
+            assert isinstance(handle, GraphHandle)
+            limits[name] = handle._local["double"].batcher._inline_max_s  # noqa: SLF001
+    finally:
+        await registry.close()
+    assert limits == {"plain": 4000e-6, "every": 120e-6}
