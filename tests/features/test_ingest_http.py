@@ -136,8 +136,8 @@ def test_body_shapes() -> None:
 
 async def test_pushes_apply_in_arrival_order_and_a_long_queue_is_refused() -> None:
     """``EventPush`` off the loop: one thread applies pushes in the order they came; a push
-    that would wait behind more than ``max_waiting`` others is refused at once with a 503-kind
-    error, and nothing of it is applied."""
+    that finds ``max_waiting`` others waiting behind the one being written is refused at once
+    with a 503-kind error, and nothing of it is applied."""
     import asyncio
 
     from redline.errors import StoreUnavailable

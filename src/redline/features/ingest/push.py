@@ -4,10 +4,10 @@ A batch of events is one Redis write of tens of milliseconds (a slow Redis: far 
 server, on the event loop, it stalled every request in flight (and under the request path's 50 ms
 timeout a loaded machine turned pushes away with a 503). So with a Redis store the write runs on
 one thread, through a connection with the ingest timeout: the loop goes on serving, and batches
-apply in the order they arrived. A push that would wait behind ``max_waiting`` others is refused
-at once with a 503 (nothing of it applied): a hung Redis holds a bounded queue, not every
-sender. The memory store is written on the loop, where it is read (a write is microseconds and
-needs no lock).
+apply in the order they arrived. A push that finds ``max_waiting`` others waiting behind the
+one being written is refused at once with a 503 (nothing of it applied): a hung Redis holds a
+bounded queue, not every sender. The memory store is written on the loop, where it is read (a
+write is microseconds and needs no lock).
 """
 
 from __future__ import annotations
