@@ -36,7 +36,7 @@ class EventPush:
 
     async def apply(self, raws: Sequence[Any]) -> IngestResult:
         if self._on_loop:
-            return self._ingestor().ingest(raws)
+            return self._write(raws)
         if self._waiting > self._max_waiting:
             raise StoreUnavailable(
                 f"{self._waiting} event pushes are waiting for the online store; nothing of "
